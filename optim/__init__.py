@@ -1,0 +1,24 @@
+"""Everything that maps gradients to updates: optimizers, their registry, routing and schedules.
+
+Depends on torch only, so it can be copied into another codebase.
+"""
+
+from optim import adamw as _adamw  # noqa: F401  (registers "adamw")
+from optim.adamw import AdamWConfig
+from optim.groups import classify_parameters, decay_groups
+from optim.registry import available, build_optimizer, get_spec, register
+from optim.schedules import ScheduleConfig, apply_schedule, lr_at, set_initial_lr
+
+__all__ = [
+    "AdamWConfig",
+    "ScheduleConfig",
+    "apply_schedule",
+    "available",
+    "build_optimizer",
+    "classify_parameters",
+    "decay_groups",
+    "get_spec",
+    "lr_at",
+    "register",
+    "set_initial_lr",
+]

@@ -1,0 +1,63 @@
+"""The explicit rule that routes every parameter to exactly one kind.
+
+Kinds, decided by the module that owns the parameter (not by its name):
+- ``matrix``: weights of ``nn.Linear`` layers that are not tied to an embedding (the block
+  matrices: attention and MLP projections);
+- ``embedding``: weights of ``nn.Embedding`` modules, including a head tied to the token
+  embedding (GPT-2's ``wte`` is ``lm_head``);
+- ``gain``: 1-D weights (LayerNorm gains);
+- ``bias``: every parameter named ``bias``;
+- ``other``: anything else (e.g. conv kernels), routed like gains by default.
+
+The official AdamW baseline decays only the ``matrix`` kind; MARS and Muon routings are built from
+the same kinds in their own optimizers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch.nn as nn
+
+KINDS = ("matrix", "embedding", "gain", "bias", "other")
+
+
+def classify_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """Map each kind to its ``(name, parameter)`` pairs; every trainable parameter appears once."""
+    owner_kind: dict[int, str] = {}
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if isinstance(module, nn.Embedding):
+                owner_kind[id(p)] = "embedding"  # an embedding owner wins over a tied Linear
+            elif id(p) in owner_kind:
+                continue
+            elif pname == "bias":
+                owner_kind[id(p)] = "bias"
+            elif isinstance(module, nn.Linear) and p.ndim == 2:
+                owner_kind[id(p)] = "matrix"
+            elif p.ndim == 1:
+                owner_kind[id(p)] = "gain"
+            else:
+                owner_kind[id(p)] = "other"
+    out: dict[str, list[tuple[str, nn.Parameter]]] = {k: [] for k in KINDS}
+    for name, p in model.named_parameters():  # deduplicates tied parameters
+        if p.requires_grad:
+            out[owner_kind[id(p)]].append((name, p))
+    return out
+
+
+def decay_groups(
+    model: nn.Module, weight_decay: float, decay_kinds: Iterable[str] = ("matrix",)
+) -> list[dict]:
+    """Two parameter groups for an AdamW-style optimizer: decayed kinds and the rest (wd 0)."""
+    decay_kinds = tuple(decay_kinds)
+    unknown = set(decay_kinds) - set(KINDS)
+    if unknown:
+        raise ValueError(f"unknown parameter kinds {sorted(unknown)}; valid kinds: {list(KINDS)}")
+    kinds = classify_parameters(model)
+    decay = [p for k in decay_kinds for _, p in kinds[k]]
+    no_decay = [p for k in KINDS if k not in decay_kinds for _, p in kinds[k]]
+    groups = [{"params": decay, "weight_decay": weight_decay, "kind": "decay"}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0, "kind": "no_decay"})
+    return [g for g in groups if g["params"]]

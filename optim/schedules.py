@@ -1,0 +1,76 @@
+"""Learning-rate schedules: each maps (step, peak lr) to an absolute learning rate.
+
+- ``cosine`` (the papers'): linear warmup from 0 over ``warmup_steps`` (lr = peak * step / warmup,
+  so step 0 has lr 0), then ``min_lr + 0.5 * (1 + cos(pi * r)) * (peak - min_lr)`` with
+  ``r = (step - warmup) / (decay_steps - warmup)``, and ``min_lr`` after ``decay_steps``.
+  ``min_lr`` is absolute, as in the official configs, so groups with a different peak share it.
+- ``wsd`` (warmup-stable-decay): warmup, the peak until the last ``decay_frac`` of the steps,
+  then linear to ``min_lr`` at ``decay_steps``. The official scripts' wsd ends at 0 whatever
+  their min_lr: set ``schedule.min_lr=0`` to match them.
+- ``constant``: warmup, then the peak.
+
+Schedules set ``group["lr"]`` from ``group["initial_lr"]`` (torch's key for a group's peak).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SCHEDULES = ("cosine", "wsd", "constant")
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = "cosine"
+    warmup_steps: int = 0
+    min_lr: float = 0.0
+    decay_steps: int | None = None  # None: the run's max_steps (official lr_decay_iters)
+    decay_frac: float = 0.2  # wsd only: fraction of decay_steps spent decaying
+
+    def __post_init__(self) -> None:
+        if self.name not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.name!r}; valid schedules: {list(SCHEDULES)}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.min_lr < 0:
+            raise ValueError(f"schedule.min_lr must be >= 0, got {self.min_lr}")
+        if not 0.0 < self.decay_frac <= 1.0:
+            raise ValueError(f"schedule.decay_frac must be in (0, 1], got {self.decay_frac}")
+
+
+def lr_at(step: int, peak_lr: float, cfg: ScheduleConfig, max_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) for a group whose peak is ``peak_lr``."""
+    decay_steps = cfg.decay_steps or max_steps
+    if step < cfg.warmup_steps:
+        return peak_lr * step / cfg.warmup_steps
+    if cfg.name == "constant":
+        return peak_lr
+    if step >= decay_steps:
+        return cfg.min_lr
+    if cfg.name == "cosine":
+        ratio = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
+        return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak_lr - cfg.min_lr)
+    # wsd
+    decay_start = decay_steps - cfg.decay_frac * decay_steps
+    if step < decay_start:
+        return peak_lr
+    frac = (decay_steps - step) / (decay_steps - decay_start)
+    return cfg.min_lr + frac * (peak_lr - cfg.min_lr)
+
+
+def set_initial_lr(optimizer: torch.optim.Optimizer) -> None:
+    """Record each group's configured lr as its peak (``initial_lr``) unless already set."""
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])
+
+
+def apply_schedule(
+    optimizer: torch.optim.Optimizer, step: int, cfg: ScheduleConfig, max_steps: int
+) -> float:
+    """Set every group's lr for ``step``; returns the lr of the first group (for logging)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr_at(step, group["initial_lr"], cfg, max_steps)
+    return optimizer.param_groups[0]["lr"]

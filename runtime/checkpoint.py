@@ -1,0 +1,125 @@
+"""Checkpoints that restore everything: model, optimizer state, step, data position, RNG.
+
+Files are ``<out_dir>/checkpoints/step_<N>.pt`` (N = completed optimizer steps), written to a
+temporary file and renamed, so a crash never leaves a half-written checkpoint under that name.
+They hold only tensors and plain Python values and load with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+REQUIRED_KEYS = ("format_version", "step", "model", "optimizer", "loader", "rng", "config")
+
+
+def checkpoint_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    """Step checkpoints of a run directory, oldest first."""
+    d = checkpoint_dir(out_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_FILE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(out_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def resolve_resume(resume: str, out_dir: str | Path) -> Path | None:
+    """The checkpoint to start from: ``auto`` (newest in out_dir, if any), ``never``, or a path
+    to a checkpoint file or to a run directory (its newest checkpoint)."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(out_dir)
+    path = Path(resume)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"resume={resume}: no checkpoints in {checkpoint_dir(path)}")
+        return found
+    raise FileNotFoundError(
+        f"resume={resume}: no such checkpoint file or run directory; "
+        "use resume=auto, resume=never, or a path to a step_N.pt file or a run directory"
+    )
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "cuda": None}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(out_dir: str | Path, step: int, payload: dict[str, Any], keep: int) -> Path:
+    """Write ``payload`` (see REQUIRED_KEYS) atomically as step ``step``; keep the newest ``keep``
+    step checkpoints (0 keeps all). Call on one rank only."""
+    payload = {"format_version": FORMAT_VERSION, "step": step, **payload}
+    missing = [k for k in REQUIRED_KEYS if k not in payload]
+    assert not missing, f"checkpoint payload lacks {missing}"
+    d = checkpoint_dir(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"step_{step:07d}.pt"
+    tmp = d / f".{path.name}.tmp{os.getpid()}"
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    if keep > 0:
+        for old in list_checkpoints(out_dir)[:-keep]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load a checkpoint onto the CPU with ``weights_only=True`` and check its structure."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # truncated file, foreign pickle, not a zip archive
+        raise ValueError(
+            f"{path} is not a readable checkpoint ({exc}); delete it or pick another"
+        ) from exc
+    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise ValueError(f"{path} is not a checkpoint of this codebase (missing {missing})")
+    if ckpt["format_version"] != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has checkpoint format {ckpt['format_version']}, this code reads {FORMAT_VERSION}"
+        )
+    return ckpt
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """``model.load_state_dict`` with a message that says which checkpoint does not fit."""
+    state = {k.removeprefix("_orig_mod."): v for k, v in state.items()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"the model in {source} does not fit the configured model (a different model= or "
+            f"model.* setting?):\n{exc}"
+        ) from exc

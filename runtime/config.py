@@ -1,0 +1,105 @@
+"""The typed top-level config. Hydra (in train.py) composes YAML onto these dataclasses, so a
+misspelt key or a wrong type fails when the config is composed, before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from data import DataConfig
+from model import GPTConfig
+from optim import ScheduleConfig
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "disabled"  # online | offline | disabled (online needs network and a key)
+    project: str = "mars-gpt2"
+    entity: str | None = None
+    name: str | None = None  # default: the run directory's name
+    tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mode not in WANDB_MODES:
+            raise ValueError(f"unknown wandb.mode {self.mode!r}; valid modes: {list(WANDB_MODES)}")
+
+
+@dataclass
+class TrainConfig:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: Any = None  # a registered optimizer's config dataclass (optim.registry)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+    out_dir: str | None = None  # the run directory; None: runs/<date>_<time>
+    resume: str = "auto"  # auto | never | PATH (a checkpoint file or a run directory)
+    seed: int = 1337
+    max_steps: int = 1000
+    batch_tokens: int = 491_520  # global batch in tokens (all ranks, all micro-steps)
+    micro_batch_size: int = 16  # sequences per rank per forward/backward
+    seq_len: int | None = None  # None: model.block_size
+    grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    eval_every: int = 1000  # 0 disables periodic eval (the final eval still runs)
+    eval_tokens: int | None = None  # validation budget in tokens; None: the whole split
+    ckpt_every: int = 5000  # 0: only the final checkpoint
+    keep_checkpoints: int = 2  # newest N step checkpoints kept; 0 keeps all
+    log_every: int = 10
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    progress: bool = True  # tqdm progress bar on rank 0
+
+    def __post_init__(self) -> None:
+        positive = ("max_steps", "batch_tokens", "micro_batch_size", "log_every")
+        for key in positive:
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("eval_every", "ckpt_every", "keep_checkpoints"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
+        if self.seq_len is not None and not 1 <= self.seq_len <= self.model.block_size:
+            raise ValueError(
+                f"seq_len={self.seq_len} must be between 1 and model.block_size "
+                f"({self.model.block_size})"
+            )
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq_len or self.model.block_size
+
+
+# Keys that may change between a run and its continuation without making it a different run.
+RESUMABLE_KEYS = frozenset(
+    {
+        "out_dir",
+        "resume",
+        "max_steps",
+        "eval_every",
+        "ckpt_every",
+        "keep_checkpoints",
+        "log_every",
+        "compile",
+        "progress",
+        "wandb",
+        "device",
+    }
+)
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Human-readable ``key: old -> new`` lines for keys that make two configs different runs."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        if not prefix and key in RESUMABLE_KEYS:
+            continue
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += config_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs

@@ -1,0 +1,61 @@
+"""Per-device facts: autocast dtype and the peak bf16 throughput used for MFU."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+# Dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from the vendors' data sheets. Matched by
+# substring of torch.cuda.get_device_name(); the first match wins, so specific names come first.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),
+    ("GH200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM and NVL
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),  # fp16: V100 has no bf16 tensor cores
+)
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of ``device``, or None where unknown (CPU, unlisted GPUs)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 on CUDA (fp32 master weights), fp32 elsewhere."""
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+    }
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in table:
+        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: auto, float32, bfloat16")
+    return table[dtype]
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Mixed-precision context for forward passes (a no-op in fp32)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)

@@ -1,0 +1,24 @@
+"""Shared fixtures: wandb forced off, and one prepared copy of the embedded corpus per session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ["WANDB_MODE"] = "disabled"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def sotu_dir(tmp_path_factory) -> Path:
+    """The embedded corpus prepared once into token shards, shared by the tests."""
+    from data import prepare_sotu
+
+    out = tmp_path_factory.mktemp("sotu")
+    prepare_sotu(out)
+    return out

