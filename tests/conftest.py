@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 os.environ["WANDB_MODE"] = "disabled"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

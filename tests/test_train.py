@@ -1,0 +1,143 @@
+"""End-to-end runs of train.py on the CPU: files, falling loss, resume, bad input, 2 processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+import train
+from helpers import FAST, ROOT, fast_config
+from runtime.checkpoint import latest_checkpoint, load_checkpoint
+
+
+def read_metrics(out_dir):
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run(out_dir, data_dir, *overrides):
+    typed, plain = fast_config(out_dir, data_dir, *overrides)
+    return train.train(typed, plain)
+
+
+def test_tiny_run_writes_files_and_learns(tmp_path, sotu_dir):
+    out = tmp_path / "run"
+    summary = run(out, sotu_dir, "max_steps=16")
+    for name in ("metrics.jsonl", "summary.json", "config.yaml", "meta.jsonl"):
+        assert (out / name).exists(), name
+    ckpt = latest_checkpoint(out)
+    assert ckpt is not None and ckpt.name == "step_0000016.pt"
+    c = load_checkpoint(ckpt)  # weights_only=True
+    assert c["step"] == 16 and c["tokens"] == 16 * 256
+    records = read_metrics(out)
+    assert all("step" in r and "tokens" in r for r in records)
+    train_losses = [r["train_loss"] for r in records if "train_loss" in r]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(train_losses) == 16 and len(val) == 5  # steps 0, 4, 8, 12, 16
+    assert sum(train_losses[-4:]) / 4 < sum(train_losses[:4]) / 4 - 0.5
+    assert val[-1] < val[0] - 0.5
+    assert {"lr", "tokens_per_s", "grad_norm"} <= set(records[-1]) | set(records[-2])
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["steps"] == 16 and saved["final_val_loss"] == pytest.approx(val[-1])
+    assert summary["best_val_loss"] == min(val)
+    assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 16
+
+
+def test_resume_equals_uninterrupted(tmp_path, sotu_dir):
+    common = ["schedule.decay_steps=10", "ckpt_every=5", "model.dropout=0.1"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run(straight, sotu_dir, "max_steps=10", *common)
+    run(split, sotu_dir, "max_steps=5", *common)  # "interrupted" after 5 steps
+    run(split, sotu_dir, "max_steps=10", *common)  # resume=auto continues from step 5
+    a, b = read_metrics(straight), read_metrics(split)
+    train_a = [
+        (r["step"], r["train_loss"], r["lr"], r["grad_norm"]) for r in a if "train_loss" in r
+    ]
+    train_b = [
+        (r["step"], r["train_loss"], r["lr"], r["grad_norm"]) for r in b if "train_loss" in r
+    ]
+    assert train_a == train_b and len(train_a) == 10  # bit for bit
+    val_a = {r["step"]: r["val_loss"] for r in a if "val_loss" in r}
+    val_b = {r["step"]: r["val_loss"] for r in b if "val_loss" in r}
+    assert set(val_b) == set(val_a) | {5}  # the interrupted run also evaluated at its end
+    assert all(val_a[s] == val_b[s] for s in val_a)
+    wa = load_checkpoint(latest_checkpoint(straight))["model"]
+    wb = load_checkpoint(latest_checkpoint(split))["model"]
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+def test_finished_run_is_not_redone(tmp_path, sotu_dir):
+    out = tmp_path / "run"
+    run(out, sotu_dir, "max_steps=3")
+    before = (out / "metrics.jsonl").read_text()
+    summary = run(out, sotu_dir, "max_steps=3")
+    assert summary["steps"] == 3 and (out / "metrics.jsonl").read_text() == before
+
+
+def test_different_config_is_not_overwritten(tmp_path, sotu_dir):
+    out = tmp_path / "run"
+    run(out, sotu_dir, "max_steps=2")
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit, match="different config") as info:
+        run(out, sotu_dir, "max_steps=2", "optimizer.lr=1e-2")
+    assert "optimizer.lr" in str(info.value)
+    with pytest.raises(SystemExit, match="resume=never"):
+        run(out, sotu_dir, "max_steps=2", "resume=never")
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert before == after
+
+
+def test_batch_that_does_not_divide(tmp_path, sotu_dir):
+    with pytest.raises(SystemExit, match="not a multiple of .* = 128"):
+        run(tmp_path / "run", sotu_dir, "batch_tokens=300")
+
+
+def test_missing_shards_say_how_to_prepare(tmp_path):
+    empty = tmp_path / "owt"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match=f"python -m data.prepare openwebtext --out {empty}"):
+        run(tmp_path / "run", empty, "data=openwebtext", "max_steps=1")
+
+
+def _cli(args, env_extra=None, nproc=None):
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env.update(env_extra or {})
+    if nproc:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "train.py",
+            *args,
+        ]
+    else:
+        cmd = [sys.executable, "train.py", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_unknown_optimizer_lists_valid_ones():
+    proc = _cli(["optimizer=adamx"])
+    assert proc.returncode != 0
+    assert "adamw" in proc.stderr and "optimizer/adamx" in proc.stderr
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_match_one(tmp_path, sotu_dir):
+    args = [*FAST, f"data.dir={sotu_dir}", "max_steps=6", "eval_every=3"]
+    one = _cli([*args, f"out_dir={tmp_path / 'one'}", "micro_batch_size=4"])
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = _cli([*args, f"out_dir={tmp_path / 'two'}", "micro_batch_size=4"], nproc=2)
+    assert two.returncode == 0, two.stdout + two.stderr
+    a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("train_loss", "val_loss", "grad_norm"):
+            if key in ra:
+                assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-5), (key, ra, rb)
+    assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
