@@ -101,98 +101,222 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
     return total
 
 
-def build(cfg: TrainConfig, dist: DistInfo):
-    """Model, optimizer, loader, and the checkpoint to resume from (loaded, or None)."""
-    seed_everything(cfg.seed)  # identical initial weights on every rank
-    model = GPT(cfg.model).to(dist.device)
-    optimizer = optim.build_optimizer(model, cfg.optimizer)
-    optim.set_initial_lr(optimizer)
-    train_files, _ = shard_files(cfg.data)
-    loader = TokenLoader(
-        train_files,
-        batch_size=cfg.micro_batch_size,
-        seq_len=cfg.sequence_length,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        seed=cfg.seed,
-        device=dist.device,
-    )
-    seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
-    return model, optimizer, loader
+class Trainer:
+    """Everything one training run holds, and the loop of DESIGN.md over it."""
 
-
-def restore(path: Path, model, optimizer, loader, state: RunState, dist: DistInfo) -> None:
-    c = ckpt.load_checkpoint(path)
-    ckpt.load_model_state(model, c["model"], str(path))
-    optimizer.load_state_dict(c["optimizer"])
-    loader.load_state_dict(c["loader"])
-    state.step, state.tokens = c["step"], c.get("tokens", 0)
-    state.best_val_loss = c.get("best_val_loss")
-    if len(c["rng"]) == dist.world_size:
-        ckpt.set_rng_state(c["rng"][dist.rank], dist.device)
-    else:
-        log.warning(
-            "checkpoint has RNG states for %d ranks, not %d: reseeding",
-            len(c["rng"]),
-            dist.world_size,
+    def __init__(self, cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path):
+        self.cfg, self.config_dict, self.dist, self.out_dir = cfg, config_dict, dist, out_dir
+        self.accum = grad_accum_steps(cfg, dist.world_size)
+        self.dtype = resolve_dtype(cfg.dtype, dist.device)
+        seed_everything(cfg.seed)  # identical initial weights on every rank
+        self.raw_model = GPT(cfg.model).to(dist.device)
+        self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
+        optim.set_initial_lr(self.optimizer)
+        train_files, self.val_files = shard_files(cfg.data)
+        self.loader = TokenLoader(
+            train_files,
+            batch_size=cfg.micro_batch_size,
+            seq_len=cfg.sequence_length,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            seed=cfg.seed,
+            device=dist.device,
         )
-    log.info("resumed from %s at step %d (%s tokens)", path, state.step, f"{state.tokens:,}")
+        seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
+        self.state = RunState()
+        self.logger: MetricsLogger | None = None
+        self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
+        self.eval_model: torch.nn.Module = self.raw_model
+
+    def wrap(self) -> None:
+        """torch.compile (optional), then DDP when there are several processes."""
+        model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
+        self.eval_model = model
+        if self.dist.distributed:
+            cuda = self.dist.device.type == "cuda"
+            model = DDP(model, device_ids=[self.dist.local_rank] if cuda else None)
+        self.model = model
+
+    def restore(self, path: Path) -> None:
+        c = ckpt.load_checkpoint(path)
+        ckpt.load_model_state(self.raw_model, c["model"], str(path))
+        self.optimizer.load_state_dict(c["optimizer"])
+        self.loader.load_state_dict(c["loader"])
+        self.state.step, self.state.tokens = c["step"], c.get("tokens", 0)
+        self.state.best_val_loss = c.get("best_val_loss")
+        if len(c["rng"]) == self.dist.world_size:
+            ckpt.set_rng_state(c["rng"][self.dist.rank], self.dist.device)
+        else:
+            n = len(c["rng"])
+            log.warning(
+                "checkpoint has RNG states of %d ranks, not %d: reseeding", n, self.dist.world_size
+            )
+        log.info(
+            "resumed from %s at step %d (%s tokens)",
+            path,
+            self.state.step,
+            f"{self.state.tokens:,}",
+        )
+
+    def save(self) -> None:
+        rngs = gather_objects(ckpt.rng_state(self.dist.device))  # a collective: every rank
+        if self.dist.is_main:
+            payload = {
+                "model": self.raw_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "loader": self.loader.state_dict(),
+                "rng": rngs,
+                "config": self.config_dict,
+                "tokens": self.state.tokens,
+                "best_val_loss": self.state.best_val_loss,
+            }
+            path = ckpt.save_checkpoint(
+                self.out_dir, self.state.step, payload, self.cfg.keep_checkpoints
+            )
+            log.info("saved %s", path)
+        barrier()
+
+    def evaluate(self) -> float:
+        cfg, dist, state = self.cfg, self.dist, self.state
+        batches = val_batches(
+            self.val_files,
+            batch_size=cfg.micro_batch_size,
+            seq_len=cfg.sequence_length,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            max_tokens=cfg.eval_tokens,
+            device=dist.device,
+        )
+        loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
+        state.last_val_loss = loss
+        if state.best_val_loss is None or loss < state.best_val_loss:
+            state.best_val_loss = loss
+        ppl = math.exp(min(loss, 50.0))
+        self.logger.log(
+            {"step": state.step, "tokens": state.tokens, "val_loss": loss, "val_ppl": ppl}
+        )
+        log.info("step %d | val loss %.4f | val ppl %.2f", state.step, loss, ppl)
+        return loss
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimizer step; returns (loss, grad norm) as tensors and the lr used."""
+        cfg = self.cfg
+        lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
+        batches = [self.loader.next_batch() for _ in range(self.accum)]
+        loss = forward_backward(self.model, batches, self.dist, self.dtype, 1.0 / self.accum)
+        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        self.state.tokens += cfg.batch_tokens
+        return loss, grad_norm, lr
+
+    def run(self) -> None:
+        cfg, state = self.cfg, self.state
+        if state.step >= cfg.max_steps:
+            log.info("run already complete at step %d (max_steps=%d)", state.step, cfg.max_steps)
+            return
+        if state.step == 0 and cfg.eval_every:
+            self.evaluate()
+        meter = Meter(self, peak_flops(self.dist.device))
+        while state.step < cfg.max_steps:
+            loss, grad_norm, lr = self.train_step()
+            last = state.step == cfg.max_steps
+            meter.step(grad_norm)
+            if state.step % cfg.log_every == 0 or last:
+                meter.log(loss, grad_norm, lr)
+            t0 = time.perf_counter()
+            if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
+                self.evaluate()
+            if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last:
+                self.save()
+            meter.exclude(time.perf_counter() - t0)
+        meter.close()
 
 
-def save(cfg, out_dir, raw_model, optimizer, loader, state: RunState, config_dict, dist) -> None:
-    rngs = gather_objects(ckpt.rng_state(dist.device))  # a collective: every rank calls it
-    if dist.is_main:
-        payload = {
-            "model": raw_model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "loader": loader.state_dict(),
-            "rng": rngs,
-            "config": config_dict,
-            "tokens": state.tokens,
-            "best_val_loss": state.best_val_loss,
-        }
-        path = ckpt.save_checkpoint(out_dir, state.step, payload, cfg.keep_checkpoints)
-        log.info("saved %s", path)
-    barrier()
+class Meter:
+    """Throughput, MFU, clip rate, ETA and the progress bar (host syncs only at log steps)."""
 
+    def __init__(self, trainer: Trainer, peak: float | None) -> None:
+        self.t, cfg = trainer, trainer.cfg
+        flops_per_token = trainer.raw_model.flops_per_token(cfg.sequence_length)
+        self.flops_per_step = flops_per_token * cfg.batch_tokens
+        self.peak = peak * trainer.dist.world_size if peak else None
+        show = trainer.dist.is_main and cfg.progress
+        self.bar = tqdm(
+            total=cfg.max_steps,
+            initial=trainer.state.step,
+            disable=not show,
+            unit="step",
+            dynamic_ncols=True,
+        )
+        self.clipped = torch.zeros((), device=trainer.dist.device)
+        self.steps_done = 0  # steps taken by this process (for the clip rate)
+        self.since, self.t0 = 0, time.perf_counter()
 
-def evaluate(cfg: TrainConfig, model, dist: DistInfo, dtype, state: RunState, logger) -> None:
-    _, val_files = shard_files(cfg.data)
-    batches = val_batches(
-        val_files,
-        batch_size=cfg.micro_batch_size,
-        seq_len=cfg.sequence_length,
-        rank=dist.rank,
-        world_size=dist.world_size,
-        max_tokens=cfg.eval_tokens,
-        device=dist.device,
-    )
-    loss = validation_loss(model, batches, dist.device, dtype)
-    state.last_val_loss = loss
-    if state.best_val_loss is None or loss < state.best_val_loss:
-        state.best_val_loss = loss
-    logger.log(
-        {
-            "step": state.step,
-            "tokens": state.tokens,
-            "val_loss": loss,
-            "val_ppl": math.exp(min(loss, 50.0)),
-        }
-    )
-    log.info("step %d | val loss %.4f", state.step, loss)
+    def step(self, grad_norm: torch.Tensor) -> None:
+        clip = self.t.cfg.grad_clip
+        if clip > 0:
+            self.clipped += (grad_norm > clip).float()
+        self.steps_done += 1
+        self.since += 1
+        self.bar.update(1)
+
+    def exclude(self, seconds: float) -> None:
+        """Leave time spent on evals and checkpoints out of the throughput."""
+        self.t0 += seconds
+
+    def log(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        t, cfg, state = self.t, self.t.cfg, self.t.state
+        train_loss = (all_reduce_sum(loss) / t.dist.world_size).item()
+        if not math.isfinite(train_loss):
+            raise FloatingPointError(f"train loss is {train_loss} at step {state.step}")
+        dt = time.perf_counter() - self.t0
+        tok_s = self.since * cfg.batch_tokens / dt
+        mfu = self.flops_per_step * self.since / dt / self.peak if self.peak else None
+        state.last_train_loss = train_loss
+        t.logger.log(
+            {
+                "step": state.step,
+                "tokens": state.tokens,
+                "train_loss": train_loss,
+                "lr": lr,
+                "grad_norm": grad_norm.item(),
+                "clip_rate": self.clipped.item() / self.steps_done,
+                "tokens_per_s": tok_s,
+                "mfu": mfu,
+            }
+        )
+        eta = (cfg.max_steps - state.step) * dt / self.since
+        self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        log.info(
+            "step %d/%d | loss %.4f | lr %.2e | %s tok/s%s | eta %s",
+            state.step,
+            cfg.max_steps,
+            train_loss,
+            lr,
+            f"{tok_s:,.0f}",
+            f" | mfu {100 * mfu:.1f}%" if mfu else "",
+            _hms(eta),
+        )
+        self.since, self.t0 = 0, time.perf_counter()
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 def prepare_out_dir(
     cfg: TrainConfig, config_dict: dict, dist: DistInfo
 ) -> tuple[Path, Path | None]:
+    """The run directory (rank 0's choice, shared by all) and the checkpoint to resume from."""
     name = cfg.out_dir or default_out_dir()
     if cfg.out_dir is None and HydraConfig.initialized():
         hc = HydraConfig.get()
         if hc.mode == RunMode.MULTIRUN:
             name = f"{name}_{hc.job.num}"
-    out_dir = Path(broadcast_object(name))  # rank 0's choice: every rank uses the same directory
+    out_dir = Path(broadcast_object(name))
     resume_path = ckpt.resolve_resume(cfg.resume, out_dir)
-    config_dict = {**config_dict, "out_dir": str(out_dir)}
     on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None)
     return out_dir, resume_path
 
@@ -209,172 +333,67 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
-    accum = grad_accum_steps(cfg, dist.world_size)
+    grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
     out_dir, resume_path = prepare_out_dir(cfg, config_dict, dist)
     config_dict = {**config_dict, "out_dir": str(out_dir)}
     on_main(dist, ensure_prepared, cfg.data.name, cfg.data.dir)
     barrier()
-    dtype = resolve_dtype(cfg.dtype, dist.device)
     if dist.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    raw_model, optimizer, loader = build(cfg, dist)
-    state = RunState()
+    trainer = Trainer(cfg, config_dict, dist, out_dir)
     if resume_path is not None:
-        restore(resume_path, raw_model, optimizer, loader, state, dist)
+        trainer.restore(resume_path)
+    wandb_run = None
     if dist.is_main:
-        write_run_files(
-            out_dir,
-            config_dict,
-            {
-                "world_size": dist.world_size,
-                "device": str(dist.device),
-                "resume_from": str(resume_path) if resume_path else None,
-            },
-        )
-        truncate_metrics(out_dir, state.step)
-    wandb_run = init_wandb(cfg.wandb, out_dir, config_dict) if dist.is_main else None
-    logger = MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
-    model = torch.compile(raw_model) if cfg.compile else raw_model
-    if dist.distributed:
-        model = DDP(model, device_ids=[dist.local_rank] if dist.device.type == "cuda" else None)
-    eval_model = model.module if isinstance(model, DDP) else model
+        meta = {
+            "world_size": dist.world_size,
+            "device": str(dist.device),
+            "resume_from": str(resume_path) if resume_path else None,
+        }
+        write_run_files(out_dir, config_dict, meta)
+        truncate_metrics(out_dir, trainer.state.step)
+        wandb_run = init_wandb(cfg.wandb, out_dir, config_dict)
+    trainer.logger = MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
+    trainer.wrap()
     log.info(
-        "model %s: %.2fM parameters | optimizer %s | %d rank(s) on %s, %s | batch %s "
-        "tokens = %d x %d seqs x %d micro-steps x %d ranks",
+        "model %s: %.2fM parameters | optimizer %s | %d process(es) on %s, %s | batch %s tokens"
+        " = %d seqs x %d tokens x %d micro-steps x %d processes | out_dir %s",
         cfg.model.name,
-        raw_model.num_params() / 1e6,
+        trainer.raw_model.num_params() / 1e6,
         cfg.optimizer.name,
         dist.world_size,
         dist.device,
-        str(dtype).removeprefix("torch."),
+        str(trainer.dtype).removeprefix("torch."),
         f"{cfg.batch_tokens:,}",
-        cfg.sequence_length,
         cfg.micro_batch_size,
-        accum,
+        cfg.sequence_length,
+        trainer.accum,
         dist.world_size,
+        out_dir,
     )
+    start = time.perf_counter()
     try:
-        if state.step >= cfg.max_steps:
-            log.info("run already complete at step %d (max_steps=%d)", state.step, cfg.max_steps)
-        else:
-            if state.step == 0 and cfg.eval_every:
-                evaluate(cfg, eval_model, dist, dtype, state, logger)
-            loop(
-                cfg,
-                model,
-                raw_model,
-                eval_model,
-                optimizer,
-                loader,
-                state,
-                accum,
-                dtype,
-                out_dir,
-                config_dict,
-                dist,
-                logger,
-            )
+        trainer.run()
     finally:
-        logger.close()
+        trainer.logger.close()
+    state = trainer.state
     summary = {
         "steps": state.step,
         "tokens": state.tokens,
         "final_train_loss": state.last_train_loss,
         "final_val_loss": state.last_val_loss,
         "best_val_loss": state.best_val_loss,
-        "parameters": raw_model.num_params(),
-        "optimizer": cfg.optimizer.name,
+        "parameters": trainer.raw_model.num_params(),
         "model": cfg.model.name,
+        "optimizer": cfg.optimizer.name,
         "world_size": dist.world_size,
+        "wall_seconds_this_session": round(time.perf_counter() - start, 1),
         "out_dir": str(out_dir),
     }
     if dist.is_main:
         write_summary(out_dir, summary)
     return summary
-
-
-def loop(
-    cfg,
-    model,
-    raw_model,
-    eval_model,
-    optimizer,
-    loader,
-    state,
-    accum,
-    dtype,
-    out_dir,
-    config_dict,
-    dist,
-    logger,
-) -> None:
-    flops_per_step = raw_model.flops_per_token(cfg.sequence_length) * cfg.batch_tokens
-    peak = peak_flops(dist.device)
-    bar = tqdm(
-        total=cfg.max_steps,
-        initial=state.step,
-        disable=not (dist.is_main and cfg.progress),
-        unit="step",
-        dynamic_ncols=True,
-    )
-    params = [p for p in raw_model.parameters() if p.requires_grad]
-    max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-    t_last, steps_since = time.perf_counter(), 0
-    clipped = torch.zeros((), device=dist.device)
-    while state.step < cfg.max_steps:
-        lr = optim.apply_schedule(optimizer, state.step, cfg.schedule, cfg.max_steps)
-        batches = [loader.next_batch() for _ in range(accum)]
-        loss = forward_backward(model, batches, dist, dtype, 1.0 / accum)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        clipped += (grad_norm > max_norm).float()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.step += 1
-        state.tokens += cfg.batch_tokens
-        steps_since += 1
-        bar.update(1)
-        last = state.step == cfg.max_steps
-        if state.step % cfg.log_every == 0 or last:
-            train_loss = (all_reduce_sum(loss) / dist.world_size).item()
-            if not math.isfinite(train_loss):
-                raise FloatingPointError(f"train loss is {train_loss} at step {state.step}")
-            dt = time.perf_counter() - t_last
-            tok_s = steps_since * cfg.batch_tokens / dt
-            mfu = flops_per_step * steps_since / dt / (peak * dist.world_size) if peak else None
-            state.last_train_loss = train_loss
-            logger.log(
-                {
-                    "step": state.step,
-                    "tokens": state.tokens,
-                    "train_loss": train_loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm.item(),
-                    "clip_rate": clipped.item() / state.step,
-                    "tokens_per_s": tok_s,
-                    "mfu": mfu,
-                }
-            )
-            bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            eta = (cfg.max_steps - state.step) * dt / steps_since
-            log.info(
-                "step %d/%d | loss %.4f | lr %.2e | %s tok/s%s | eta %s",
-                state.step,
-                cfg.max_steps,
-                train_loss,
-                lr,
-                f"{tok_s:,.0f}",
-                f" | mfu {100 * mfu:.1f}%" if mfu else "",
-                _hms(eta),
-            )
-            t_last, steps_since = time.perf_counter(), 0
-        if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
-            evaluate(cfg, eval_model, dist, dtype, state, logger)
-            t_last = time.perf_counter()
-        if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last:
-            save(cfg, out_dir, raw_model, optimizer, loader, state, config_dict, dist)
-            t_last = time.perf_counter()
-    bar.close()
 
 
 def _hms(seconds: float) -> str:
