@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def init_wandb(cfg: Any, out_dir: Path, config_dict: dict) -> Any:
     import wandb  # imported lazily: it is slow to import and unused when disabled
 
     id_file = out_dir / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(8)
     id_file.write_text(run_id)
     return wandb.init(
         project=cfg.project,
