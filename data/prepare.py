@@ -17,14 +17,13 @@ import argparse
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from data.shards import find_shards, read_header, write_shard
+from data.shards import atomic_open, find_shards, read_header, write_shard
 from data.tokenizer import EOT, VOCAB_SIZE, get_tokenizer
 
 log = logging.getLogger("data.prepare")  # not __name__: that is "__main__" under python -m
@@ -76,18 +75,9 @@ def write_split(
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
 
 
 def load_summary(out_dir: str | Path, settings: dict) -> dict | None:

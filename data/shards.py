@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -26,6 +29,26 @@ TOKEN_DTYPE = np.dtype("<u2")
 
 class ShardError(ValueError):
     """A file that is not a valid token shard (truncated, foreign, wrong version, bad tokens)."""
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside ``path``; on success fsync it and rename it to ``path``.
+
+    A crash or an exception never leaves a half-written file under the final name."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; these are ordinary data files
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_shard(path: str | Path, tokens: ArrayLike) -> None:
@@ -47,19 +70,9 @@ def write_shard(path: str | Path, tokens: ArrayLike) -> None:
         )
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = (MAGIC, VERSION, arr.size)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; shards are ordinary data files
-        with os.fdopen(fd, "wb") as f:
-            f.write(header.tobytes())
-            f.write(arr.astype(TOKEN_DTYPE, copy=False).tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(arr.astype(TOKEN_DTYPE, copy=False).tobytes())
     log.debug("wrote %s (%d tokens)", path, arr.size)
 
 

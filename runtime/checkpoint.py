@@ -8,12 +8,13 @@ They hold only tensors and plain Python values and load with ``torch.load(weight
 from __future__ import annotations
 
 import logging
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from data.shards import atomic_open
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +84,8 @@ def save_checkpoint(out_dir: str | Path, step: int, payload: dict[str, Any], kee
     d = checkpoint_dir(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:07d}.pt"
-    tmp = d / f".{path.name}.tmp{os.getpid()}"
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:
+        torch.save(payload, f)
     if keep > 0:
         for old in list_checkpoints(out_dir)[:-keep]:
             old.unlink(missing_ok=True)

@@ -28,15 +28,19 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
 )
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """Peak bf16 FLOP/s of ``device``, or None where unknown (CPU, unlisted GPUs)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
+def peak_flops_of(name: str) -> float | None:
+    """Peak bf16 FLOP/s of a CUDA device called ``name``, or None if it is not in the table."""
     for key, flops in PEAK_BF16_FLOPS:
         if key in name:
             return flops
     return None
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak bf16 FLOP/s of ``device``, or None where unknown (CPU, unlisted GPUs)."""
+    if device.type != "cuda":
+        return None
+    return peak_flops_of(torch.cuda.get_device_name(device))
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import yaml
 
+from data.shards import atomic_open
 from runtime.config import config_differences
 
 CONFIG_FILE = "config.yaml"
@@ -94,6 +95,5 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    tmp = out_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out_dir / "summary.json")
+    with atomic_open(out_dir / "summary.json", "w") as f:
+        f.write(json.dumps(summary, indent=2) + "\n")

@@ -1,0 +1,75 @@
+import pytest
+import torch
+
+from runtime import checkpoint as ckpt
+from runtime.config import config_differences
+from runtime.device import peak_flops, peak_flops_of, resolve_dtype
+
+
+@pytest.mark.parametrize(
+    "name,flops",
+    [
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("Some Future GPU", None),
+    ],
+)
+def test_peak_table(name, flops):
+    assert peak_flops_of(name) == flops
+
+
+def test_no_peak_and_fp32_on_cpu():
+    assert peak_flops(torch.device("cpu")) is None
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    with pytest.raises(ValueError, match="valid dtypes"):
+        resolve_dtype("fp8", torch.device("cpu"))
+
+
+def _payload():
+    return {
+        "model": {"w": torch.ones(2)},
+        "optimizer": {},
+        "loader": {"consumed": 3},
+        "rng": [ckpt.rng_state(torch.device("cpu"))],
+        "config": {"seed": 1},
+    }
+
+
+def test_checkpoint_round_trip_and_retention(tmp_path):
+    for step in (10, 20, 30):
+        ckpt.save_checkpoint(tmp_path, step, _payload(), keep=2)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    assert names == ["step_0000020.pt", "step_0000030.pt"]
+    assert not list((tmp_path / "checkpoints").glob(".*tmp*"))  # no temporary files left
+    c = ckpt.load_checkpoint(ckpt.latest_checkpoint(tmp_path))
+    assert c["step"] == 30 and c["loader"] == {"consumed": 3}
+    assert ckpt.resolve_resume("auto", tmp_path).name == "step_0000030.pt"
+    assert ckpt.resolve_resume(str(tmp_path), tmp_path / "elsewhere").name == "step_0000030.pt"
+    assert ckpt.resolve_resume("never", tmp_path) is None
+
+
+def test_bad_checkpoints_are_named(tmp_path):
+    path = ckpt.save_checkpoint(tmp_path, 1, _payload(), keep=0)
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    with pytest.raises(ValueError, match="not a readable checkpoint"):
+        ckpt.load_checkpoint(path)
+    other = tmp_path / "other.pt"
+    torch.save({"state_dict": {}}, other)  # some other program's file
+    with pytest.raises(ValueError, match="not a checkpoint of this codebase"):
+        ckpt.load_checkpoint(other)
+    with pytest.raises(FileNotFoundError, match="resume=auto, resume=never"):
+        ckpt.resolve_resume(str(tmp_path / "missing.pt"), tmp_path)
+
+
+def test_incompatible_model_is_a_clear_error():
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ValueError, match="does not fit the configured model"):
+        ckpt.load_model_state(model, {"weight": torch.zeros(5, 5)}, "x.pt")
+
+
+def test_config_differences_ignore_resumable_keys():
+    old = {"max_steps": 10, "seed": 1, "optimizer": {"lr": 1e-3}, "wandb": {"mode": "offline"}}
+    new = {"max_steps": 20, "seed": 1, "optimizer": {"lr": 2e-3}, "wandb": {"mode": "disabled"}}
+    assert config_differences(old, new) == ["optimizer.lr: 0.001 -> 0.002"]
