@@ -1,0 +1,29 @@
+"""GPU paths (bf16 autocast, fused AdamW, SDPA on CUDA); skipped without a CUDA device."""
+
+import pytest
+import torch
+
+import train
+from helpers import fast_config
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_bf16_run_on_cuda(tmp_path, sotu_dir):
+    typed, plain = fast_config(tmp_path / "run", sotu_dir, "max_steps=8", "device=cuda")
+    summary = train.train(typed, plain)
+    assert summary["steps"] == 8 and summary["final_val_loss"] < 10.9
+
+
+def test_bf16_forward_close_to_fp32():
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(block_size=64, n_layer=2, n_head=2, n_embd=64)).cuda()
+    x = torch.randint(0, 50257, (2, 64), device="cuda")
+    _, ref = model(x, x)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        _, low = model(x, x)
+    assert abs(ref.item() - low.item()) < 0.05
