@@ -1,11 +1,11 @@
 import itertools
 
 import pytest
-from helpers import CONFIG_DIR, compose_config
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 import train
+from helpers import CONFIG_DIR, compose_config
 from runtime.config import TrainConfig
 
 

@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 import yaml
-from helpers import FAST, ROOT, fast_config
 
 import train
+from helpers import FAST, ROOT, fast_config
 from runtime.checkpoint import latest_checkpoint, load_checkpoint
 
 
