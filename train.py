@@ -34,7 +34,7 @@ from data import TokenLoader, ensure_prepared, shard_files, val_batches
 from model import GPT
 from runtime import checkpoint as ckpt
 from runtime.config import TrainConfig
-from runtime.device import autocast, peak_flops, resolve_dtype
+from runtime.device import autocast, peak_flops, resolve_dtype, tune_host_allocator
 from runtime.distributed import (
     DistInfo,
     all_reduce_sum,
@@ -341,6 +341,8 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     if dist.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    elif dist.device.type == "cpu":
+        tune_host_allocator()
     trainer = Trainer(cfg, config_dict, dist, out_dir)
     if resume_path is not None:
         trainer.restore(resume_path)

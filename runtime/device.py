@@ -63,3 +63,31 @@ def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractCon
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def tune_host_allocator() -> bool:
+    """Keep freed CPU memory in glibc's heap instead of returning it to the OS each step.
+
+    CPU training of a GPT-2-vocabulary model allocates and frees logits tensors of tens to
+    hundreds of MB per micro-step; by default glibc serves each with a fresh mmap, and the page
+    faults that follow take a large share of the step (system time). `scripts/bench_train_step.py`
+    on the 2-core dev machine (tiny model, 16 x 128 tokens per step, best of 4 steps): 1,578
+    tokens/s at micro-batch 8 untuned, 1,944 tuned; 2,529 tuned at micro-batch 2. The process keeps its
+    peak memory instead. Linux/glibc only; returns whether the settings were applied.
+    """
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    ok = mallopt(m_mmap_threshold, 32 * 1024**2)  # glibc's largest allowed value
+    ok &= mallopt(m_trim_threshold, 2**31 - 1)
+    ok &= mallopt(m_top_pad, 256 * 1024**2)
+    return bool(ok)

@@ -73,3 +73,31 @@ def test_config_differences_ignore_resumable_keys():
     old = {"max_steps": 10, "seed": 1, "optimizer": {"lr": 1e-3}, "wandb": {"mode": "offline"}}
     new = {"max_steps": 20, "seed": 1, "optimizer": {"lr": 2e-3}, "wandb": {"mode": "disabled"}}
     assert config_differences(old, new) == ["optimizer.lr: 0.001 -> 0.002"]
+
+
+def test_bench_script_runs():
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/bench_train_step.py",
+            "--micro-batch",
+            "4",
+            "--batch-seqs",
+            "4",
+            "--steps",
+            "1",
+            "--device",
+            "cpu",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "device: cpu" in proc.stdout and "tokens/s" in proc.stdout
