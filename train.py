@@ -88,7 +88,7 @@ def grad_accum_steps(cfg: TrainConfig, world_size: int) -> int:
 def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
     """Accumulate ``scale * loss`` gradients over ``batches``; DDP syncs on the last one only.
 
-    Returns the sum of the scaled losses as a tensor (no host synchronisation)."""
+    Returns the mean loss over ``batches`` as a tensor (no host synchronisation)."""
     total = torch.zeros((), device=dist.device)
     for i, (x, y) in enumerate(batches):
         last = i == len(batches) - 1
@@ -97,8 +97,8 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
             with autocast(dist.device, dtype):
                 _, loss = model(x, y)
             (loss * scale).backward()
-        total += loss.detach() * scale
-    return total
+        total += loss.detach()
+    return total / len(batches)
 
 
 class Trainer:
@@ -203,14 +203,29 @@ class Trainer:
         cfg = self.cfg
         lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
         batches = [self.loader.next_batch() for _ in range(self.accum)]
-        loss = forward_backward(self.model, batches, self.dist, self.dtype, 1.0 / self.accum)
-        max_norm = cfg.grad_clip if cfg.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+        scale = cfg.grad_scale / self.accum
+        if getattr(self.optimizer, "needs_reference_grad", False):
+            self.reference_grad(scale)
+        loss = forward_backward(self.model, batches, self.dist, self.dtype, scale)
+        grad_norm = self.clip_grads()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         self.state.tokens += cfg.batch_tokens
         return loss, grad_norm, lr
+
+    def clip_grads(self) -> torch.Tensor:
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        return torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+
+    def reference_grad(self, scale: float) -> None:
+        """Exact MARS: the gradient of the *next* step's batches at the current weights, clipped
+        like the real one and kept by the optimizer as the next step's reference."""
+        ahead = [self.loader.peek_batch(i) for i in range(self.accum)]
+        forward_backward(self.model, ahead, self.dist, self.dtype, scale)
+        self.clip_grads()
+        self.optimizer.store_reference_grad()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def run(self) -> None:
         cfg, state = self.cfg, self.state

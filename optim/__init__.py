@@ -1,16 +1,28 @@
 """Everything that maps gradients to updates: optimizers, their registry, routing and schedules.
 
-Depends on torch only, so it can be copied into another codebase.
+Depends on torch only, so it can be copied into another codebase. ``MARS``, ``MARS_M``,
+``MARS_M_Efficient`` and ``Moonlight`` accept the official AGI-Arena/MARS constructors' keywords.
 """
 
 from optim import adamw as _adamw  # noqa: F401  (registers "adamw")
+from optim import builders as _builders  # noqa: F401  (registers the rest)
 from optim.adamw import AdamWConfig
 from optim.groups import classify_parameters, decay_groups
+from optim.lion import Lion
+from optim.mars import MARS
+from optim.muon import MARS_M, MARS_M_Efficient, Moonlight, Muon, MuonFamily
 from optim.registry import available, build_optimizer, get_spec, register
 from optim.schedules import ScheduleConfig, apply_schedule, lr_at, set_initial_lr
 
 __all__ = [
+    "MARS",
+    "MARS_M",
     "AdamWConfig",
+    "Lion",
+    "MARS_M_Efficient",
+    "Moonlight",
+    "Muon",
+    "MuonFamily",
     "ScheduleConfig",
     "apply_schedule",
     "available",

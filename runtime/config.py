@@ -42,6 +42,10 @@ class TrainConfig:
     micro_batch_size: int = 16  # sequences per rank per forward/backward
     seq_len: int | None = None  # None: model.block_size
     grad_clip: float = 1.0  # global grad-norm clip; 0 disables
+    # The gradient is the mean over micro-batches times grad_scale. The official scripts sum
+    # their per-rank micro-batch losses: grad_scale = their grad accumulation (4 for GPT-2
+    # small/medium, 12 for large/XL) reproduces them on any number of GPUs.
+    grad_scale: float = 1.0
     eval_every: int = 1000  # 0 disables periodic eval (the final eval still runs)
     eval_tokens: int | None = None  # validation budget in tokens; None: the whole split
     ckpt_every: int = 5000  # 0: only the final checkpoint
@@ -60,6 +64,8 @@ class TrainConfig:
         for key in ("eval_every", "ckpt_every", "keep_checkpoints"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.grad_scale <= 0:
+            raise ValueError(f"grad_scale must be > 0, got {self.grad_scale}")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0 (0 disables it), got {self.grad_clip}")
         if self.seq_len is not None and not 1 <= self.seq_len <= self.model.block_size:

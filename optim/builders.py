@@ -1,0 +1,344 @@
+"""Typed configs and builders of the registered optimizers other than AdamW.
+
+Defaults are the papers' GPT-2 small values (reference/official-mars.md 3.2 and 3.3); every knob
+where ports of MARS disagree is a field whose default is the official code's behaviour.
+Routing (which tensors each update rule gets) uses the parameter kinds of optim/groups.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from optim.functional import CLIP_SCOPES, check_betas, check_choice, check_common
+from optim.groups import classify_parameters, decay_groups
+from optim.lion import Lion
+from optim.mars import FIRST_STEPS, MARS, SECOND_MOMENTS
+from optim.muon import MuonFamily, adamw_group, muon_group
+from optim.registry import register
+
+MODES = ("approx", "exact")
+
+
+@dataclass
+class MarsAdamWConfig:
+    """MARS-AdamW (GPT-2 small: lr 6e-3, lr_1d 3e-3, wd 0.01, betas (0.95, 0.99), gamma 0.025)."""
+
+    name: str = "mars-adamw"
+    mode: str = "approx"  # approx: g_ref = last step's gradient; exact: two gradients per step
+    lr: float = 6e-3
+    betas: list[float] = field(default_factory=lambda: [0.95, 0.99])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])  # official: Linear only
+    gamma: float = 0.025
+    amsgrad: bool = False
+    optimize_1d: bool = False  # False: non-2-D tensors on the AdamW fallback (official)
+    lr_1d: float = 3e-3
+    betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay_1d: float = 0.1  # the fallback's decay, whatever the tensor's group (official)
+    clip: str = "tensor"  # tensor (official) | global (levanter) | none
+    second_moment: str = "c"  # c: v from the clipped c (official code) | g: raw gradient (paper)
+    first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
+    ns_steps: int = 5  # mars-shampoo only
+    ns_dtype: str = "bfloat16"  # mars-shampoo only: Newton-Schulz precision ("param": as p)
+    foreach: bool | None = None  # None: foreach ops on CUDA, the per-tensor loop on CPU
+
+    def __post_init__(self) -> None:
+        check_common(self.lr, self.eps, self.weight_decay, self.betas)
+        check_betas(self.betas_1d, "optimizer.betas_1d")
+        check_choice(self.mode, MODES, "optimizer.mode")
+        check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
+        check_choice(self.second_moment, SECOND_MOMENTS, "optimizer.second_moment")
+        check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
+        if self.gamma < 0 or self.lr_1d < 0 or self.weight_decay_1d < 0:
+            raise ValueError("optimizer.gamma, lr_1d and weight_decay_1d must be >= 0")
+
+
+@dataclass
+class MarsLionConfig(MarsAdamWConfig):
+    """MARS-Lion: sign of the MARS momentum. The official repo publishes no tuned GPT-2 values;
+    the lr follows Lion's rule of thumb (about AdamW's / 3)."""
+
+    name: str = "mars-lion"
+    lr: float = 2e-4
+
+
+@dataclass
+class MarsShampooConfig(MarsAdamWConfig):
+    """MARS-Shampoo: Newton-Schulz of the MARS momentum. No tuned GPT-2 values are published;
+    the lr is the Muon baseline's (same update scale sqrt(max(1, rows/cols)))."""
+
+    name: str = "mars-shampoo"
+    lr: float = 2e-2
+
+
+def _build_mars(model: nn.Module, cfg: MarsAdamWConfig) -> torch.optim.Optimizer:
+    return MARS(
+        decay_groups(model, cfg.weight_decay, cfg.decay_kinds),
+        lr=cfg.lr,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
+        amsgrad=cfg.amsgrad,
+        gamma=cfg.gamma,
+        is_approx=cfg.mode == "approx",
+        mars_type=cfg.name,
+        optimize_1d=cfg.optimize_1d,
+        lr_1d=cfg.lr_1d,
+        betas_1d=tuple(cfg.betas_1d),
+        weight_decay_1d=cfg.weight_decay_1d,
+        clip=cfg.clip,
+        second_moment=cfg.second_moment,
+        first_step=cfg.first_step,
+        ns_steps=cfg.ns_steps,
+        ns_dtype=cfg.ns_dtype,
+        foreach=cfg.foreach,
+    )
+
+
+register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(_build_mars)
+register("mars-lion", MarsLionConfig, "MARS with the sign (Lion) update")(_build_mars)
+register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonalisation")(
+    _build_mars
+)
+
+
+@dataclass
+class MarsMConfig:
+    """MARS-M (GPT-2 small: lr 6e-3, wd 0.01 as the official configs, momentum 0.95, gamma
+    0.025). Block matrices on MARS-M; embeddings, head and gains on AdamW with the same lr, wd."""
+
+    name: str = "mars-m"
+    mode: str = "approx"
+    lr: float = 6e-3
+    weight_decay: float = 0.01  # the official configs; the MARS-M README says 0.1
+    momentum: float = 0.95
+    gamma: float = 0.025
+    clip: str = "tensor"  # tensor (official) | global | none
+    first_step: str = "zero"
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
+        check_choice(self.mode, MODES, "optimizer.mode")
+        check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
+        check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
+        if not 0.0 < self.momentum < 1.0 or self.gamma < 0:
+            raise ValueError("optimizer.momentum must be in (0, 1) and gamma >= 0")
+
+
+@dataclass
+class MarsMEfficientConfig:
+    """MARS-M in one buffer per matrix: approx MARS-M without clipping (no exact mode)."""
+
+    name: str = "mars-m-efficient"
+    lr: float = 6e-3
+    weight_decay: float = 0.01
+    momentum: float = 0.95
+    gamma: float = 0.025
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
+        if not 0.0 < self.momentum < 1.0 or self.gamma < 0:
+            raise ValueError("optimizer.momentum must be in (0, 1) and gamma >= 0")
+
+
+@dataclass
+class MoonlightConfig:
+    """Moonlight's Muon (GPT-2 small: lr 6e-3, wd 0.1, Nesterov momentum 0.95)."""
+
+    name: str = "moonlight"
+    lr: float = 6e-3
+    weight_decay: float = 0.1
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
+
+
+def _split(model: nn.Module, muon_kinds: tuple[str, ...]) -> tuple[list, list]:
+    kinds = classify_parameters(model)
+    muon = [p for k in muon_kinds for _, p in kinds[k]]
+    rest = [p for k, ps in kinds.items() if k not in muon_kinds for _, p in ps]
+    return muon, rest
+
+
+@register("mars-m", MarsMConfig, "MARS correction in front of Moonlight's Muon")
+def _build_mars_m(model: nn.Module, cfg: MarsMConfig) -> torch.optim.Optimizer:
+    muon, rest = _split(model, ("matrix",))
+    return MuonFamily(
+        [
+            muon_group(
+                muon,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                momentum=cfg.momentum,
+                algorithm="mars-m",
+                nesterov=False,
+                ns_steps=cfg.ns_steps,
+                ns_dtype=cfg.ns_dtype,
+                scale="rms",
+                gamma=cfg.gamma,
+                clip=cfg.clip,
+                first_step=cfg.first_step,
+            ),
+            adamw_group(
+                rest,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                betas=cfg.adamw_betas,
+                eps=cfg.adamw_eps,
+            ),
+        ],
+        is_approx=cfg.mode == "approx",
+    )
+
+
+@register("mars-m-efficient", MarsMEfficientConfig, "MARS-M, one buffer, no clipping")
+def _build_mars_m_efficient(model: nn.Module, cfg: MarsMEfficientConfig):
+    muon, rest = _split(model, ("matrix",))
+    return MuonFamily(
+        [
+            muon_group(
+                muon,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                momentum=cfg.momentum,
+                algorithm="mars-m-efficient",
+                nesterov=False,
+                ns_steps=cfg.ns_steps,
+                ns_dtype=cfg.ns_dtype,
+                scale="rms",
+                gamma=cfg.gamma,
+                clip="none",
+            ),
+            adamw_group(
+                rest,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                betas=cfg.adamw_betas,
+                eps=cfg.adamw_eps,
+            ),
+        ]
+    )
+
+
+@register("moonlight", MoonlightConfig, "Moonlight's Muon: Nesterov, 0.2*sqrt(max(A,B)) scale")
+def _build_moonlight(model: nn.Module, cfg: MoonlightConfig) -> torch.optim.Optimizer:
+    muon, rest = _split(model, ("matrix",))
+    return MuonFamily(
+        [
+            muon_group(
+                muon,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                momentum=cfg.momentum,
+                nesterov=cfg.nesterov,
+                ns_steps=cfg.ns_steps,
+                ns_dtype=cfg.ns_dtype,
+                scale="rms",
+            ),
+            adamw_group(
+                rest,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                betas=cfg.adamw_betas,
+                eps=cfg.adamw_eps,
+            ),
+        ]
+    )
+
+
+MUON_ROUTINGS = {"mars-repo": ("matrix", "embedding", "other"), "recommended": ("matrix",)}
+
+
+@dataclass
+class MuonConfig:
+    """Muon (GPT-2 small in the MARS repo: lr 2e-2, wd 0; its AdamW part lr 3e-3, wd 0.1)."""
+
+    name: str = "muon"
+    routing: str = "mars-repo"  # mars-repo: every >=2-D tensor incl. embeddings | recommended
+    lr: float = 2e-2
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"
+    weight_decay: float = 0.0
+    adamw_lr: float = 3e-3
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-8
+    adamw_weight_decay: float = 0.1
+    adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
+
+    def __post_init__(self) -> None:
+        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
+        check_common(self.adamw_lr, self.adamw_eps, self.adamw_weight_decay)
+        check_choice(self.routing, MUON_ROUTINGS, "optimizer.routing")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
+
+
+@register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")
+def _build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
+    muon, rest = _split(model, MUON_ROUTINGS[cfg.routing])
+    if cfg.routing == "mars-repo":  # >=2-D "other" tensors only; 1-D ones stay on AdamW
+        rest += [p for p in muon if p.ndim < 2]
+        muon = [p for p in muon if p.ndim >= 2]
+    return MuonFamily(
+        [
+            muon_group(
+                muon,
+                lr=cfg.lr,
+                weight_decay=cfg.weight_decay,
+                momentum=cfg.momentum,
+                nesterov=cfg.nesterov,
+                ns_steps=cfg.ns_steps,
+                ns_dtype=cfg.ns_dtype,
+            ),
+            adamw_group(
+                rest,
+                lr=cfg.adamw_lr,
+                weight_decay=cfg.adamw_weight_decay,
+                betas=cfg.adamw_betas,
+                eps=cfg.adamw_eps,
+                bias_corrected=cfg.adamw_decay_bias_corrected,
+            ),
+        ]
+    )
+
+
+@dataclass
+class LionConfig:
+    """Lion. Not in the MARS papers' tables; defaults follow the Lion paper's advice relative to
+    AdamW's GPT-2 small values (lr / 3, weight decay x 3, betas (0.9, 0.99))."""
+
+    name: str = "lion"
+    lr: float = 2e-4
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    weight_decay: float = 0.3
+    decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
+
+    def __post_init__(self) -> None:
+        check_common(self.lr, 1.0, self.weight_decay, self.betas)
+
+
+@register("lion", LionConfig, "Lion: sign of interpolated momentum")
+def _build_lion(model: nn.Module, cfg: LionConfig) -> torch.optim.Optimizer:
+    groups = decay_groups(model, cfg.weight_decay, cfg.decay_kinds)
+    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas))

@@ -1,0 +1,115 @@
+"""The pieces every optimizer here is built from, as plain functions on tensors.
+
+- ``mars_correction``: the variance-reduced gradient ``c = g + gamma*beta1/(1-beta1) * (g - g_ref)``
+  (MARS, Yuan et al. 2025, Algorithm 1, line 5).
+- ``clip_unit_norm_``: clip ``c`` to Frobenius norm <= 1 per tensor (official), over all tensors
+  together (``global``, levanter's port) or not at all. Written without host synchronisation:
+  ``c / max(1, ||c||)`` equals the official ``if ||c|| > 1: c = c / ||c||``.
+- ``newton_schulz``: the quintic Newton-Schulz iteration that maps a matrix to the nearest
+  semi-orthogonal one (Muon; coefficients 3.4445, -4.7750, 2.0315).
+- ``shape_scale`` / ``rms_scale``: Muon's ``sqrt(max(1, rows/cols))`` and Moonlight's
+  ``0.2*sqrt(max(rows, cols))`` update scales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CLIP_SCOPES = ("tensor", "global", "none")
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def mars_kappa(gamma: float, beta1: float) -> float:
+    """The correction's scale ``gamma * beta1 / (1 - beta1)`` (0.475 at the defaults)."""
+    return gamma * beta1 / (1.0 - beta1)
+
+
+def mars_correction(grads: list[torch.Tensor], refs: list[torch.Tensor], kappa: float):
+    """``c = g + kappa * (g - g_ref)`` for each tensor, as new tensors (foreach ops)."""
+    if not grads:
+        return []
+    diff = torch._foreach_sub(grads, refs)
+    return torch._foreach_add(grads, diff, alpha=kappa)
+
+
+def clip_unit_norm_(tensors: list[torch.Tensor], scope: str) -> None:
+    """Scale ``tensors`` in place so their norm is at most 1 (per tensor or jointly)."""
+    if scope == "none" or not tensors:
+        return
+    norms = torch._foreach_norm(tensors)
+    if scope == "tensor":
+        torch._foreach_clamp_min_(norms, 1.0)
+        torch._foreach_reciprocal_(norms)
+        torch._foreach_mul_(tensors, norms)
+    elif scope == "global":
+        total = torch.linalg.vector_norm(torch.stack(norms)).clamp_min(1.0)
+        torch._foreach_div_(tensors, total)
+    else:
+        raise ValueError(f"unknown clip scope {scope!r}; valid scopes: {list(CLIP_SCOPES)}")
+
+
+def resolve_dtype(name: str, like: torch.Tensor) -> torch.dtype:
+    """``"param"`` means the dtype of ``like``; otherwise a torch dtype name."""
+    if name == "param":
+        return like.dtype
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}; use 'param', 'bfloat16', 'float32', ...")
+    return dtype
+
+
+def newton_schulz(
+    g: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """Approximately orthogonalise the last two dims of ``g`` (Muon's quintic iteration).
+
+    ``X = g / (||g||_F + eps)`` (transposed when rows > cols); ``steps`` times
+    ``A = X X^T; X = a X + (b A + c A^2) X`` with ``(a, b, c) = (3.4445, -4.7750, 2.0315)``.
+    The result's singular values lie near 1 (roughly 0.7 to 1.2). Computed in ``dtype`` (bf16 as
+    the official code) and returned in that dtype.
+    """
+    if g.ndim < 2:
+        raise ValueError(f"newton_schulz needs a matrix, got a tensor of shape {tuple(g.shape)}")
+    a, b, c = NS_COEFFS
+    x = g.to(dtype)
+    transpose = g.size(-2) > g.size(-1)
+    if transpose:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = x @ x.mT
+        B = b * A + c * (A @ A)
+        x = a * x + B @ x
+    return x.mT if transpose else x
+
+
+def shape_scale(shape: torch.Size) -> float:
+    """Muon / MARS-Shampoo scale ``sqrt(max(1, rows/cols))`` of a (rows, cols) matrix."""
+    return max(1.0, shape[0] / shape[1]) ** 0.5
+
+
+def rms_scale(shape: torch.Size) -> float:
+    """Moonlight / MARS-M scale ``0.2 * sqrt(max(A, B))``: matches AdamW's update RMS."""
+    return 0.2 * max(shape[0], shape[1]) ** 0.5
+
+
+def check_common(lr: float, eps: float, weight_decay: float, betas=None) -> None:
+    """Reject hyperparameters no optimizer here accepts, naming the value and the allowed range."""
+    if lr < 0:
+        raise ValueError(f"lr must be >= 0, got {lr}")
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if betas is not None:
+        check_betas(betas, "betas")
+
+
+def check_betas(betas, name: str) -> None:
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{name} must be two numbers in [0, 1), got {tuple(betas)}")
+
+
+def check_choice(value: str, valid, name: str) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid values: {list(valid)}")
