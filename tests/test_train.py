@@ -128,8 +128,9 @@ def test_cli_unknown_optimizer_lists_valid_ones():
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_match_one(tmp_path, sotu_dir):
-    args = [*FAST, f"data.dir={sotu_dir}", "max_steps=6", "eval_every=3"]
+@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw-exact"])
+def test_two_gloo_processes_match_one(tmp_path, sotu_dir, optimizer):
+    args = [*FAST, f"data.dir={sotu_dir}", "max_steps=6", "eval_every=3", f"optimizer={optimizer}"]
     one = _cli([*args, f"out_dir={tmp_path / 'one'}", "micro_batch_size=4"])
     assert one.returncode == 0, one.stdout + one.stderr
     two = _cli([*args, f"out_dir={tmp_path / 'two'}", "micro_batch_size=4"], nproc=2)
@@ -141,3 +142,27 @@ def test_two_gloo_processes_match_one(tmp_path, sotu_dir):
             if key in ra:
                 assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-5), (key, ra, rb)
     assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+
+
+def test_exact_reference_is_the_next_batch_at_the_current_weights(tmp_path, sotu_dir):
+    """With gradient accumulation, the stored reference after step t is g(x_t, batch t+1)."""
+    out = tmp_path / "run"
+    run(out, sotu_dir, "optimizer=mars-adamw-exact", "max_steps=3", "ckpt_every=1",
+        "keep_checkpoints=0", "grad_scale=4")  # fmt: skip
+    before = load_checkpoint(out / "checkpoints" / "step_0000002.pt")
+    after = load_checkpoint(out / "checkpoints" / "step_0000003.pt")
+    typed, _ = fast_config(out, sotu_dir, "optimizer=mars-adamw-exact")
+    trainer = train.Trainer(typed, {}, train.init_distributed("cpu"), out)
+    trainer.raw_model.load_state_dict(before["model"])  # x_2
+    trainer.loader.load_state_dict(after["loader"])  # positioned at batch 3
+    assert trainer.accum == 2
+    trainer.reference_grad(4 / 2)
+    ordered = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    state = after["optimizer"]["state"]
+    matrices = [i for i, p in enumerate(ordered) if p.ndim == 2]
+    assert matrices
+    for i in matrices:
+        ref = trainer.optimizer.state[ordered[i]]["previous_grad"]
+        torch.testing.assert_close(state[i]["last_grad"], ref, rtol=1e-5, atol=1e-7)
+        assert ref.abs().sum() > 0
+    train.destroy()
