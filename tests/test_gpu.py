@@ -27,3 +27,24 @@ def test_bf16_forward_close_to_fp32():
     with torch.autocast("cuda", dtype=torch.bfloat16):
         _, low = model(x, x)
     assert abs(ref.item() - low.item()) < 0.05
+
+
+@pytest.mark.parametrize("name", __import__("optim").available())
+def test_optimizer_step_has_no_host_sync(name):
+    import optim
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=64)).cuda()
+    opt = optim.build_optimizer(model, optim.get_spec(name).config_cls())
+    x = torch.randint(0, 50257, (2, 32), device="cuda")
+    for _ in range(2):  # the first step allocates state
+        model(x, x)[1].backward()
+        if getattr(opt, "needs_reference_grad", False):
+            opt.store_reference_grad()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        opt.zero_grad()

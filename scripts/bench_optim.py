@@ -1,0 +1,97 @@
+"""Time one optimizer step (no forward/backward) of every registered optimizer on a model preset.
+
+    python scripts/bench_optim.py                                   # tiny model, CPU
+    python scripts/bench_optim.py --model gpt2-small --device cuda  # the papers' smallest model
+    python scripts/bench_optim.py --only mars-adamw adamw --foreach both
+
+Prints milliseconds per step (median of --steps after --warmup steps), the optimizer state in
+bytes per parameter, and the device. MARS optimizers can be timed with their per-tensor loop
+and their foreach path (--foreach both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import optim  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from runtime.distributed import pick_device  # noqa: E402
+
+
+def state_bytes(opt: torch.optim.Optimizer) -> int:
+    seen, total = set(), 0
+    for state in opt.state.values():
+        for v in state.values():
+            if torch.is_tensor(v) and id(v) not in seen:
+                seen.add(id(v))
+                total += v.numel() * v.element_size()
+    return total
+
+
+def time_steps(model, opt, device, steps: int, warmup: int) -> float:
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    times = []
+    for i in range(warmup + steps):
+        if getattr(opt, "needs_reference_grad", False):
+            opt.store_reference_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="tiny", help="a configs/model/*.yaml preset")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--only", nargs="*", default=None, help="optimizer names (default: all)")
+    ap.add_argument("--exact", action="store_true", help="also time the exact modes")
+    ap.add_argument("--foreach", choices=["auto", "both"], default="auto")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+    device = pick_device(args.device, 0)
+    spec = yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text())
+    spec = {k: v for k, v in spec.items() if not str(k).startswith("_")}
+    model = GPT(GPTConfig(**spec)).to(device)
+    n = sum(p.numel() for p in model.parameters())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    print(f"device: {device} ({name or platform.machine()}), torch {torch.__version__}")
+    print(f"model: {args.model}, {n / 1e6:.2f}M parameters")
+    print(f"{'optimizer':<34}{'ms/step':>10}{'state B/param':>15}")
+    for opt_name in args.only or optim.available():
+        cls = optim.get_spec(opt_name).config_cls
+        fields = {f.name for f in dataclasses.fields(cls)}
+        variants = [("", {})]
+        if args.exact and "mode" in fields:
+            variants.append((" exact", {"mode": "exact"}))
+        if args.foreach == "both" and "foreach" in fields:
+            variants = [(s + f" foreach={f}", {**kw, "foreach": f}) for s, kw in variants
+                        for f in (False, True)]  # fmt: skip
+        for suffix, kw in variants:
+            opt = optim.build_optimizer(model, cls(**kw))
+            ms = time_steps(model, opt, device, args.steps, args.warmup)
+            print(f"{opt_name + suffix:<34}{ms:>10.2f}{state_bytes(opt) / n:>15.1f}")
+            del opt
+
+
+if __name__ == "__main__":
+    main()
