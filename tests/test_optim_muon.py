@@ -191,7 +191,7 @@ def test_mars_m_with_gamma_one_minus_mu_is_nesterov_muon():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape", [(64, 16), (16, 64), (32, 32), (768, 3072)])
+@pytest.mark.parametrize("shape", [(64, 16), (16, 64), (32, 32), (192, 768)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_newton_schulz_singular_values_near_one(shape, dtype):
     g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
