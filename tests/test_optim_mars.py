@@ -253,10 +253,11 @@ def test_exact_mode_uses_the_stored_reference():
         gs = [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES]
         for p, r in zip(params, refs):
             p.grad = r.clone()
-        opt.store_reference_grad()
+        opt.update_previous_grad()  # the official protocol: previous, step, then last
         for p, g in zip(params, gs):
             p.grad = g.clone()
         opt.step()
+        opt.update_last_grad()
         ref = [reference_step(p, g, st, h, r) for p, g, st, r in zip(ref, gs, states, refs)]
     assert_same(params, ref)
     assert "previous_grad" not in opt.state[params[2]]  # the 1-D fallback keeps no reference
