@@ -146,6 +146,19 @@ class GPT(nn.Module):
 
         Targets equal to -1 are ignored.
         """
+        logits = self.lm_head(self.hidden_states(idx))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
+        )
+        return logits, loss
+
+    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm's output, shape (B, T, n_embd): ``forward`` without the head.
+
+        Scoring a few positions (``runtime/harness.py``) applies ``lm_head`` to those alone.
+        """
         _, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(
@@ -155,13 +168,7 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        logits = self.lm_head(self.transformer.ln_f(x))
-        if targets is None:
-            return logits, None
-        loss = F.cross_entropy(
-            logits.float().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1
-        )
-        return logits, loss
+        return self.transformer.ln_f(x)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (tied weights counted once).

@@ -1,0 +1,231 @@
+"""Evaluate a checkpoint: validation loss and the MARS paper's zero-shot downstream tasks.
+
+    python scripts/get_eval_data.py                            # once: cache the tasks' data
+    python eval.py checkpoint=runs/NAME                        # val loss + HellaSwag
+    python eval.py checkpoint=runs/NAME tasks=[all] limit=500  # every task, 500 examples each
+    python eval.py checkpoint=out/hf-gpt2 tasks=[hellaswag]    # a Hugging Face GPT-2 directory
+    torchrun --nproc_per_node=8 eval.py checkpoint=runs/NAME tasks=[all]
+
+``val`` is the validation loss over the run's validation shards with the run's budget
+(``eval_tokens``), micro-batch and sequence length, through the same code as training, so it
+equals the ``val_loss`` that training logged for that checkpoint (``val_tokens=0``: the whole
+split). The downstream tasks are scored as lm-evaluation-harness does (``runtime/tasks.py``,
+``runtime/harness.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
+of the paper's table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from data import ensure_prepared, find_shards, num_val_windows, val_batches
+from runtime.device import resolve_dtype, tune_host_allocator
+from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed
+from runtime.eval_config import EvalConfig
+from runtime.eval_data import load_rows
+from runtime.evaluation import validation_loss
+from runtime.harness import evaluate_examples
+from runtime.loading import LoadedModel, load_model
+from runtime.logs import setup_logging
+from runtime.tasks import TASKS, Example, build_examples, table
+
+log = logging.getLogger("eval")
+
+
+def _val_files(loaded: LoadedModel, cfg: EvalConfig, dist: DistInfo) -> list[Path]:
+    """The run's validation shards (prepared by rank 0 when the source prepares itself)."""
+    data = loaded.run_config.get("data")
+    if data is None and cfg.val_data_dir is None:
+        raise SystemExit(
+            f"{loaded.source} carries no training config: give the validation shards with "
+            "val_data_dir=DIR, or leave val out of tasks"
+        )
+    data = data or {}
+    directory = cfg.val_data_dir or data["dir"]
+    pattern = data.get("val_pattern", "*_val_*.bin")
+    error = None
+    if dist.is_main and cfg.val_data_dir is None:
+        try:
+            ensure_prepared(data.get("name", ""), directory)  # the embedded corpus, as in train
+        except (FileNotFoundError, ValueError) as exc:
+            error = str(exc)
+    error = broadcast_object(error)
+    if error:
+        raise SystemExit(f"error: {error}")
+    try:
+        return find_shards(directory, pattern)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"error: {exc}; set val_data_dir=DIR") from None
+
+
+def validation(loaded: LoadedModel, cfg: EvalConfig, dist: DistInfo, dtype) -> dict:
+    """Validation loss and perplexity, computed exactly as the training loop computes them."""
+    run = loaded.run_config
+    files = _val_files(loaded, cfg, dist)
+    seq_len = run.get("seq_len") or loaded.model.config.block_size
+    budget = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
+    micro = cfg.val_batch_size or run.get("micro_batch_size") or 8
+    batches = val_batches(
+        files,
+        batch_size=micro,
+        seq_len=seq_len,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        max_tokens=budget,
+        device=dist.device,
+    )
+    loss = validation_loss(loaded.model, batches, dist.device, dtype)
+    tokens = num_val_windows(files, seq_len=seq_len, max_tokens=budget) * seq_len
+    return {
+        "loss": loss,
+        "ppl": math.exp(min(loss, 50.0)),
+        "tokens": tokens,
+        "seq_len": seq_len,
+        "data_dir": str(files[0].parent),
+    }
+
+
+def load_examples(cfg: EvalConfig) -> dict[str, list[Example]]:
+    """Every downstream task's examples, read before any model runs (fail fast)."""
+    return {
+        t: build_examples(TASKS[t], load_rows(cfg.data_dir, t), cfg.limit)
+        for t in cfg.tasks
+        if t != "val"
+    }
+
+
+def downstream(
+    name: str, examples: list[Example], loaded: LoadedModel, cfg: EvalConfig, dist: DistInfo, dtype
+) -> dict:
+    task = TASKS[name]
+    result = evaluate_examples(
+        loaded.model,
+        examples,
+        block_size=loaded.model.config.block_size,
+        batch_size=cfg.batch_size,
+        device=dist.device,
+        dtype=dtype,
+        rank=dist.rank,
+        world_size=dist.world_size,
+        progress=cfg.progress and dist.is_main,
+        desc=name,
+    )
+    keep = ("n", *task.metrics, *(f"{m}_stderr" for m in task.metrics))
+    out = {k: result[k] for k in keep}
+    out.update(metric=task.metric, split=task.split, paper_split=task.paper_split, limit=cfg.limit)
+    return out
+
+
+def run_task(
+    name: str, examples: list[Example] | None, loaded: LoadedModel, cfg: EvalConfig, dist, dtype
+) -> dict:
+    """One task's results, with the seconds it took."""
+    t0 = time.perf_counter()
+    if name == "val":
+        r = validation(loaded, cfg, dist, dtype)
+        log.info("val loss %.4f | ppl %.2f | %s tokens", r["loss"], r["ppl"], f"{r['tokens']:,}")
+    else:
+        r = downstream(name, examples, loaded, cfg, dist, dtype)
+        log.info("%s: %s = %.4f over %d examples", name, r["metric"], r[r["metric"]], r["n"])
+    return {**r, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def default_label(loaded: LoadedModel) -> str:
+    run = loaded.run_config
+    if not run:
+        return loaded.source.name
+    optimizer = (run.get("optimizer") or {}).get("name", "?")
+    return f"{optimizer} {run['model'].get('name', '')} step {loaded.step}"
+
+
+def write_results(path: Path, header: dict, results: dict) -> dict:
+    """Merge ``results`` into the JSON at ``path`` (earlier tasks are kept) and write it."""
+    record = json.loads(path.read_text()) if path.exists() else {}
+    merged = {**record.get("results", {}), **results}
+    record.update(header, results=merged)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def evaluate(cfg: EvalConfig) -> dict:
+    """Run the configured tasks; returns the merged results record (also written as JSON)."""
+    if not cfg.checkpoint:
+        raise SystemExit("checkpoint=PATH is required (a step_N.pt, a run dir or an HF dir)")
+    dist = init_distributed(cfg.device)
+    setup_logging(dist.is_main)
+    try:
+        with logging_redirect_tqdm():
+            return _evaluate(cfg, dist)
+    finally:
+        destroy()
+
+
+def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
+    try:
+        examples = load_examples(cfg)
+        loaded = load_model(cfg.checkpoint, dist.device)
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    dtype = resolve_dtype(cfg.dtype, dist.device)
+    if dist.device.type == "cpu":
+        tune_host_allocator()  # large logits tensors: see runtime/device.py
+    results = {}
+    for name in cfg.tasks:
+        try:
+            results[name] = run_task(name, examples.get(name), loaded, cfg, dist, dtype)
+        except (FileNotFoundError, ValueError) as exc:
+            raise SystemExit(f"error in task {name}: {exc}") from None
+    header = {
+        "checkpoint": str(loaded.source),
+        "kind": loaded.kind,
+        "step": loaded.step,
+        "model": asdict(loaded.model.config),
+        "world_size": dist.world_size,
+        "device": str(dist.device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "updated": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    record = {**header, "results": results}
+    if dist.is_main:
+        path = Path(cfg.out) if cfg.out else loaded.default_results_path()
+        record = write_results(path, header, results)
+        log.info("results: %s", path)
+        if any(t in record["results"] for t in TASKS):
+            print(table(record["results"], cfg.name or default_label(loaded)))
+    return broadcast_object(record)
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="base_eval", node=EvalConfig)
+
+
+def to_typed(cfg: DictConfig) -> EvalConfig:
+    """The composed config as a validated dataclass (bad values stop with a clear message)."""
+    try:
+        return OmegaConf.to_object(cfg)
+    except ValueError as exc:
+        raise SystemExit(f"config error: {exc}") from None
+
+
+register_schemas()
+
+
+@hydra.main(version_base=None, config_path="configs", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    evaluate(to_typed(cfg))
+
+
+if __name__ == "__main__":
+    main()

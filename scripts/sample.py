@@ -1,0 +1,61 @@
+"""Generate text from a checkpoint, to see what a model has learnt.
+
+    python scripts/sample.py runs/NAME --prompt "The state of the Union is"
+    python scripts/sample.py runs/NAME/checkpoints/step_0000150.pt -n 3 --temperature 0.7 --top-k 50
+    python scripts/sample.py out/hf-gpt2 --prompt "Hello" --temperature 0     # greedy, HF directory
+
+CHECKPOINT is a step_N.pt file, a run directory (its newest checkpoint) or a Hugging Face GPT-2
+directory. Each sample is printed after a separator line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from runtime.device import resolve_dtype  # noqa: E402
+from runtime.distributed import pick_device  # noqa: E402
+from runtime.loading import load_model  # noqa: E402
+from runtime.sampling import sample_text  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("checkpoint", help="a step_N.pt file, a run directory or an HF directory")
+    ap.add_argument("--prompt", default="", help="text to continue (default: a new document)")
+    ap.add_argument("-n", "--num-samples", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=100)
+    ap.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    ap.add_argument("--top-k", type=int, default=200, help="0: no top-k cut")
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    ap.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
+    args = ap.parse_args(argv)
+    try:
+        device = pick_device(args.device, 0)
+        loaded = load_model(args.checkpoint, device)
+        texts = sample_text(
+            loaded.model,
+            args.prompt,
+            num_samples=args.num_samples,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k or None,
+            seed=args.seed,
+            device=device,
+            dtype=resolve_dtype(args.dtype, device),
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for text in texts:
+        print("-" * 40)
+        print(args.prompt + text)
+    return texts
+
+
+if __name__ == "__main__":
+    main()
