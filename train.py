@@ -121,6 +121,7 @@ class Trainer:
             world_size=dist.world_size,
             seed=cfg.seed,
             device=dist.device,
+            sampling=cfg.data.sampling,
         )
         seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
         self.state = RunState()

@@ -1,5 +1,11 @@
 """Text to token shards, shards to per-rank batches, and the offline GPT-2 tokenizer.
 
+Modules: ``prepare`` (the command line and summary), ``catalog`` (the named sources and the
+validation splits), ``sources`` (reading local files, the hub and the embedded corpus),
+``pipeline`` (parallel tokenization and resumable shard writing), ``rawbin`` (nanoGPT's
+``train.bin``/``val.bin`` as input), ``shards`` (the file format), ``windows`` and ``loader``
+(batches), ``tokenizer``, ``config``.
+
 The loader and prepare names are imported lazily (PEP 562 ``__getattr__``): tokenizer-only users
 and ``python -m data.prepare`` do not pay for importing torch, and ``python -m data.prepare`` does
 not import ``data.prepare`` twice (once as ``__main__``), which runpy warns about.

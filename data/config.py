@@ -7,6 +7,8 @@ from pathlib import Path
 
 from data.shards import find_shards
 
+SAMPLING = ("shuffle", "random")  # the TokenLoader's sampling modes (kept here: no torch import)
+
 
 @dataclass
 class DataConfig:
@@ -16,6 +18,15 @@ class DataConfig:
     dir: str = "data/shards/sotu"  # shard directory (relative paths are relative to the cwd)
     train_pattern: str = "*_train_*.bin"
     val_pattern: str = "*_val_*.bin"
+    # shuffle: every window once per epoch (seeded order); random: random windows with
+    # replacement, as the official MARS code samples (data/loader.py)
+    sampling: str = "shuffle"
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLING:
+            raise ValueError(
+                f"unknown data.sampling {self.sampling!r}; valid: {', '.join(SAMPLING)}"
+            )
 
 
 def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:

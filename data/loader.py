@@ -1,12 +1,21 @@
 """Deterministic, checkpointable (x, y) batches from token shards, split across ranks.
 
-Windowing: with sequence length T, shard s of length L_s holds n_s = (L_s - 1) // T windows;
-window j is ``tokens[j*T : j*T + T + 1]`` (x is its first T tokens, y its last T). Windows never
-cross shard boundaries. Global window ids 0..N-1 run over the shards in sorted file order.
+Windows of T + 1 tokens (x is the first T, y the last T) come from memory-mapped shards and
+never cross shard boundaries (``data/windows.py``). Global window ids 0..N-1 number the
+non-overlapping windows over the shards in sorted file order.
 
-Training order: epoch e visits every window once, in the order
-``np.random.default_rng([seed, e]).permutation(N)``. Global sample k is window ``perm_{k//N}[k%N]``.
-A counter ``consumed`` (windows taken by all ranks together) is the whole data position: in one
+Sampling, a pure function of the global sample index k (so ``peek_batch`` reads ahead without
+side effects and a restored position continues identically):
+
+- ``shuffle`` (default): without replacement. Epoch e visits every window once, in the order
+  ``np.random.default_rng([seed, e]).permutation(N)``; sample k is window ``perm_{k//N}[k%N]``.
+- ``random``: the official MARS/nanoGPT loaders' random windows, with replacement. Sample k
+  starts at a position drawn uniformly from every start position of every shard (token-weighted;
+  the official FineWeb-Edu loader first picks a shard uniformly, which is the same when the
+  shards are the same size); the draws come in blocks of 4,096 from
+  ``np.random.default_rng([seed, RANDOM_STREAM, k // 4096])``.
+
+A counter ``consumed`` (samples taken by all ranks together) is the whole data position: in one
 micro-step rank r takes samples ``[consumed + r*B, consumed + (r+1)*B)`` and every rank then adds
 ``world_size*B``. So ranks are disjoint, and one process taking two micro-batches of B gets
 exactly what two ranks get in one micro-step; the position survives changes of batch size or
@@ -22,11 +31,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.shards import load_shard, read_header
+from data.config import SAMPLING
+from data.shards import read_header
+from data.tokenizer import VOCAB_SIZE
+from data.windows import DEFAULT_MAX_OPEN, ShardWindows, no_windows_error, window_counts
 
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+RANDOM_STREAM = 0x52414E44  # separates the random-window draws from the epoch permutations
+RANDOM_BLOCK = 4096
 
 
 def _sorted_files(files: Sequence[str | Path]) -> list[Path]:
@@ -44,57 +58,23 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _window_counts(lengths: Sequence[int], seq_len: int) -> np.ndarray:
-    return np.array([max(0, (n - 1) // seq_len) for n in lengths], dtype=np.int64)
-
-
-def _no_windows_error(files: Sequence[Path], lengths: Sequence[int], seq_len: int) -> ValueError:
-    return ValueError(
-        f"the {len(files)} shard(s) (longest {max(lengths)} tokens, first {files[0]}) hold no "
-        f"window of seq_len+1 = {seq_len + 1} tokens; use a smaller seq_len or more data"
-    )
-
-
-class _Windows:
-    """Memory-mapped shards and the map from global window id to its T+1 tokens."""
-
-    def __init__(self, files: Sequence[Path], seq_len: int) -> None:
-        self.files = list(files)
-        self.seq_len = seq_len
-        self.shards = [load_shard(f) for f in self.files]
-        lengths = [len(s) for s in self.shards]
-        counts = _window_counts(lengths, seq_len)
-        self.starts = np.concatenate([[0], np.cumsum(counts)])  # starts[s] = first id of shard s
-        self.num_windows = int(self.starts[-1])
-        if self.num_windows == 0:
-            raise _no_windows_error(self.files, lengths, seq_len)
-
-    def gather(self, ids: np.ndarray) -> np.ndarray:
-        """Return the windows ``ids`` as an int64 array of shape (len(ids), T + 1)."""
-        T = self.seq_len
-        out = np.empty((len(ids), T + 1), dtype=np.int64)
-        shard_idx = np.searchsorted(self.starts, ids, side="right") - 1
-        for row, (w, s) in enumerate(zip(ids.tolist(), shard_idx.tolist())):
-            start = (w - int(self.starts[s])) * T
-            out[row] = self.shards[s][start : start + T + 1]
-        return out
-
-
 def _to_device(windows: np.ndarray, device: torch.device) -> Batch:
     """Split windows of T+1 tokens into (x, y) int64 tensors on ``device``."""
-    x = torch.from_numpy(np.ascontiguousarray(windows[:, :-1]))
-    y = torch.from_numpy(np.ascontiguousarray(windows[:, 1:]))
+    w = torch.from_numpy(windows)
     if device.type == "cuda":
-        # Pinned host memory lets the copy overlap with compute on the GPU.
-        return (
-            x.pin_memory().to(device, non_blocking=True),
-            y.pin_memory().to(device, non_blocking=True),
-        )
-    return x.to(device), y.to(device)
+        # One copy from pinned host memory, which can overlap with compute on the GPU.
+        w = w.pin_memory().to(device, non_blocking=True)
+    elif device.type != "cpu":
+        w = w.to(device)
+    return w[:, :-1].contiguous(), w[:, 1:].contiguous()
 
 
 class TokenLoader:
-    """Training batches: every window once per epoch, seeded order, disjoint across ranks."""
+    """Training batches in a seeded order, disjoint across ranks; see the module docstring.
+
+    ``sampling`` is "shuffle" (every window once per epoch) or "random" (random windows with
+    replacement, as the official code); ``vocab_size`` bounds every token read (None: no check);
+    ``max_open_shards`` bounds the memory maps (file descriptors) held at once."""
 
     def __init__(
         self,
@@ -106,10 +86,16 @@ class TokenLoader:
         world_size: int = 1,
         seed: int = 0,
         device: str | torch.device = "cpu",
+        sampling: str = "shuffle",
+        vocab_size: int | None = VOCAB_SIZE,
+        max_open_shards: int = DEFAULT_MAX_OPEN,
     ) -> None:
         _check_positive(batch_size=batch_size, seq_len=seq_len, world_size=world_size)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
+        if sampling not in SAMPLING:
+            raise ValueError(f"unknown sampling {sampling!r}; valid: {', '.join(SAMPLING)}")
+        self.sampling = sampling
         self.files = _sorted_files(files)
         self.batch_size = int(batch_size)
         self.seq_len = int(seq_len)
@@ -117,14 +103,18 @@ class TokenLoader:
         self.world_size = int(world_size)
         self.seed = int(seed)
         self.device = torch.device(device)
-        self._windows = _Windows(self.files, self.seq_len)
+        self._windows = ShardWindows(
+            self.files, self.seq_len, vocab_size=vocab_size, max_open=max_open_shards
+        )
         self._consumed = 0
-        self._perms: dict[int, np.ndarray] = {}
+        self._perms: dict[int, np.ndarray] = {}  # shuffle: epoch -> permutation
+        self._blocks: dict[int, np.ndarray] = {}  # random: block -> start positions
         log.debug(
-            "TokenLoader: %d windows of %d tokens in %d shard(s)",
+            "TokenLoader: %d windows of %d tokens in %d shard(s), %s sampling",
             self.num_windows,
             self.seq_len,
             len(self.files),
+            self.sampling,
         )
 
     @property
@@ -168,9 +158,30 @@ class TokenLoader:
             done += take
         return ids
 
+    def _random_block(self, block: int) -> np.ndarray:
+        if block not in self._blocks:
+            if len(self._blocks) >= 2:
+                self._blocks.pop(min(self._blocks))
+            rng = np.random.default_rng([self.seed, RANDOM_STREAM, block])
+            self._blocks[block] = rng.integers(0, self._windows.num_positions, RANDOM_BLOCK)
+        return self._blocks[block]
+
+    def _random_positions(self, first: int, count: int) -> np.ndarray:
+        """Start positions of global samples ``first, ..., first + count - 1``."""
+        samples = np.arange(first, first + count)
+        out = np.empty(count, dtype=np.int64)
+        for block in np.unique(samples // RANDOM_BLOCK).tolist():
+            mine = samples // RANDOM_BLOCK == block
+            out[mine] = self._random_block(block)[samples[mine] % RANDOM_BLOCK]
+        return out
+
     def _batch_at(self, consumed: int) -> Batch:
         first = consumed + self.rank * self.batch_size
-        windows = self._windows.gather(self._window_ids(first, self.batch_size))
+        if self.sampling == "random":
+            positions = self._random_positions(first, self.batch_size)
+            windows = self._windows.gather_positions(positions)
+        else:
+            windows = self._windows.gather(self._window_ids(first, self.batch_size))
         return _to_device(windows, self.device)
 
     def next_batch(self) -> Batch:
@@ -186,9 +197,10 @@ class TokenLoader:
         return self._batch_at(self._consumed + ahead * self.world_size * self.batch_size)
 
     def state_dict(self) -> dict:
-        """The data position as plain ints (the same on every rank)."""
+        """The data position as plain ints and strings (the same on every rank)."""
         return {
             "consumed": self._consumed,
+            "sampling": self.sampling,
             "seed": self.seed,
             "num_windows": self.num_windows,
             "seq_len": self.seq_len,
@@ -206,6 +218,12 @@ class TokenLoader:
                     f"loader has {key}={ours}; a different data set, sequence length or seed "
                     "does not continue the same order (use the original ones, or start afresh)"
                 )
+        saved = state.get("sampling", "shuffle")  # checkpoints from before sampling modes
+        if saved != self.sampling:
+            raise ValueError(
+                f"cannot resume the data order: the checkpoint has sampling={saved!r} but this "
+                f"loader has sampling={self.sampling!r}; set data.sampling={saved} to continue"
+            )
         consumed = int(state["consumed"])
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
@@ -219,9 +237,9 @@ def num_val_windows(
     _check_positive(seq_len=seq_len)
     paths = _sorted_files(files)
     lengths = [read_header(p) for p in paths]
-    total = int(_window_counts(lengths, seq_len).sum())
+    total = int(window_counts(lengths, seq_len).sum())
     if total == 0:
-        raise _no_windows_error(paths, lengths, seq_len)
+        raise no_windows_error(paths, lengths, seq_len)
     if max_tokens is None:
         return total
     if max_tokens < seq_len:
@@ -241,25 +259,27 @@ def val_batches(
     world_size: int = 1,
     max_tokens: int | None = None,
     device: str | torch.device = "cpu",
+    vocab_size: int | None = VOCAB_SIZE,
 ) -> Iterator[Batch]:
     """Yield this rank's batches of the fixed validation set, in order, without shuffling.
 
     The set is the first Nv windows in file order (see ``num_val_windows``); window i belongs
     to rank ``i % world_size``. The last batch may be smaller than batch_size, and ranks may get
     different numbers of batches (by at most one window each), so reduce sums, not per-batch means.
+    A fixed ``max_tokens`` budget makes validation losses comparable across runs and world sizes.
     """
     # Not a generator itself, so bad arguments raise here rather than at the first next().
     _check_positive(batch_size=batch_size, world_size=world_size)
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
     n_val = num_val_windows(files, seq_len=seq_len, max_tokens=max_tokens)
-    windows = _Windows(_sorted_files(files), seq_len)
+    windows = ShardWindows(_sorted_files(files), seq_len, vocab_size=vocab_size)
     ids = np.arange(rank, n_val, world_size, dtype=np.int64)
     return _iter_batches(windows, ids, batch_size, torch.device(device))
 
 
 def _iter_batches(
-    windows: _Windows, ids: np.ndarray, batch_size: int, device: torch.device
+    windows: ShardWindows, ids: np.ndarray, batch_size: int, device: torch.device
 ) -> Iterator[Batch]:
     for start in range(0, len(ids), batch_size):
         yield _to_device(windows.gather(ids[start : start + batch_size]), device)

