@@ -44,7 +44,7 @@ class MarsAdamWConfig:
     first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
     ns_steps: int = 5  # mars-shampoo only
     ns_dtype: str = "bfloat16"  # mars-shampoo only: Newton-Schulz precision ("param": as p)
-    foreach: bool | None = None  # None: foreach ops on CUDA, the per-tensor loop on CPU
+    foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
 
     def __post_init__(self) -> None:
         check_common(self.lr, self.eps, self.weight_decay, self.betas)

@@ -165,10 +165,8 @@ class MARS(torch.optim.Optimizer):
         self._reference_pending = False
         return loss
 
-    def _use_foreach(self, params: list[torch.Tensor]) -> bool:
-        if self.foreach is not None:
-            return self.foreach
-        return bool(params) and params[0].is_cuda
+    def _use_foreach(self) -> bool:
+        return self.foreach is not False  # foreach is faster on CPU too (scripts/bench_optim.py)
 
     def _prepare_group(self, group: dict) -> dict:
         """Initialise state, bump step counts and compute the unclipped corrections ``c``."""
@@ -186,7 +184,7 @@ class MARS(torch.optim.Optimizer):
             else:
                 w["fallback"].append(p), w["fb_gs"].append(g)
         kappa = mars_kappa(group["gamma"], group["betas"][0])
-        if self._use_foreach(w["mars"]):
+        if self._use_foreach():
             w["cs"] = mars_correction(w["gs"], w["refs"], kappa)
         else:
             w["cs"] = [g + kappa * (g - ref) for g, ref in zip(w["gs"], w["refs"])]
@@ -216,7 +214,7 @@ class MARS(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         lr, wd = group["lr"], group["weight_decay"]
         states = [self.state[p] for p in params]
-        foreach = self._use_foreach(params)
+        foreach = self._use_foreach()
         _lerp(foreach, [s["exp_avg"] for s in states], cs, 1 - beta1)
         kind = group["mars_type"]
         adam = [
@@ -252,7 +250,7 @@ class MARS(torch.optim.Optimizer):
         if not params:
             return
         _adam_update(
-            self._use_foreach(params),
+            self._use_foreach(),
             params,
             [self.state[p] for p in params],
             w["fb_gs"],
