@@ -106,55 +106,9 @@ register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonali
 
 
 @dataclass
-class MarsMConfig:
-    """MARS-M (GPT-2 small: lr 6e-3, wd 0.01 as the official configs, momentum 0.95, gamma
-    0.025). Block matrices on MARS-M; embeddings, head and gains on AdamW with the same lr, wd."""
-
-    name: str = "mars-m"
-    mode: str = "approx"
-    lr: float = 6e-3
-    weight_decay: float = 0.01  # the official configs; the MARS-M README says 0.1
-    momentum: float = 0.95
-    gamma: float = 0.025
-    clip: str = "tensor"  # tensor (official) | global | none
-    first_step: str = "zero"
-    ns_steps: int = 5
-    ns_dtype: str = "bfloat16"
-    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    adamw_eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
-        check_choice(self.mode, MODES, "optimizer.mode")
-        check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
-        check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
-        if not 0.0 < self.momentum < 1.0 or self.gamma < 0:
-            raise ValueError("optimizer.momentum must be in (0, 1) and gamma >= 0")
-
-
-@dataclass
-class MarsMEfficientConfig:
-    """MARS-M in one buffer per matrix: approx MARS-M without clipping (no exact mode)."""
-
-    name: str = "mars-m-efficient"
-    lr: float = 6e-3
-    weight_decay: float = 0.01
-    momentum: float = 0.95
-    gamma: float = 0.025
-    ns_steps: int = 5
-    ns_dtype: str = "bfloat16"
-    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    adamw_eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
-        if not 0.0 < self.momentum < 1.0 or self.gamma < 0:
-            raise ValueError("optimizer.momentum must be in (0, 1) and gamma >= 0")
-
-
-@dataclass
 class MoonlightConfig:
-    """Moonlight's Muon (GPT-2 small: lr 6e-3, wd 0.1, Nesterov momentum 0.95)."""
+    """Moonlight's Muon (GPT-2 small: lr 6e-3, wd 0.1, Nesterov momentum 0.95). Block matrices
+    on Muon; embeddings, head and gains on AdamW with the same lr and wd."""
 
     name: str = "moonlight"
     lr: float = 6e-3
@@ -168,8 +122,41 @@ class MoonlightConfig:
 
     def __post_init__(self) -> None:
         check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
+        if not 0.0 < self.momentum < 1.0:
+            raise ValueError(f"optimizer.momentum must be in (0, 1), got {self.momentum}")
+
+
+@dataclass
+class MarsMEfficientConfig(MoonlightConfig):
+    """MARS-M in one buffer per matrix: approx MARS-M without clipping (no exact mode)."""
+
+    name: str = "mars-m-efficient"
+    weight_decay: float = 0.01
+    nesterov: bool = False  # not used: MARS-M's momentum is an EMA
+    gamma: float = 0.025
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gamma < 0:
+            raise ValueError(f"optimizer.gamma must be >= 0, got {self.gamma}")
+
+
+@dataclass
+class MarsMConfig(MarsMEfficientConfig):
+    """MARS-M (GPT-2 small: lr 6e-3, wd 0.01 as the official configs, momentum 0.95, gamma
+    0.025). Block matrices on MARS-M; embeddings, head and gains on AdamW with the same lr, wd."""
+
+    name: str = "mars-m"
+    weight_decay: float = 0.01  # the official configs; the MARS-M README says 0.1
+    mode: str = "approx"
+    clip: str = "tensor"  # tensor (official) | global | none
+    first_step: str = "zero"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.mode, MODES, "optimizer.mode")
+        check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
+        check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
 
 
 def _split(model: nn.Module, muon_kinds: tuple[str, ...]) -> tuple[list, list]:
@@ -179,90 +166,45 @@ def _split(model: nn.Module, muon_kinds: tuple[str, ...]) -> tuple[list, list]:
     return muon, rest
 
 
-@register("mars-m", MarsMConfig, "MARS correction in front of Moonlight's Muon")
-def _build_mars_m(model: nn.Module, cfg: MarsMConfig) -> torch.optim.Optimizer:
+def _moonlight_like(model: nn.Module, cfg: MoonlightConfig, **muon_options):
+    """Block matrices on the Muon-style rule, the rest on AdamW with the same lr and wd."""
     muon, rest = _split(model, ("matrix",))
+    common = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
     return MuonFamily(
         [
             muon_group(
                 muon,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
                 momentum=cfg.momentum,
-                algorithm="mars-m",
-                nesterov=False,
                 ns_steps=cfg.ns_steps,
                 ns_dtype=cfg.ns_dtype,
                 scale="rms",
-                gamma=cfg.gamma,
-                clip=cfg.clip,
-                first_step=cfg.first_step,
-            ),
-            adamw_group(
-                rest,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                betas=cfg.adamw_betas,
-                eps=cfg.adamw_eps,
-            ),
+                **common,
+                **muon_options,
+            ),  # fmt: skip
+            adamw_group(rest, betas=cfg.adamw_betas, eps=cfg.adamw_eps, **common),
         ],
-        is_approx=cfg.mode == "approx",
+        is_approx=getattr(cfg, "mode", "approx") == "approx",
     )
+
+
+@register("mars-m", MarsMConfig, "MARS correction in front of Moonlight's Muon")
+def _build_mars_m(model: nn.Module, cfg: MarsMConfig) -> torch.optim.Optimizer:
+    return _moonlight_like(
+        model, cfg, algorithm="mars-m", nesterov=False, gamma=cfg.gamma, clip=cfg.clip,
+        first_step=cfg.first_step,
+    )  # fmt: skip
 
 
 @register("mars-m-efficient", MarsMEfficientConfig, "MARS-M, one buffer, no clipping")
 def _build_mars_m_efficient(model: nn.Module, cfg: MarsMEfficientConfig):
-    muon, rest = _split(model, ("matrix",))
-    return MuonFamily(
-        [
-            muon_group(
-                muon,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                momentum=cfg.momentum,
-                algorithm="mars-m-efficient",
-                nesterov=False,
-                ns_steps=cfg.ns_steps,
-                ns_dtype=cfg.ns_dtype,
-                scale="rms",
-                gamma=cfg.gamma,
-                clip="none",
-            ),
-            adamw_group(
-                rest,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                betas=cfg.adamw_betas,
-                eps=cfg.adamw_eps,
-            ),
-        ]
+    return _moonlight_like(
+        model, cfg, algorithm="mars-m-efficient", nesterov=False, gamma=cfg.gamma, clip="none"
     )
 
 
 @register("moonlight", MoonlightConfig, "Moonlight's Muon: Nesterov, 0.2*sqrt(max(A,B)) scale")
 def _build_moonlight(model: nn.Module, cfg: MoonlightConfig) -> torch.optim.Optimizer:
-    muon, rest = _split(model, ("matrix",))
-    return MuonFamily(
-        [
-            muon_group(
-                muon,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                momentum=cfg.momentum,
-                nesterov=cfg.nesterov,
-                ns_steps=cfg.ns_steps,
-                ns_dtype=cfg.ns_dtype,
-                scale="rms",
-            ),
-            adamw_group(
-                rest,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                betas=cfg.adamw_betas,
-                eps=cfg.adamw_eps,
-            ),
-        ]
-    )
+    return _moonlight_like(model, cfg, nesterov=cfg.nesterov)
 
 
 MUON_ROUTINGS = {"mars-repo": ("matrix", "embedding", "other"), "recommended": ("matrix",)}
