@@ -49,13 +49,14 @@ from optim.functional import (
     resolve_dtype,
     shape_scale,
 )
+from optim.reference import ReferenceGradMixin
 
 MARS_TYPES = ("mars-adamw", "mars-lion", "mars-shampoo")
 SECOND_MOMENTS = ("c", "g")
 FIRST_STEPS = ("zero", "plain")
 
 
-class MARS(torch.optim.Optimizer):
+class MARS(ReferenceGradMixin, torch.optim.Optimizer):
     """MARS-AdamW / MARS-Lion / MARS-Shampoo, approx or exact; see the module docstring."""
 
     def __init__(
@@ -118,31 +119,8 @@ class MARS(torch.optim.Optimizer):
         self.clip, self.is_approx, self.foreach = clip, is_approx, foreach
         self._reference_pending = False
 
-    # ----------------------------------------------------------------- exact mode
-    @property
-    def needs_reference_grad(self) -> bool:
-        """True in exact mode: the loop must call store_reference_grad() before each step."""
-        return not self.is_approx
-
-    @torch.no_grad()
-    def store_reference_grad(self) -> None:
-        """Keep the current gradients (the next batch at the current weights) for the next step."""
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None or not _on_mars(p, group):
-                    continue
-                state = self.state[p]
-                if "previous_grad" not in state:
-                    state["previous_grad"] = torch.zeros_like(
-                        p, memory_format=torch.preserve_format
-                    )
-                state["previous_grad"].copy_(p.grad)
-        self._reference_pending = True
-
-    update_previous_grad = store_reference_grad  # the official name
-
-    def update_last_grad(self) -> None:
-        """Official API; a no-op here because step() already promotes the stored gradient."""
+    def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
+        return _on_mars(p, group)
 
     # ----------------------------------------------------------------- the step
     @torch.no_grad()
@@ -151,17 +129,13 @@ class MARS(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if not self.is_approx and not self._reference_pending:
-            raise RuntimeError(
-                "MARS exact mode (is_approx=False) needs store_reference_grad() before every "
-                "step: compute the next batch's gradient at the current weights first"
-            )
+        self._check_reference()
         work = [self._prepare_group(group) for group in self.param_groups]
         clip_unit_norm_([c for w in work for c in w["cs"]], self.clip)
         for group, w in zip(self.param_groups, work):
             self._update_mars(group, w)
             self._update_fallback(group, w)
-            self._advance_reference(w)
+            self._advance_references(w)
         self._reference_pending = False
         return loss
 
@@ -262,16 +236,9 @@ class MARS(torch.optim.Optimizer):
             update_m=True,
         )
 
-    def _advance_reference(self, w: dict) -> None:
+    def _advance_references(self, w: dict) -> None:
         for p, g in zip(w["mars"], w["gs"]):
-            state = self.state[p]
-            if self.is_approx:
-                state["last_grad"].copy_(g)  # a copy: p.grad may be zeroed in place
-            elif "previous_grad" in state:
-                state["last_grad"], state["previous_grad"] = (
-                    state["previous_grad"],
-                    state["last_grad"],
-                )
+            self._advance_reference(self.state[p], g)
 
 
 def _on_mars(p: torch.Tensor, group: dict) -> bool:

@@ -39,12 +39,13 @@ from optim.functional import (
     rms_scale,
     shape_scale,
 )
+from optim.reference import ReferenceGradMixin
 
 ALGORITHMS = ("muon", "mars-m", "mars-m-efficient")
 SCALES = {"shape": shape_scale, "rms": rms_scale}
 
 
-class MuonFamily(torch.optim.Optimizer):
+class MuonFamily(ReferenceGradMixin, torch.optim.Optimizer):
     """Groups with ``use_muon=True`` take the Muon-style update, the rest AdamW (see module)."""
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True):
@@ -55,27 +56,8 @@ class MuonFamily(torch.optim.Optimizer):
         self.is_approx = is_approx
         self._reference_pending = False
 
-    @property
-    def needs_reference_grad(self) -> bool:
-        """True for exact MARS-M: the loop calls store_reference_grad() before every step."""
-        return not self.is_approx and any(_is_mars_m(g) for g in self.param_groups)
-
-    @torch.no_grad()
-    def store_reference_grad(self) -> None:
-        """Keep the current gradients (next batch, current weights) as the next step's g_ref."""
-        for group in filter(_is_mars_m, self.param_groups):
-            for p in group["params"]:
-                if p.grad is not None:
-                    state = self.state[p]
-                    if "previous_grad" not in state:
-                        state["previous_grad"] = torch.zeros_like(p)
-                    state["previous_grad"].copy_(p.grad)
-        self._reference_pending = True
-
-    update_previous_grad = store_reference_grad  # the official name
-
-    def update_last_grad(self) -> None:
-        """Official API; a no-op here because step() already promotes the stored gradient."""
+    def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
+        return _is_mars_m(group)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -83,10 +65,7 @@ class MuonFamily(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.needs_reference_grad and not self._reference_pending:
-            raise RuntimeError(
-                "exact MARS-M (is_approx=False) needs store_reference_grad() before every step"
-            )
+        self._check_reference()
         corrected = [self._corrections(g) if _is_mars_m(g) else None for g in self.param_groups]
         for scope in ("tensor", "global"):  # one global clip spans every group that asks for it
             pairs = zip(self.param_groups, corrected)
@@ -139,12 +118,6 @@ class MuonFamily(torch.optim.Optimizer):
             scale = SCALES[group["scale"]](o.shape)
             p.mul_(1 - lr * wd)
             p.add_(o.view_as(p).to(p.dtype), alpha=-lr * scale)
-
-    def _advance_reference(self, state: dict, g: torch.Tensor) -> None:
-        if self.is_approx:
-            state["last_grad"].copy_(g)
-        elif "previous_grad" in state:
-            state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
 
     def _adamw_group(self, group: dict) -> None:
         beta1, beta2 = group["betas"]
