@@ -13,8 +13,10 @@ checkpoints and logs at the configured intervals; everything lands in ``out_dir`
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -43,10 +46,18 @@ from runtime.distributed import (
     destroy,
     gather_objects,
     init_distributed,
+    init_for_sweep,
 )
 from runtime.evaluation import validation_loss
 from runtime.logs import MetricsLogger, init_wandb, setup_logging, truncate_metrics
-from runtime.rundir import check_run_dir, default_out_dir, write_run_files, write_summary
+from runtime.rundir import (
+    check_run_dir,
+    run_dir_name,
+    sweep_job_dir_name,
+    timestamp,
+    write_run_files,
+    write_summary,
+)
 from runtime.seeding import seed_everything
 
 log = logging.getLogger("train")
@@ -59,6 +70,7 @@ class RunState:
     best_val_loss: float | None = None
     last_val_loss: float | None = None
     last_train_loss: float | None = None
+    elapsed_s: float = 0.0  # wall-clock seconds of the run's earlier sessions (restarts)
 
 
 def on_main(dist: DistInfo, fn, *args):
@@ -128,6 +140,11 @@ class Trainer:
         self.logger: MetricsLogger | None = None
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
         self.eval_model: torch.nn.Module = self.raw_model
+        self.session_start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds since the run began, summed over its sessions."""
+        return round(self.state.elapsed_s + time.perf_counter() - self.session_start, 3)
 
     def wrap(self) -> None:
         """torch.compile (optional), then DDP when there are several processes."""
@@ -145,6 +162,7 @@ class Trainer:
         self.loader.load_state_dict(c["loader"])
         self.state.step, self.state.tokens = c["step"], c.get("tokens", 0)
         self.state.best_val_loss = c.get("best_val_loss")
+        self.state.elapsed_s = c.get("elapsed_s", 0.0)
         if len(c["rng"]) == self.dist.world_size:
             ckpt.set_rng_state(c["rng"][self.dist.rank], self.dist.device)
         else:
@@ -170,6 +188,7 @@ class Trainer:
                 "config": self.config_dict,
                 "tokens": self.state.tokens,
                 "best_val_loss": self.state.best_val_loss,
+                "elapsed_s": self.elapsed(),
             }
             path = ckpt.save_checkpoint(
                 self.out_dir, self.state.step, payload, self.cfg.keep_checkpoints
@@ -193,9 +212,8 @@ class Trainer:
         if state.best_val_loss is None or loss < state.best_val_loss:
             state.best_val_loss = loss
         ppl = math.exp(min(loss, 50.0))
-        self.logger.log(
-            {"step": state.step, "tokens": state.tokens, "val_loss": loss, "val_ppl": ppl}
-        )
+        record = {"step": state.step, "tokens": state.tokens, "val_loss": loss, "val_ppl": ppl}
+        self.logger.log({**record, "elapsed_s": self.elapsed()})
         log.info("step %d | val loss %.4f | val ppl %.2f", state.step, loss, ppl)
         return loss
 
@@ -302,6 +320,7 @@ class Meter:
                 "clip_rate": self.clipped.item() / self.steps_done,
                 "tokens_per_s": tok_s,
                 "mfu": mfu,
+                "elapsed_s": t.elapsed(),
             }
         )
         eta = (cfg.max_steps - state.step) * dt / self.since
@@ -325,12 +344,20 @@ class Meter:
 def prepare_out_dir(
     cfg: TrainConfig, config_dict: dict, dist: DistInfo
 ) -> tuple[Path, Path | None]:
-    """The run directory (rank 0's choice, shared by all) and the checkpoint to resume from."""
-    name = cfg.out_dir or default_out_dir()
-    if cfg.out_dir is None and HydraConfig.initialized():
+    """The run directory (rank 0's choice, shared by all) and the checkpoint to resume from.
+
+    ``out_dir`` if given; in a ``--multirun`` sweep the job's directory under the sweep's parent
+    (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
+    ``runs/<name>[_<overrides>]_<launch time>``."""
+    name = cfg.out_dir
+    if name is None and HydraConfig.initialized():
         hc = HydraConfig.get()
         if hc.mode == RunMode.MULTIRUN:
-            name = f"{name}_{hc.job.num}"
+            name = hc.runtime.output_dir
+        else:
+            name = run_dir_name(cfg.name or cfg.optimizer.name, hc.overrides.task, launch_time())
+    elif name is None:
+        name = run_dir_name(cfg.name or cfg.optimizer.name, [], launch_time())
     out_dir = Path(broadcast_object(name))
     resume_path = ckpt.resolve_resume(cfg.resume, out_dir)
     on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None)
@@ -371,7 +398,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
         }
         write_run_files(out_dir, config_dict, meta)
         truncate_metrics(out_dir, trainer.state.step)
-        wandb_run = init_wandb(cfg.wandb, out_dir, config_dict)
+        wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name)
     trainer.logger = MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
     trainer.wrap()
     log.info(
@@ -441,14 +468,88 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     return typed, OmegaConf.to_container(cfg, resolve=True)
 
 
+_LAUNCH_TIME: list[str] = []
+
+
+def launch_time() -> str:
+    """When this launch began (rank 0's clock, the same on every rank): names run directories."""
+    if not _LAUNCH_TIME:
+        _LAUNCH_TIME.append(broadcast_object(timestamp()))
+    return _LAUNCH_TIME[0]
+
+
+_SWEEP_ENV = "MARS_GPT2_SWEEP"  # the launching process's sweep layout, seen by every job
+
+
+def sweep_dir(name: str, overrides: list[str]) -> str:
+    """``hydra.sweep.dir``: ``runs/<name>[_<overrides every job shares>]_<launch time>``.
+
+    Hydra resolves it again inside every job, with that job's values; the launching process's
+    answer is kept (in the environment, which submitit jobs inherit) so all jobs share one
+    parent. The parent is called ``sweep`` when the experiment or optimizer itself is swept."""
+    if _SWEEP_ENV not in os.environ:
+        parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
+        swept = sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
+        common = [o.input_line for o in parsed if not o.is_sweep_override()]
+        base = "sweep" if {"experiment", "optimizer", "name"} & set(swept) else str(name)
+        layout = {"dir": run_dir_name(base, common, launch_time()), "swept": swept}
+        os.environ[_SWEEP_ENV] = json.dumps(layout)
+    return json.loads(os.environ[_SWEEP_ENV])["dir"]
+
+
+def sweep_job_dir(overrides: list[str], job_num: int) -> str:
+    """``hydra.sweep.subdir``: the job's values of the swept keys (``optimizer.lr=0.003``)."""
+    swept = json.loads(os.environ.get(_SWEEP_ENV, "{}")).get("swept")
+    keys = [(str(o).lstrip("+~").split("=")[0], str(o)) for o in overrides]
+    return sweep_job_dir_name([o for k, o in keys if swept is None or k in swept], job_num)
+
+
+def remove_empty_job_dir(out_dir: str | None) -> None:
+    """A sweep job given its own ``out_dir`` leaves Hydra's job directory empty: remove it."""
+    if out_dir is None or not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    job_dir = Path(hc.runtime.output_dir)
+    if hc.mode == RunMode.MULTIRUN and job_dir.resolve() != Path(out_dir).resolve():
+        with contextlib.suppress(OSError):  # not empty, or already removed by another rank
+            job_dir.rmdir()
+
+
 register_schemas()
+OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_dir", sweep_dir, replace=True)
+OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
 
 
-@hydra.main(version_base=None, config_path="configs", config_name="config")
+@hydra.main(version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config")
 def main(cfg: DictConfig) -> None:
     typed, as_dict = to_typed(cfg)
-    train(typed, as_dict)
+    try:
+        train(typed, as_dict)
+    finally:
+        remove_empty_job_dir(typed.out_dir)
+
+
+def cli() -> None:
+    """The command line. Under torchrun, one process group serves the whole process, so
+    ``--multirun`` runs every job of a sweep over it, in the same order on every rank."""
+    # Jobs that Hydra's submitit launcher starts (Slurm or local) import this project by name,
+    # from whatever directory they start in.
+    root = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
+    owns_group = init_for_sweep()
+    try:
+        main()
+    finally:
+        if owns_group:
+            destroy(force=True)
 
 
 if __name__ == "__main__":
-    main()
+    # Run the importable module's copy, so Hydra's submitit launcher can pickle the task
+    # function by reference (a function of __main__ would be pickled with all its globals).
+    import train as _train
+
+    _train.cli()

@@ -19,6 +19,7 @@ class WandbConfig:
     project: str = "mars-gpt2"
     entity: str | None = None
     name: str | None = None  # default: the run directory's name
+    group: str | None = None  # runs shown together (experiments: their table, e.g. owt)
     tags: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -34,7 +35,8 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
-    out_dir: str | None = None  # the run directory; None: runs/<date>_<time>
+    name: str | None = None  # the run's name (an experiment's, or the optimizer's): run dir, wandb
+    out_dir: str | None = None  # the run directory; None: runs/<name>[_<overrides>]_<date>_<time>
     resume: str = "auto"  # auto | never | PATH (a checkpoint file or a run directory)
     seed: int = 1337
     max_steps: int = 1000

@@ -44,23 +44,82 @@ def pick_device(preference: str, local_rank: int) -> torch.device:
     raise ValueError(f"unknown device {preference!r}; valid devices: auto, cpu, cuda, mps")
 
 
+_OWNED = False  # whether init_distributed created the process group (and destroy may end it)
+
+
+def adopt_submitit_environment() -> None:
+    """Inside a job of Hydra's submitit launcher (Slurm, or local for tests) with several tasks,
+    set torchrun's variables from the job's environment, so one code path serves both.
+
+    The rendezvous port is derived from the job id: the local launcher runs a sweep's jobs at the
+    same time, and Slurm may place two jobs on one node."""
+    if "WORLD_SIZE" in os.environ or not os.environ.get("SUBMITIT_EXECUTOR"):
+        return
+    import submitit  # only inside submitit jobs
+
+    env = submitit.JobEnvironment()
+    if env.num_tasks <= 1:
+        return
+    digits = "".join(ch for ch in str(env.job_id) if ch.isdigit()) or "0"
+    os.environ.update(
+        RANK=str(env.global_rank),
+        LOCAL_RANK=str(env.local_rank),
+        WORLD_SIZE=str(env.num_tasks),
+        MASTER_ADDR=env.hostnames[0],
+        MASTER_PORT=str(20000 + int(digits) % 20000),
+    )
+
+
+def _backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
 def init_distributed(device_preference: str = "auto") -> DistInfo:
-    """Initialise the default process group when launched by torchrun, and pick the device."""
+    """Initialise the default process group when launched by torchrun (or a multi-task submitit
+    job), and pick the device. A group that already exists (made once for a whole ``--multirun``
+    sweep by ``train.py``) is reused and left for its creator to end."""
+    global _OWNED
+    adopt_submitit_environment()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = pick_device(device_preference, local_rank)
-    if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
+    if world_size > 1 and dist.is_initialized():
+        backend = dist.get_backend()
+        if backend != _backend_for(device):
+            raise ValueError(
+                f"the process group uses {backend} but device={device.type}; on a GPU machine "
+                "run CPU processes with CUDA_VISIBLE_DEVICES= (empty)"
+            )
+    elif world_size > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+        dist.init_process_group(
+            backend=_backend_for(device), timeout=datetime.timedelta(minutes=30)
+        )
+        _OWNED = True
     return DistInfo(rank, local_rank, world_size, device)
 
 
-def destroy() -> None:
-    if dist.is_initialized():
+def init_for_sweep() -> bool:
+    """Under torchrun, create the process group once for the whole process (every job of a
+    ``--multirun`` sweep then runs over it, in the same order on every rank). Returns whether it
+    was created; ``destroy(force=True)`` ends it."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return False
+    device = pick_device("auto", int(os.environ.get("LOCAL_RANK", "0")))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=_backend_for(device), timeout=datetime.timedelta(minutes=30))
+    return True
+
+
+def destroy(force: bool = False) -> None:
+    """End the process group if ``init_distributed`` created it (or ``force``)."""
+    global _OWNED
+    if dist.is_initialized() and (_OWNED or force):
         dist.destroy_process_group()
+        _OWNED = False
 
 
 def barrier() -> None:

@@ -69,8 +69,21 @@ def truncate_metrics(out_dir: str | Path, step: int) -> None:
     path.write_text("".join(ln + "\n" for ln in kept))
 
 
-def init_wandb(cfg: Any, out_dir: Path, config_dict: dict) -> Any:
-    """Start (or resume) the wandb run of ``out_dir``; None when wandb.mode is disabled."""
+def display_name(out_dir: Path) -> str:
+    """A run's name for people: its directory below ``runs/`` (``owt/small-adamw_<time>``,
+    ``<sweep>/optimizer.lr=0.003``), or the directory's own name elsewhere."""
+    parts = out_dir.resolve().parts
+    if "runs" in parts[:-1]:
+        last = len(parts) - 1 - parts[::-1].index("runs")
+        return "/".join(parts[last + 1 :])
+    return out_dir.name
+
+
+def init_wandb(cfg: Any, out_dir: Path, config_dict: dict, run_name: str | None = None) -> Any:
+    """Start (or resume) the wandb run of ``out_dir``; None when wandb.mode is disabled.
+
+    The wandb name is the run directory below ``runs/``; the group is ``wandb.group`` (the
+    experiments' table, e.g. ``owt``), else the run's name (an experiment or optimizer)."""
     if cfg.mode == "disabled":
         return None
     import wandb  # imported lazily: it is slow to import and unused when disabled
@@ -81,7 +94,8 @@ def init_wandb(cfg: Any, out_dir: Path, config_dict: dict) -> Any:
     return wandb.init(
         project=cfg.project,
         entity=cfg.entity,
-        name=cfg.name or out_dir.name,
+        name=cfg.name or display_name(out_dir),
+        group=cfg.group or run_name,
         tags=list(cfg.tags),
         config=config_dict,
         dir=str(out_dir),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -20,8 +21,51 @@ from runtime.config import config_differences
 CONFIG_FILE = "config.yaml"
 
 
-def default_out_dir() -> str:
-    return os.path.join("runs", datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+# Override keys that say where or how a run is shown, not what it computes: left out of run names.
+NAME_EXCLUDED = frozenset(
+    {"out_dir", "resume", "progress", "device", "log_every", "wandb", "hydra", "name",
+     "experiment", "compile", "ckpt_every", "keep_checkpoints"}
+)  # fmt: skip
+_MAX_TAG = 120
+
+
+def override_tag(
+    overrides: list[str], name: str = "", exclude: frozenset[str] = NAME_EXCLUDED
+) -> str:
+    """The part of a run's name that says how it differs: its command-line overrides as
+    ``key=value`` joined by commas (``optimizer.lr=0.003,seed=2``), without the keys of
+    ``exclude`` or a value that the name already says (``optimizer=mars-adamw``)."""
+    items = []
+    for override in overrides:
+        key, sep, value = str(override).lstrip("+~").partition("=")
+        if not sep or key.split(".")[0].split("/")[0] in exclude or value == name:
+            continue
+        items.append((key, value))
+    tag = ",".join(f"{k}={v}" for k, v in items).replace("/", "-").replace(" ", "")
+    if len(tag) > _MAX_TAG:  # too long for a file name: the keys' last parts (lr=0.003), ...
+        short = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in items).replace("/", "-")
+        if len(short) > _MAX_TAG:  # ... then cut, with a hash that keeps names unique
+            short = f"{short[: _MAX_TAG - 9]}-{hashlib.sha1(tag.encode()).hexdigest()[:8]}"
+        tag = short.replace(" ", "")
+    return tag
+
+
+def run_dir_name(name: str, overrides: list[str], stamp: str, root: str = "runs") -> str:
+    """``runs/<name>[_<overrides>]_<stamp>``: an experiment's name (``owt/small-mars-adamw``) or
+    the optimizer's, then what the command line changed, then the launch time."""
+    tag = override_tag(overrides, name)
+    base = name.strip("/") or "run"
+    return os.path.join(root, f"{base}_{tag}_{stamp}" if tag else f"{base}_{stamp}")
+
+
+def sweep_job_dir_name(swept_overrides: list[str], job_num: int) -> str:
+    """A sweep job's directory under the sweep's parent: the values of the swept keys
+    (``optimizer.lr=0.003``, ``experiment=owt-small-adamw``), ``job<N>`` if there are none."""
+    return override_tag(swept_overrides, exclude=frozenset({"hydra", "out_dir"})) or f"job{job_num}"
+
+
+def timestamp() -> str:
+    return datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def check_run_dir(out_dir: Path, config: dict, resuming: bool) -> None:
