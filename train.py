@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,7 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
 
 
 class Trainer:
-    """Everything one training run holds, and the loop of DESIGN.md over it."""
+    """Everything one training run holds, and the loop over it (README, "How a step goes")."""
 
     def __init__(self, cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path):
         self.cfg, self.config_dict, self.dist, self.out_dir = cfg, config_dict, dist, out_dir
@@ -389,6 +390,12 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     trainer = Trainer(cfg, config_dict, dist, out_dir)
     if resume_path is not None:
         trainer.restore(resume_path)
+    summary_path = out_dir / "summary.json"
+    if trainer.state.step >= cfg.max_steps and summary_path.exists():
+        # A finished run started again (a relaunched table or sweep): change nothing.
+        log.info("run already complete at step %d (max_steps=%d): %s", trainer.state.step,
+                 cfg.max_steps, out_dir)  # fmt: skip
+        return json.loads(summary_path.read_text())
     wandb_run = None
     if dist.is_main:
         meta = {
@@ -434,6 +441,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
         "optimizer": cfg.optimizer.name,
         "world_size": dist.world_size,
         "wall_seconds_this_session": round(time.perf_counter() - start, 1),
+        "elapsed_s": trainer.elapsed(),
         "out_dir": str(out_dir),
     }
     if dist.is_main:
@@ -478,28 +486,40 @@ def launch_time() -> str:
     return _LAUNCH_TIME[0]
 
 
-_SWEEP_ENV = "MARS_GPT2_SWEEP"  # the launching process's sweep layout, seen by every job
+# The launching process's sweep layout (the swept keys, the parent directory), kept in the
+# environment: Hydra resolves hydra.sweep.dir/subdir again inside every job with that job's
+# values, and the jobs of the submitit launcher run in processes that inherit the environment.
+_SWEEP_ENV = "MARS_GPT2_SWEEP"
+
+
+def _sweep_layout() -> dict:
+    return json.loads(os.environ.get(_SWEEP_ENV, "{}"))
+
+
+def record_swept_keys(argv: list[str]) -> None:
+    """Note which command-line keys a ``--multirun`` sweeps (``optimizer.lr=1e-3,2e-3``)."""
+    lines = [a for a in argv if "=" in a and not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(lines)
+    swept = sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
+    os.environ[_SWEEP_ENV] = json.dumps({"swept": swept})
 
 
 def sweep_dir(name: str, overrides: list[str]) -> str:
-    """``hydra.sweep.dir``: ``runs/<name>[_<overrides every job shares>]_<launch time>``.
-
-    Hydra resolves it again inside every job, with that job's values; the launching process's
-    answer is kept (in the environment, which submitit jobs inherit) so all jobs share one
-    parent. The parent is called ``sweep`` when the experiment or optimizer itself is swept."""
-    if _SWEEP_ENV not in os.environ:
-        parsed = OverridesParser.create().parse_overrides([str(o) for o in overrides])
-        swept = sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
-        common = [o.input_line for o in parsed if not o.is_sweep_override()]
-        base = "sweep" if {"experiment", "optimizer", "name"} & set(swept) else str(name)
-        layout = {"dir": run_dir_name(base, common, launch_time()), "swept": swept}
+    """``hydra.sweep.dir``: ``runs/<name>[_<overrides every job shares>]_<launch time>``, or
+    ``runs/sweep...`` when the experiment or optimizer itself is swept."""
+    layout = _sweep_layout()
+    if "dir" not in layout:
+        swept = set(layout.get("swept", []))
+        common = [str(o) for o in overrides if str(o).lstrip("+~").split("=")[0] not in swept]
+        base = "sweep" if {"experiment", "optimizer", "name"} & swept else str(name)
+        layout["dir"] = run_dir_name(base, common, launch_time())
         os.environ[_SWEEP_ENV] = json.dumps(layout)
-    return json.loads(os.environ[_SWEEP_ENV])["dir"]
+    return layout["dir"]
 
 
 def sweep_job_dir(overrides: list[str], job_num: int) -> str:
     """``hydra.sweep.subdir``: the job's values of the swept keys (``optimizer.lr=0.003``)."""
-    swept = json.loads(os.environ.get(_SWEEP_ENV, "{}")).get("swept")
+    swept = _sweep_layout().get("swept")
     keys = [(str(o).lstrip("+~").split("=")[0], str(o)) for o in overrides]
     return sweep_job_dir_name([o for k, o in keys if swept is None or k in swept], job_num)
 
@@ -539,6 +559,7 @@ def cli() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     )
+    record_swept_keys(sys.argv[1:])
     owns_group = init_for_sweep()
     try:
         main()

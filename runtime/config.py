@@ -95,6 +95,7 @@ RESUMABLE_KEYS = frozenset(
         "progress",
         "wandb",
         "device",
+        "micro_batch_size",  # the gradient does not depend on it (accumulation adapts)
     }
 )
 

@@ -73,9 +73,11 @@ def test_resume_equals_uninterrupted(tmp_path, sotu_dir):
 def test_finished_run_is_not_redone(tmp_path, sotu_dir):
     out = tmp_path / "run"
     run(out, sotu_dir, "max_steps=3")
-    before = (out / "metrics.jsonl").read_text()
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     summary = run(out, sotu_dir, "max_steps=3")
-    assert summary["steps"] == 3 and (out / "metrics.jsonl").read_text() == before
+    assert summary["steps"] == 3 and summary["final_val_loss"] is not None
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # summary, metrics and meta.jsonl untouched
 
 
 def test_different_config_is_not_overwritten(tmp_path, sotu_dir):

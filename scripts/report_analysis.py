@@ -1,0 +1,359 @@
+"""The numbers of ``scripts/report.py``: published values, variants, budgets, curves and speedups.
+
+Runs of one (dataset, model size, optimizer label) whose configs differ only in the seed and
+bookkeeping keys are seeds of one *variant*; runs differing in anything else (an lr sweep) are
+different variants, and a table cell uses the variant with the lowest mean best validation loss.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+if __package__:  # imported as scripts.report_analysis (tests)
+    from .report_runs import Run, order_key
+else:  # run as python scripts/report.py: scripts/ is on sys.path
+    from report_runs import Run, order_key
+
+PAPER_BUDGETS = {"5B": 5e9, "20B": 20e9, "50B": 50e9}
+# A run within this fraction of a budget has reached it (the paper's "50B" is 49.15B tokens).
+REACH_TOLERANCE = 0.02
+AUTO_FRACTIONS = (0.1, 0.4, 1.0)
+
+
+# ---- published numbers (docs/published.yaml) ----------------------------------------------
+
+
+@dataclass
+class Published:
+    """The published tables: ``kind`` val_loss (label -> size -> budget -> loss) or downstream."""
+
+    tables: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, path: Path) -> Published:
+        """Read and check ``path``; a malformed file is a ValueError naming what is wrong."""
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ValueError(f"cannot read the published results {path}: {exc}") from None
+        tables = (data or {}).get("tables") if isinstance(data, dict) else None
+        if not isinstance(tables, list):
+            raise ValueError(f"{path}: expected a top-level 'tables' list")
+        for i, t in enumerate(tables):
+            need = ("id", "kind", "source", "dataset") + (
+                ("values",) if t.get("kind") == "val_loss" else ("size", "rows")
+            )
+            missing = [k for k in need if k not in t]
+            if missing or t["kind"] not in ("val_loss", "downstream"):
+                raise ValueError(
+                    f"{path}: table {i} ({t.get('id', '?')}) needs kind val_loss or downstream "
+                    f"and keys {list(need)}; missing {missing}"
+                )
+        return cls(tables)
+
+    def of_kind(self, kind: str, dataset: str) -> list[dict[str, Any]]:
+        return [t for t in self.tables if t["kind"] == kind and t["dataset"] == dataset]
+
+    def val_loss(self, dataset: str, size: str, label: str, budget: str) -> dict | None:
+        """``{value, approximate, source}`` for one cell; exact tables win over plot readings."""
+        hits = []
+        for t in self.of_kind("val_loss", dataset):
+            value = ((t["values"].get(label) or {}).get(size) or {}).get(budget)
+            if value is not None:
+                hits.append(
+                    {
+                        "value": float(value),
+                        "approximate": bool(t.get("approximate")),
+                        "source": t["id"],
+                    }
+                )
+        return min(hits, key=lambda h: h["approximate"], default=None)
+
+    def downstream(self, dataset: str, size: str) -> dict[str, Any] | None:
+        return next((t for t in self.of_kind("downstream", dataset) if t["size"] == size), None)
+
+    def paper_cells(self, dataset: str) -> dict[tuple[str, str], list[str]]:
+        """(size, label) -> ids of the tables with that run (reference rows excluded)."""
+        cells: dict[tuple[str, str], list[str]] = {}
+        for t in self.tables:
+            if t["dataset"] != dataset:
+                continue
+            if t["kind"] == "val_loss":
+                pairs = [(s, lab) for lab, sizes in t["values"].items() for s in sizes]
+            else:
+                pairs = [(t["size"], r["label"]) for r in t["rows"] if not r.get("reference")]
+            for pair in pairs:
+                cells.setdefault(pair, []).append(t["id"])
+        return cells
+
+
+# ---- variants ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    """Seeds of one configuration of one (dataset, size, label)."""
+
+    dataset: str
+    size: str
+    label: str
+    runs: list[Run]
+    keys: dict[str, Any] = field(default_factory=dict)  # values of keys differing between variants
+    chosen: bool = False
+
+    @property
+    def bests(self) -> list[float]:
+        return [b for b in (r.best_val_loss for r in self.runs) if b is not None]
+
+    @property
+    def best_mean(self) -> float | None:
+        return statistics.fmean(self.bests) if self.bests else None
+
+    @property
+    def best_std(self) -> float | None:
+        return statistics.stdev(self.bests) if len(self.bests) > 1 else None
+
+    def describe(self) -> str:
+        """``optimizer.lr=0.003, max_steps=2000``, or ``(only variant)``."""
+        return ", ".join(f"{k}={v}" for k, v in self.keys.items()) or "(only variant)"
+
+
+def _freeze(items: dict[str, Any]) -> str:
+    return yaml.safe_dump(items, sort_keys=True)
+
+
+def group_variants(
+    runs: list[Run], warnings: list[str]
+) -> dict[tuple[str, str, str], list[Variant]]:
+    """(dataset, size, label) -> its variants, the chosen one (lowest mean best loss) first."""
+    by_group: dict[tuple[str, str, str], dict[str, list[Run]]] = {}
+    for run in runs:
+        group = by_group.setdefault((run.dataset, run.size, run.label), {})
+        group.setdefault(_freeze(run.variant_items), []).append(run)
+    out = {}
+    for key, members in by_group.items():
+        variants = [Variant(*key, runs=rs) for rs in members.values()]
+        all_keys = sorted({k for v in variants for k in v.runs[0].variant_items})
+        differing = [
+            k
+            for k in all_keys
+            if len({repr(v.runs[0].variant_items.get(k, "<absent>")) for v in variants}) > 1
+        ]
+        for v in variants:
+            v.keys = {k: v.runs[0].variant_items.get(k, "<absent>") for k in differing}
+            v.runs.sort(key=lambda r: (str(r.seed), str(r.path)))
+            seeds = [r.seed for r in v.runs]
+            if len(set(map(str, seeds))) < len(seeds):
+                warnings.append(
+                    f"{' '.join(key)} {v.describe()}: several runs share a seed "
+                    f"({seeds}); each is counted as a seed"
+                )
+        variants.sort(key=lambda v: (v.best_mean is None, v.best_mean or 0.0, -len(v.runs)))
+        variants[0].chosen = True
+        out[key] = variants
+    return dict(
+        sorted(
+            out.items(),
+            key=lambda kv: (
+                order_key("dataset", kv[0][0]),
+                order_key("size", kv[0][1]),
+                order_key("label", kv[0][2]),
+            ),
+        )
+    )
+
+
+# ---- budgets and table cells --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A column: best loss among evals at <= ``tokens`` tokens (None: the whole run)."""
+
+    label: str
+    tokens: float | None
+    paper: str | None = None  # the published column it matches (5B, 20B, 50B)
+
+
+def format_tokens(tokens: float, like: float | None = None) -> str:
+    """5e9 -> 5B, 2.5e5 -> 0.25M, 30720 -> 30.7K; in the unit ``like`` would get, if given."""
+    size = tokens if like is None else like
+    if size >= 1e9:
+        return f"{tokens / 1e9:.3g}B"
+    if size >= 1e5:
+        return f"{tokens / 1e6:.3g}M"
+    return f"{tokens / 1e3:.3g}K"
+
+
+def parse_budgets(spec: str) -> list[float] | None:
+    """``auto`` -> None; ``5e9,20e9,50e9`` (or ``5B,20B,50B``, ``250M``) -> token counts."""
+    if spec.strip() == "auto":
+        return None
+    values = []
+    for part in spec.split(","):
+        text = part.strip()
+        scale = {"B": 1e9, "M": 1e6, "K": 1e3}.get(text[-1:].upper(), 1.0)
+        try:
+            value = float(text[:-1] if scale != 1.0 else text) * scale
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ValueError(
+                f"bad budget {part!r} in --budgets {spec!r}; use auto or token "
+                "counts such as 5e9,20e9,50e9 (or 5B,20B,50B)"
+            )
+        values.append(value)
+    return sorted(values)
+
+
+def dataset_budgets(values: list[float] | None, longest: float) -> list[Budget]:
+    """The columns of one dataset's table; ``longest`` is its longest run's token count.
+
+    auto: the paper's 5B/20B/50B (50B = the whole run) when the longest run has >= 1e9 tokens,
+    else 10%/40%/100% of the longest run (100% = the whole run).
+    """
+    if values is None and longest >= 1e9:
+        return [Budget("5B", 5e9, "5B"), Budget("20B", 20e9, "20B"), Budget("50B", None, "50B")]
+    if values is None:
+        return [
+            Budget(format_tokens(f * longest, like=longest), None if f == 1.0 else f * longest)
+            for f in AUTO_FRACTIONS
+        ]
+    paper = {v: k for k, v in PAPER_BUDGETS.items()}
+    return [Budget(format_tokens(v), v, paper.get(v)) for v in values]
+
+
+def reached(run: Run, budget: Budget) -> bool:
+    """Has ``run`` trained through ``budget`` (so that its cell will not change any more)?"""
+    if budget.tokens is None:
+        return run.finished
+    return run.tokens >= budget.tokens * (1 - REACH_TOLERANCE)
+
+
+def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict[str, Any]:
+    """One table cell: mean (± std) over seeds of the best loss within the budget."""
+    bests = [b for b in (r.best_within(budget.tokens) for r in variant.runs) if b is not None]
+    cell: dict[str, Any] = {
+        "size": variant.size,
+        "budget": budget.label,
+        "budget_tokens": budget.tokens,
+        "mean": statistics.fmean(bests) if bests else None,
+        "std": statistics.stdev(bests) if len(bests) > 1 else None,
+        "n_seeds": len(bests),
+        "reached": all(reached(r, budget) for r in variant.runs),
+        "paper": None,
+        "paper_approximate": None,
+        "paper_source": None,
+        "diff": None,
+    }
+    pub = budget.paper and published.val_loss(
+        variant.dataset, variant.size, variant.label, budget.paper
+    )
+    if pub:
+        cell.update(
+            paper=pub["value"], paper_approximate=pub["approximate"], paper_source=pub["source"]
+        )
+        if cell["mean"] is not None:
+            cell["diff"] = round(round(cell["mean"], 3) - pub["value"], 3)  # as displayed
+    return cell
+
+
+# ---- curves and speedup ---------------------------------------------------------------------
+
+
+def seed_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """Mean, min and max over seeds on the union of their x points within their common range.
+
+    Each seed's curve is interpolated linearly; with one grid shared by the seeds (the usual
+    case) that gives exactly the logged values.
+    """
+    curves = [(x, y) for x, y in curves if len(x)]
+    if not curves:
+        return None
+    lo_x, hi_x = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+    grid = np.unique(np.concatenate([x[(x >= lo_x) & (x <= hi_x)] for x, _ in curves]))
+    if not len(grid):
+        return None
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return {"x": grid, "mean": ys.mean(axis=0), "lo": ys.min(axis=0), "hi": ys.max(axis=0)}
+
+
+def token_curve(variant: Variant) -> dict[str, np.ndarray] | None:
+    """The seed-mean validation curve against tokens (``seed_curve``)."""
+    return seed_curve(
+        [
+            (np.array([p.tokens for p in r.evals]), np.array([p.loss for p in r.evals]))
+            for r in variant.runs
+        ]
+    )
+
+
+def time_curve(variant: Variant) -> tuple[dict[str, np.ndarray] | None, list[Run]]:
+    """The curve against wall-clock seconds, and the runs left out for lacking ``elapsed_s``."""
+    timed, untimed = [], []
+    for r in variant.runs:
+        points = [p for p in r.evals if p.elapsed_s is not None]
+        if r.evals and len(points) < len(r.evals):
+            untimed.append(r)
+        elif points:
+            timed.append(
+                (np.array([p.elapsed_s for p in points]), np.array([p.loss for p in points]))
+            )
+    return seed_curve(timed), untimed
+
+
+def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | None:
+    """The first x where the piecewise-linear curve (x, y) gets down to ``target``."""
+    hits = np.nonzero(y <= target + 1e-12)[0]
+    if not len(hits):
+        return None
+    i = int(hits[0])
+    if i == 0:
+        return float(x[0])
+    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+    return float(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
+
+
+def speedup(variants: dict[str, Variant], baseline: str) -> dict[str, Any] | None:
+    """Tokens the baseline needs to reach its best loss L*, over the tokens each other needs.
+
+    ``variants`` maps labels to the chosen variants of one (dataset, size). Curves are seed
+    means (``token_curve``); None when the baseline has no validation curve here.
+    """
+    base = variants.get(baseline)
+    base_curve = token_curve(base) if base else None
+    if base_curve is None:
+        return None
+    i = int(np.argmin(base_curve["mean"]))
+    target, t_base = float(base_curve["mean"][i]), float(base_curve["x"][i])
+    rows = []
+    for label, v in variants.items():
+        if label == baseline:
+            continue
+        curve = token_curve(v)
+        t = first_reach(curve["x"], curve["mean"], target) if curve else None
+        rows.append(
+            {
+                "optimizer": label,
+                "variant": v.describe(),
+                "tokens": t,
+                "ratio": (t_base / t if t else math.inf) if t is not None else None,
+                "best_loss": float(curve["mean"].min()) if curve else None,
+                "finished": all(r.finished for r in v.runs),
+            }
+        )
+    return {
+        "baseline": baseline,
+        "baseline_variant": base.describe(),
+        "best_loss": target,
+        "tokens_base": t_base,
+        "baseline_finished": all(r.finished for r in base.runs),
+        "rows": rows,
+    }

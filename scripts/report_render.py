@@ -1,0 +1,257 @@
+"""Markdown of ``scripts/report.py``: every section is rendered from the report dictionary (the
+same data as report.json), so the two never disagree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+if __package__:  # imported as scripts.report_render (tests)
+    from .report_analysis import PAPER_BUDGETS, format_tokens
+    from .report_runs import TASK_NAMES, TASKS, order_key, size_name
+else:  # run as python scripts/report.py: scripts/ is on sys.path
+    from report_analysis import PAPER_BUDGETS, format_tokens
+    from report_runs import TASK_NAMES, TASKS, order_key, size_name
+
+NOT_REACHED = "*"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A GitHub-flavoured markdown table (``|`` in cells escaped)."""
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, rows)])
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number with ``digits`` decimals, or ``–`` for none."""
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def cell_text(cell: dict[str, Any] | None) -> str:
+    """``3.110 ± 0.004* (paper 3.108, +0.002)``; empty when there is no run for the cell."""
+    if cell is None:
+        return ""
+    text = fmt(cell["mean"])
+    if cell["std"] is not None:
+        text += f" ± {cell['std']:.3f}"
+    if cell["mean"] is not None and not cell["reached"]:
+        text += NOT_REACHED
+    if cell["paper"] is not None:
+        approx = "≈" if cell["paper_approximate"] else ""
+        diff = f", {cell['diff']:+.3f}" if cell["diff"] is not None else ""
+        text += f" (paper {approx}{cell['paper']:.3f}{diff})"
+    return text
+
+
+def render_val_loss(section: dict[str, Any]) -> str:
+    """One dataset's table: rows optimizer, columns budget x size (the paper's layout)."""
+    budgets, sizes = section["budgets"], section["sizes"]
+    headers = ["optimizer"] + [f"{size_name(s)} {b['label']}" for b in budgets for s in sizes]
+    rows = []
+    for row in section["rows"]:
+        by_key = {(c["budget"], c["size"]): c for c in row["cells"]}
+        rows.append(
+            [row["optimizer"]]
+            + [cell_text(by_key.get((b["label"], s))) for b in budgets for s in sizes]
+        )
+    whole = [b["label"] for b in budgets if b["tokens"] is None]
+    notes = [
+        "Best (lowest) validation loss among the evaluations at or below each column's token "
+        "budget; the mean over seeds, ± the sample standard deviation when there are several.",
+        f"`{NOT_REACHED}` not reached yet: the run has not trained through that budget (it is "
+        "unfinished or shorter); the value is its best so far. `–`: no evaluation yet.",
+    ]
+    if whole:
+        paper = (
+            "; the paper's 50B is 100k steps of 491,520 tokens = 49.15B" if whole == ["50B"] else ""
+        )
+        notes.append(f"{whole[0]} = the whole run (all evaluations){paper}.")
+    if any(c["paper"] is not None for r in section["rows"] for c in r["cells"]):
+        notes.append(
+            "(paper X, ±d): the published value and ours minus it; ≈ marks a value read off a plot."
+        )
+    return table(headers, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
+def render_published(t: dict[str, Any]) -> str:
+    """A published val-loss table as printed in its source (the budget x size layout)."""
+    values = t["values"]
+    sizes = sorted({s for per in values.values() for s in per}, key=lambda s: order_key("size", s))
+    budgets = [
+        b
+        for b in PAPER_BUDGETS
+        if any(b in (per.get(s) or {}) for per in values.values() for s in sizes)
+    ]
+    headers = ["optimizer"] + [f"{size_name(s)} {b}" for b in budgets for s in sizes]
+    approx = "≈" if t.get("approximate") else ""
+    rows = [
+        [label]
+        + [
+            f"{approx}{v:.3f}" if (v := (per.get(s) or {}).get(b)) is not None else "–"
+            for b in budgets
+            for s in sizes
+        ]
+        for label, per in values.items()
+    ]
+    return f"**{t['title']}**, from {t['source']}\n\n" + table(headers, rows)
+
+
+def render_downstream(section: dict[str, Any]) -> str:
+    """One (dataset, size): our rows, then the published rows marked (paper)."""
+    headers = ["optimizer", *(TASK_NAMES[t] for t in TASKS), "Avg", "source"]
+    rows = []
+    for row in section["rows"]:
+        name = row["optimizer"] + (" (paper)" if row["paper"] else "")
+        scores = [fmt(row["scores"].get(t), 2) for t in TASKS]
+        rows.append([name, *scores, fmt(row["avg"], 2), row["source"]])
+    text = table(headers, rows)
+    return text + (
+        "\n\n- Zero-shot accuracy in percent: acc_norm for ARC-E, ARC-C, HellaSwag, OBQA, PIQA, "
+        "SciQ; acc for BoolQ, WG, MMLU. Avg (unweighted) only when all nine exist. lm-eval "
+        "results win over eval.py's where a run has both; eval.py scores some tasks on "
+        "validation splits where the paper used test splits."
+    )
+
+
+def render_speedup(s: dict[str, Any]) -> str:
+    """One (dataset, size): the baseline's L* and each optimizer's tokens and ratio."""
+    variant = s["baseline_variant"]
+    head = (
+        f"Baseline {s['baseline']}{'' if variant.startswith('(') else f' ({variant})'}: "
+        "best validation loss "
+        f"L* = {s['best_loss']:.3f}, first reached at {format_tokens(s['tokens_base'])} tokens"
+        + ("" if s["baseline_finished"] else " (baseline unfinished: L* may still fall)")
+    )
+    rows = []
+    for r in s["rows"]:
+        if r["tokens"] is None:
+            result, tokens = f"not reached (its best {fmt(r['best_loss'])})", "–"
+        else:
+            result, tokens = f"{r['ratio']:.2f}x", format_tokens(r["tokens"])
+        rows.append(
+            [
+                r["optimizer"],
+                r["variant"],
+                tokens,
+                result,
+                "finished" if r["finished"] else "unfinished",
+            ]
+        )
+    headers = ["optimizer", "variant", "tokens to reach L*", "speedup", "status"]
+    return head + "\n\n" + table(headers, rows)
+
+
+def render_variants(variants: list[dict[str, Any]]) -> str:
+    """Every variant with its differing keys, seeds and best loss; the chosen marked."""
+    rows = []
+    for v in variants:
+        best = fmt(v["best_mean"]) + (f" ± {v['best_std']:.3f}" if v["best_std"] else "")
+        rows.append(
+            [
+                v["dataset"],
+                size_name(v["size"]),
+                v["optimizer"],
+                v["variant"],
+                ", ".join(map(str, v["seeds"])),
+                best,
+                "chosen" if v["chosen"] else "",
+            ]
+        )
+    headers = ["dataset", "size", "optimizer", "variant", "seeds", "best val loss", ""]
+    return table(headers, rows) + (
+        "\n\n- A variant: runs whose configs differ only in the seed and bookkeeping keys. "
+        "The cells, figures and speedups use the chosen (lowest mean best loss) variant."
+    )
+
+
+def render_runs(runs: list[dict[str, Any]]) -> str:
+    """Every run found."""
+    headers = [
+        "run",
+        "dataset",
+        "model",
+        "optimizer",
+        "variant",
+        "seed",
+        "steps",
+        "tokens",
+        "best val loss",
+        "status",
+    ]
+    rows = [
+        [
+            r["dir"],
+            r["dataset"],
+            r["model"],
+            r["optimizer"],
+            r["variant"],
+            r["seed"],
+            f"{r['steps']}/{r['max_steps']}",
+            format_tokens(r["tokens"]),
+            fmt(r["best_val_loss"]),
+            r["status"],
+        ]
+        for r in runs
+    ]
+    return table(headers, rows)
+
+
+def render_status(report: dict[str, Any]) -> str:
+    """The unfinished runs and the published runs that have no run here."""
+    out = ["### Unfinished runs", ""]
+    out += [
+        f"- {u['dir']}: {u['steps']}/{u['max_steps']} steps, "
+        f"{format_tokens(u['tokens'])} tokens, last metrics write {u['last_write']}"
+        for u in report["unfinished"]
+    ] or ["None."]
+    out += ["", "### Published runs missing", ""]
+    out += [
+        f"- {m['dataset']} {size_name(m['size'])} {m['optimizer']} (in {', '.join(m['tables'])})"
+        for m in report["missing"]
+    ] or ["None."]
+    return "\n".join(out)
+
+
+def render(report: dict[str, Any]) -> str:
+    """The whole report as markdown."""
+    runs = report["runs"]
+    done = sum(r["status"] == "finished" for r in runs)
+    out = [
+        f"# {report['title']}",
+        "",
+        f"{len(runs)} runs ({done} finished, {len(runs) - done} unfinished); "
+        f"generated {report['generated']}; budgets {report['budgets']}; "
+        f"published values from {report['published_file']}.",
+    ]
+    for section in report["val_loss"]:
+        out += ["", f"## Validation loss: {section['dataset']}", "", render_val_loss(section)]
+        for t in section["published"]:
+            out += ["", render_published(t)]
+    if report["variants"]:
+        out += ["", "## Variants", "", render_variants(report["variants"])]
+    for section in report["downstream"]:
+        out += [
+            "",
+            f"## Downstream: {section['dataset']} {size_name(section['size'])}".rstrip(),
+            "",
+            render_downstream(section),
+        ]
+    if report["speedup"]:
+        out += [
+            "",
+            f"## Speedup over {report['baseline']}",
+            "",
+            f"Tokens {report['baseline']} needs to first reach its best validation loss L*, "
+            "over the tokens each optimizer's seed-mean curve (linearly interpolated) needs.",
+        ]
+        for s in report["speedup"]:
+            out += ["", f"### {s['dataset']} {size_name(s['size'])}", ""]
+            out += [render_speedup(s) if s.get("rows") is not None else s["note"]]
+    if report["figures"]:
+        out += ["", "## Figures", ""] + [f"- `{f['file']}`: {f['what']}" for f in report["figures"]]
+    out += ["", "## Runs", "", render_runs(runs), "", render_status(report)]
+    if report["warnings"]:
+        out += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]
+    return "\n".join(out) + "\n"

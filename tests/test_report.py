@@ -1,0 +1,379 @@
+"""scripts/report.py on synthetic run directories with known curves (no training, seconds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scripts import report
+from scripts.report_analysis import Published, first_reach
+from scripts.report_runs import TASKS, optimizer_label
+
+ROOT = Path(__file__).resolve().parent.parent
+# 100 steps of 491.52M tokens = 49.152B tokens: the paper's 100k steps, in 100 records.
+PAPER_STEP_TOKENS = 491_520_000
+
+
+def make_run(
+    root: Path,
+    name: str,
+    curve,
+    *,
+    optimizer: str = "adamw",
+    model: str = "gpt2-small",
+    data: str = "openwebtext",
+    seed: int = 0,
+    max_steps: int = 100,
+    steps: int | None = None,
+    batch_tokens: int = PAPER_STEP_TOKENS,
+    eval_every: int = 10,
+    opt: dict | None = None,
+    elapsed: bool = True,
+    truncate_last: bool = False,
+) -> Path:
+    """A run directory: config.yaml, metrics.jsonl with ``curve(step)`` as val_loss every
+    ``eval_every`` steps, and summary.json when it ran all ``max_steps``."""
+    run = root / name
+    run.mkdir(parents=True)
+    steps = max_steps if steps is None else steps
+    config = {
+        "name": name,
+        "model": {"name": model, "n_layer": 12},
+        "data": {"name": data, "dir": f"/data/{data}"},
+        "optimizer": {"name": optimizer, "lr": 1e-3, **(opt or {})},
+        "seed": seed,
+        "max_steps": max_steps,
+        "batch_tokens": batch_tokens,
+        "out_dir": str(run),
+        "log_every": 1,
+    }
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    lines = []
+    for step in range(0, steps + 1):
+        rec = {"step": step, "tokens": step * batch_tokens}
+        if elapsed:
+            rec["elapsed_s"] = 36.0 * step
+        if step:
+            lines.append(json.dumps({**rec, "train_loss": 3.0, "lr": 1e-3}))
+        if step % eval_every == 0 and curve(step) is not None:
+            lines.append(json.dumps({**rec, "val_loss": curve(step), "val_ppl": 1.0}))
+    text = "\n".join(lines) + "\n"
+    if truncate_last:
+        text += '{"step": 999, "tokens": 12'
+    (run / "metrics.jsonl").write_text(text)
+    if steps >= max_steps:
+        summary = {"steps": steps, "tokens": steps * batch_tokens, "model": model}
+        (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def write_eval_py(run: Path, step: int, scores: dict[str, float]) -> None:
+    """eval.py's eval/step_N.json with the given fractions as each task's reported metric."""
+    results = {}
+    for task, value in scores.items():
+        metric = "acc" if task in ("boolq", "winogrande", "mmlu") else "acc_norm"
+        other = "acc_norm" if metric == "acc" else "acc"
+        results[task] = {
+            "n": 100,
+            metric: value,
+            other: 0.0,
+            "metric": metric,
+            "split": "validation",
+            "paper_split": "validation",
+            "limit": None,
+        }
+    (run / "eval").mkdir(exist_ok=True)
+    record = {"checkpoint": "x", "step": step, "results": results}
+    (run / "eval" / f"step_{step}.json").write_text(json.dumps(record))
+
+
+def write_lm_eval(path: Path, scores: dict[str, float], pretrained: str = "x") -> Path:
+    """An lm-eval-harness results file (acc,none / acc_norm,none; MMLU with a subject entry)."""
+    results = {}
+    for task, value in scores.items():
+        metric = "acc" if task in ("boolq", "winogrande", "mmlu") else "acc_norm"
+        results[task] = {f"{metric},none": value, "acc_stderr,none": 0.01, "alias": task}
+    results["mmlu_anatomy"] = {"acc,none": 0.99}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"results": results, "config": {"model_args": f"pretrained={pretrained}"}})
+    )
+    return path
+
+
+def run_report(tmp_path: Path, *paths, extra=()) -> tuple[dict, str, Path]:
+    out = tmp_path / "report"
+    assert report.main([*map(str, paths), "--out", str(out), *extra]) == 0
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text(), out
+
+
+def cells(rep: dict, dataset: str, optimizer: str) -> dict:
+    section = next(s for s in rep["val_loss"] if s["dataset"] == dataset)
+    row = next(r for r in section["rows"] if r["optimizer"] == optimizer)
+    return {(c["size"], c["budget"]): c for c in row["cells"]}
+
+
+def linear(start: float, slope: float, offset: float = 0.0):
+    return lambda step: start - slope * step + offset
+
+
+def test_val_loss_table_budgets_seeds_paper_and_unfinished(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    # AdamW: 3.9 at step 0 down to 2.9 at step 100; seed 1 is 0.004 higher.
+    make_run(runs, "adamw-s0", linear(3.9, 0.01), seed=0)
+    make_run(runs, "adamw-s1", linear(3.9, 0.01, 0.004), seed=1)
+    # MARS-approx stopped at step 30 (no summary): 5B reached, 20B and 50B not.
+    make_run(
+        runs, "mars", linear(3.8, 0.01), optimizer="mars-adamw", opt={"mode": "approx"}, steps=30
+    )
+    make_run(runs, "muon", lambda s: None, optimizer="muon")  # no evaluation at all
+    rep, md, out = run_report(tmp_path, runs)
+    assert [b["label"] for b in rep["val_loss"][0]["budgets"]] == ["5B", "20B", "50B"]
+    adamw = cells(rep, "OpenWebText", "AdamW")
+    # 5B: the last eval at <= 5e9 tokens is step 10 (4.9B); 20B: step 40; 50B: step 100.
+    assert adamw[("small", "5B")]["mean"] == pytest.approx(3.802)
+    assert adamw[("small", "20B")]["mean"] == pytest.approx(3.502)
+    whole = adamw[("small", "50B")]
+    assert whole["mean"] == pytest.approx(2.902)
+    assert whole["std"] == pytest.approx(statistics.stdev([2.9, 2.904]))
+    assert whole["n_seeds"] == 2 and whole["reached"]
+    assert whole["paper"] == 2.885 and not whole["paper_approximate"]  # README beats the plot
+    assert whole["diff"] == pytest.approx(0.017)
+    assert "2.902 ± 0.003 (paper 2.885, +0.017)" in md
+    assert "3.802 ± 0.003 (paper 3.193, +0.609)" in md
+    mars = cells(rep, "OpenWebText", "MARS-approx")
+    assert mars[("small", "5B")]["reached"] and not mars[("small", "20B")]["reached"]
+    assert "3.700 (paper 3.108, +0.592)" in md  # reached: no mark
+    assert "3.500* (paper 2.981, +0.519)" in md  # best so far, not reached yet
+    assert "3.500* (paper 2.849, +0.651)" in md
+    assert cells(rep, "OpenWebText", "Muon")[("small", "50B")]["mean"] is None
+    assert "| Muon | – (paper 3.165) |" in md
+    assert "MARS: best validation loss, GPT-2 on OpenWebText" in md  # the published table
+    assert "| MARS-exact | 3.107 | – | – | 2.980 | – | – | 2.847 | – | – |" in md
+    # Unfinished and missing paper runs.
+    assert [u["dir"].split("/")[-1] for u in rep["unfinished"]] == ["mars"]
+    missing = {(m["size"], m["optimizer"]) for m in rep["missing"]}
+    assert ("small", "MARS-exact") in missing and ("small", "Moonlight") in missing
+    assert ("medium", "AdamW") in missing and ("small", "AdamW") not in missing
+    assert ("small", "OpenAI-Comm.") not in missing
+    assert all(m["dataset"] == "OpenWebText" for m in rep["missing"])
+    assert "val_loss_openwebtext_small_tokens.png" in {f["file"] for f in rep["figures"]}
+    assert "## Validation loss: OpenWebText" in capsys.readouterr().out  # also printed
+    # Explicit budgets: 50B includes the whole 49.15B-token run, which counts as reaching it.
+    rep, md, _ = run_report(tmp_path / "explicit", runs, extra=["--budgets", "5e9,20B,50e9"])
+    explicit = cells(rep, "OpenWebText", "AdamW")[("small", "50B")]
+    assert explicit["mean"] == pytest.approx(2.902) and explicit["reached"]
+    assert "2.902 ± 0.003 (paper 2.885, +0.017)" in md
+    with pytest.raises(SystemExit, match="bad budget 'lots'"):
+        report.main([str(runs), "--out", str(tmp_path / "x"), "--budgets", "5e9,lots"])
+    csv_text = (out / "val_loss.csv").read_text()
+    assert csv_text.startswith("dataset,size,optimizer,budget") and "MARS-approx" in csv_text
+
+
+def test_lr_sweep_variants_and_small_run_budgets(tmp_path):
+    sweep = tmp_path / "sweep"
+    for i, (lr, offset) in enumerate([(0.001, 0.3), (0.003, 0.0), (0.01, 0.2)]):
+        for seed in (0, 1) if lr == 0.003 else (0,):
+            make_run(
+                sweep,
+                f"job{i}-s{seed}",
+                linear(4.0, 0.01, offset + 0.01 * seed),
+                optimizer="mars-adamw",
+                model="tiny",
+                data="sotu",
+                seed=seed,
+                batch_tokens=2048,
+                opt={"lr": lr, "mode": "approx"},
+            )
+    rep, md, out = run_report(tmp_path, sweep)
+    # 100 steps of 2,048 tokens: columns at 10% / 40% / 100% of 204,800 tokens.
+    budgets = rep["val_loss"][0]["budgets"]
+    assert [b["label"] for b in budgets] == ["0.0205M", "0.0819M", "0.205M"]
+    assert [b["tokens"] for b in budgets] == [pytest.approx(20480), pytest.approx(81920), None]
+    variants = [v for v in rep["variants"] if v["optimizer"] == "MARS-approx"]
+    assert sorted(v["variant"] for v in variants) == [
+        "optimizer.lr=0.001",
+        "optimizer.lr=0.003",
+        "optimizer.lr=0.01",
+    ]
+    chosen = [v for v in variants if v["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["keys"] == {"optimizer.lr": 0.003}
+    assert chosen[0]["seeds"] == [0, 1] and chosen[0]["best_mean"] == pytest.approx(3.005)
+    cell = cells(rep, "sotu", "MARS-approx")[("tiny", "0.205M")]
+    assert cell["mean"] == pytest.approx(3.005) and cell["n_seeds"] == 2
+    for text in ("optimizer.lr=0.001", "optimizer.lr=0.01", "3.005 ± 0.007", "chosen"):
+        assert text in md
+    assert rep["missing"] == []  # not a paper dataset
+    for name in (
+        "report.md",
+        "report.json",
+        "val_loss.csv",
+        "val_loss_sotu_tiny_tokens.png",
+        "val_loss_sotu_tiny_time.png",
+    ):
+        assert (out / name).stat().st_size > 0, name
+    assert not (out / "downstream.csv").exists()  # no evaluations
+    assert (out / "val_loss_sotu_tiny_tokens.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_speedup_known_ratios(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "adamw", linear(4.0, 0.01))  # best 3.0 at step 100
+    make_run(runs, "mars", linear(4.0, 0.02), optimizer="mars-adamw")  # 3.0 at step 50
+    make_run(runs, "mars-m", linear(4.0, 0.015), optimizer="mars-m")  # 3.0 at step 66.67
+    make_run(runs, "muon", linear(4.0, 0.005), optimizer="muon")  # best 3.5
+    rep, md, _ = run_report(tmp_path, runs)
+    (s,) = rep["speedup"]
+    assert s["baseline"] == "AdamW" and s["best_loss"] == pytest.approx(3.0)
+    assert s["tokens_base"] == pytest.approx(100 * PAPER_STEP_TOKENS)
+    rows = {r["optimizer"]: r for r in s["rows"]}
+    assert rows["MARS-approx"]["ratio"] == pytest.approx(2.0)
+    assert rows["MARS-M"]["ratio"] == pytest.approx(1.5)
+    assert rows["Muon"]["ratio"] is None and rows["Muon"]["best_loss"] == pytest.approx(3.5)
+    assert "| 2.00x |" in md and "| 1.50x |" in md and "not reached (its best 3.500)" in md
+    # The baseline may also be given as a label.
+    rep, _, _ = run_report(tmp_path / "again", runs, extra=["--baseline", "MARS-approx"])
+    assert rep["speedup"][0]["baseline"] == "MARS-approx"
+
+
+def test_first_reach_interpolates():
+    import numpy as np
+
+    x, y = np.array([0.0, 10.0, 20.0]), np.array([4.0, 3.0, 2.0])
+    assert first_reach(x, y, 2.5) == pytest.approx(15.0)
+    assert first_reach(x, y, 5.0) == 0.0
+    assert first_reach(x, y, 1.0) is None
+
+
+def test_downstream_eval_py_lm_eval_and_avg(tmp_path):
+    runs = tmp_path / "runs"
+    full = {t: 0.5 for t in TASKS}
+    adamw = make_run(runs, "adamw", linear(3.9, 0.01), data="fineweb-edu-100b")
+    write_eval_py(adamw, 100, full)
+    mars = make_run(
+        runs, "mars", linear(3.8, 0.01), optimizer="mars-adamw", data="fineweb-edu-100b"
+    )
+    write_eval_py(mars, 100, full)
+    write_eval_py(mars, 50, {t: 0.1 for t in TASKS})  # an older step: not used
+    lm = write_lm_eval(
+        mars / "eval" / "lm_eval" / "hf" / "results_2026-01-01T00-00-00.json",
+        {**full, "hellaswag": 0.4, "mmlu": 0.25},
+    )
+    write_lm_eval(lm.with_name("results_2025-01-01T00-00-00.json"), {"hellaswag": 0.9})  # older
+    muon = make_run(runs, "muon", linear(3.8, 0.01), optimizer="muon", data="fineweb-edu-100b")
+    write_eval_py(muon, 100, {t: 0.5 for t in TASKS if t != "sciq"})
+    # An lm-eval file named on the command line for a model that is none of the runs.
+    other = write_lm_eval(tmp_path / "gpt2" / "results_1.json", full, pretrained="gpt2")
+    rep, md, out = run_report(tmp_path, runs, other)
+    section = next(s for s in rep["downstream"] if s["size"] == "small")
+    rows = {r["optimizer"]: r for r in section["rows"] if not r["paper"]}
+    assert rows["AdamW"]["scores"]["hellaswag"] == pytest.approx(50.0)
+    assert rows["AdamW"]["avg"] == pytest.approx(50.0)
+    assert rows["AdamW"]["source"].startswith("eval.py step 100")
+    assert rows["MARS-approx"]["scores"]["hellaswag"] == pytest.approx(40.0)  # lm-eval wins
+    assert rows["MARS-approx"]["scores"]["mmlu"] == pytest.approx(25.0)  # aggregate entry
+    assert rows["MARS-approx"]["source"] == "lm-eval"
+    assert rows["MARS-approx"]["avg"] == pytest.approx((7 * 50 + 40 + 25) / 9)
+    assert rows["Muon"]["avg"] is None and "sciq" not in rows["Muon"]["scores"]
+    paper = {r["optimizer"]: r for r in section["rows"] if r["paper"]}
+    assert set(paper) == {"OpenAI-Comm.", "AdamW", "MARS-AdamW"}
+    assert paper["MARS-AdamW"]["scores"]["hellaswag"] == 36.91
+    assert "| MARS-AdamW (paper) | 52.23 | 27.39 |" in md
+    assert "| AdamW | 50.00 |" in md and "| Muon | 50.00 |" in md
+    others = next(s for s in rep["downstream"] if s["dataset"].startswith("other"))
+    assert others["rows"][0]["optimizer"] == "gpt2"
+    assert "hellaswag" in (out / "downstream.csv").read_text()
+    # An lm-eval file outside the run that evaluated its hf export belongs to the run.
+    elsewhere = write_lm_eval(
+        tmp_path / "lm" / "results_9.json", {"hellaswag": 0.3}, pretrained=str(adamw / "hf")
+    )
+    rep, _, _ = run_report(tmp_path / "b", runs, elsewhere)
+    rows = {r["optimizer"]: r for r in rep["downstream"][0]["rows"] if not r["paper"]}
+    assert rows["AdamW"]["scores"]["hellaswag"] == pytest.approx(30.0)
+    assert "lm-eval (1 tasks)" in rows["AdamW"]["source"]
+
+
+def test_published_downstream_without_our_evals(tmp_path):
+    runs = tmp_path / "runs"
+    make_run(runs, "xl", linear(3.9, 0.01), model="gpt2-xl", data="fineweb-edu", steps=20)
+    rep, md, out = run_report(tmp_path, runs)
+    assert "## Downstream: FineWeb-Edu XL" in md
+    assert "| MARS-AdamW (paper) | 66.54 | 39.85 |" in md and "| AdamW (paper) |" in md
+    assert not (out / "downstream.csv").exists()  # no downstream result of ours
+    assert "3.700* (paper ≈2.421, +1.279)" in md  # XL 50B from the MARS-M plot readings
+    missing = {(m["size"], m["optimizer"]) for m in rep["missing"]}
+    assert ("xl", "MARS-approx") in missing and ("small", "AdamW") in missing
+
+
+def test_published_yaml_is_consistent():
+    pub = Published.load(ROOT / "docs" / "published.yaml")
+    assert pub.val_loss("OpenWebText", "small", "MARS-exact", "5B")["value"] == 3.107
+    assert pub.val_loss("OpenWebText", "large", "MARS-M (γ=0.01)", "50B")["approximate"]
+    assert pub.val_loss("FineWeb-Edu", "xl", "Moonlight", "50B")["value"] == 2.393
+    for size in ("small", "xl"):
+        for row in pub.downstream("FineWeb-Edu", size)["rows"]:
+            mean = statistics.fmean(row["scores"][t] for t in TASKS)
+            assert math.isclose(mean, row["scores"]["avg"], abs_tol=0.011), row["label"]
+
+
+def test_labels():
+    assert optimizer_label({"name": "mars-adamw", "mode": "exact"}) == "MARS-exact"
+    assert optimizer_label({"name": "mars-adamw", "mode": "approx"}) == "MARS-approx"
+    assert optimizer_label({"name": "mars-m", "gamma": 0.025}) == "MARS-M"
+    assert optimizer_label({"name": "mars-m", "gamma": 0.01}) == "MARS-M (γ=0.01)"
+    assert optimizer_label({"name": "mars-lion", "mode": "exact"}) == "mars-lion-exact"
+    assert optimizer_label({"name": "moonlight"}) == "Moonlight"
+
+
+def test_bad_paths_truncated_metrics_and_missing_elapsed(tmp_path):
+    with pytest.raises(SystemExit, match="nope-run"):
+        report.main([str(tmp_path / "nope-run"), "--out", str(tmp_path / "o")])
+    with pytest.raises(SystemExit, match="matches no file"):
+        report.main([str(tmp_path / "runs-*"), "--out", str(tmp_path / "o")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="no runs found"):
+        report.main([str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
+    runs = tmp_path / "runs"
+    make_run(runs, "a", linear(3.9, 0.01), steps=50, truncate_last=True)
+    make_run(runs, "b", linear(3.9, 0.01), optimizer="muon", elapsed=False)
+    (tmp_path / "other").mkdir()
+    rep, md, out = run_report(tmp_path, str(runs / "*"), tmp_path / "other")
+    assert {r["dir"].split("/")[-1] for r in rep["runs"]} == {"a", "b"}
+    run_a = next(r for r in rep["runs"] if r["dir"].endswith("a"))
+    assert run_a["steps"] == 50 and run_a["status"] == "unfinished"
+    warnings = "\n".join(rep["warnings"])
+    assert "not a run directory" in warnings and "other" in warnings
+    assert "has no elapsed_s" in warnings  # the time figure leaves run b out and says so
+    assert "line" not in warnings  # the truncated last line is no problem
+
+
+def test_cli_subprocess(tmp_path):
+    make_run(
+        tmp_path / "runs", "adamw", linear(3.9, 0.01), model="tiny", data="sotu", batch_tokens=2048
+    )
+    out = tmp_path / "rep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/report.py",
+            str(tmp_path / "runs"),
+            "--out",
+            str(out),
+            "--title",
+            "Smoke",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# Smoke")
+    assert (out / "val_loss_sotu_tiny_tokens.png").stat().st_size > 0
