@@ -51,15 +51,9 @@ from runtime.distributed import (
 )
 from runtime.evaluation import validation_loss
 from runtime.logs import MetricsLogger, init_wandb, setup_logging, truncate_metrics
-from runtime.rundir import (
-    check_run_dir,
-    run_dir_name,
-    sweep_job_dir_name,
-    timestamp,
-    write_run_files,
-    write_summary,
-)
+from runtime.rundir import check_run_dir, run_dir_name, write_run_files, write_summary
 from runtime.seeding import seed_everything
+from runtime.sweeps import launch_time, record_swept_keys, sweep_dir, sweep_job_dir
 
 log = logging.getLogger("train")
 
@@ -115,7 +109,7 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
 
 
 class Trainer:
-    """Everything one training run holds, and the loop over it (README, "How a step goes")."""
+    """Everything one training run holds, and the loop over it (this module's docstring)."""
 
     def __init__(self, cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path):
         self.cfg, self.config_dict, self.dist, self.out_dir = cfg, config_dict, dist, out_dir
@@ -476,54 +470,6 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     return typed, OmegaConf.to_container(cfg, resolve=True)
 
 
-_LAUNCH_TIME: list[str] = []
-
-
-def launch_time() -> str:
-    """When this launch began (rank 0's clock, the same on every rank): names run directories."""
-    if not _LAUNCH_TIME:
-        _LAUNCH_TIME.append(broadcast_object(timestamp()))
-    return _LAUNCH_TIME[0]
-
-
-# The launching process's sweep layout (the swept keys, the parent directory), kept in the
-# environment: Hydra resolves hydra.sweep.dir/subdir again inside every job with that job's
-# values, and the jobs of the submitit launcher run in processes that inherit the environment.
-_SWEEP_ENV = "MARS_GPT2_SWEEP"
-
-
-def _sweep_layout() -> dict:
-    return json.loads(os.environ.get(_SWEEP_ENV, "{}"))
-
-
-def record_swept_keys(argv: list[str]) -> None:
-    """Note which command-line keys a ``--multirun`` sweeps (``optimizer.lr=1e-3,2e-3``)."""
-    lines = [a for a in argv if "=" in a and not a.startswith("-")]
-    parsed = OverridesParser.create().parse_overrides(lines)
-    swept = sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
-    os.environ[_SWEEP_ENV] = json.dumps({"swept": swept})
-
-
-def sweep_dir(name: str, overrides: list[str]) -> str:
-    """``hydra.sweep.dir``: ``runs/<name>[_<overrides every job shares>]_<launch time>``, or
-    ``runs/sweep...`` when the experiment or optimizer itself is swept."""
-    layout = _sweep_layout()
-    if "dir" not in layout:
-        swept = set(layout.get("swept", []))
-        common = [str(o) for o in overrides if str(o).lstrip("+~").split("=")[0] not in swept]
-        base = "sweep" if {"experiment", "optimizer", "name"} & swept else str(name)
-        layout["dir"] = run_dir_name(base, common, launch_time())
-        os.environ[_SWEEP_ENV] = json.dumps(layout)
-    return layout["dir"]
-
-
-def sweep_job_dir(overrides: list[str], job_num: int) -> str:
-    """``hydra.sweep.subdir``: the job's values of the swept keys (``optimizer.lr=0.003``)."""
-    swept = _sweep_layout().get("swept")
-    keys = [(str(o).lstrip("+~").split("=")[0], str(o)) for o in overrides]
-    return sweep_job_dir_name([o for k, o in keys if swept is None or k in swept], job_num)
-
-
 def remove_empty_job_dir(out_dir: str | None) -> None:
     """A sweep job given its own ``out_dir`` leaves Hydra's job directory empty: remove it."""
     if out_dir is None or not HydraConfig.initialized():
@@ -559,7 +505,9 @@ def cli() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     )
-    record_swept_keys(sys.argv[1:])
+    overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    record_swept_keys([o.key_or_group for o in parsed if o.is_sweep_override()])
     owns_group = init_for_sweep()
     try:
         main()
