@@ -1,7 +1,8 @@
 """Typed configs and builders of the registered optimizers other than AdamW.
 
-Defaults are the papers' GPT-2 small values (reference/official-mars.md 3.2 and 3.3); every knob
-where ports of MARS disagree is a field whose default is the official code's behaviour.
+Defaults are the papers' GPT-2 small values (docs/reproduction.md, "2.2 Per optimizer and
+size"); every knob where ports of MARS disagree is a field whose default is the official code's
+behaviour (docs/official-code.md).
 Routing (which tensors each update rule gets) uses the parameter kinds of optim/groups.py.
 """
 

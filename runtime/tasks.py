@@ -21,7 +21,8 @@ mmlu (MMLU)             subject line, question, "A. ..." x4, "Answer:" " A" .. "
 ``acc`` picks the choice with the highest summed log-likelihood; ``acc_norm`` divides each sum by
 the length in characters of the choice string *without* the leading space, as lm-eval does
 (``len(choice)`` over ``doc_to_choice``). The reported metric is the one the paper's table takes
-(``docs/reproduction.md``, "4.6 Downstream evaluation"): acc_norm where the task defines it, acc otherwise.
+(``docs/reproduction.md``, "4.6 Downstream evaluation"): acc_norm where the task defines it, acc
+otherwise.
 MMLU is the mean over all 14,042 test questions (lm-eval's size-weighted group average).
 """
 

@@ -1,5 +1,5 @@
 """MARS against a plain transcription of the official algorithm (float64, tens of steps), and the
-facts of reference/official-mars.md section 1.10."""
+facts of docs/official-code.md, "Facts a test can check"."""
 
 import math
 
@@ -26,7 +26,7 @@ def ns5_official(m, steps=5, eps=1e-8):
 
 
 def reference_step(p, g, st, h, g_ref=None):
-    """One official MARS step for one tensor (reference/official-mars.md 1.1), plus our knobs."""
+    """One official MARS step for one tensor (docs/official-code.md, "MARS"), plus our knobs."""
     b1, b2 = h["betas"]
     if not st:
         st.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p), vmax=torch.zeros_like(p))

@@ -1,5 +1,6 @@
 """Muon, Moonlight, MARS-M and MARS-M-Efficient against plain transcriptions of the official code
-(reference/official-mars.md 1.3, 1.4, 1.6 to 1.9), in float64 over tens of steps."""
+(docs/official-code.md, "Muon (MARS repo)", "AdamW (MARS repo)", "MARS-M", "MARS-M-Efficient",
+"Moonlight" and "Muon, Moonlight and MARS-M compared"), in float64 over tens of steps."""
 
 import math
 
@@ -171,7 +172,8 @@ def test_muon_matches_transcription():
 
 def test_mars_m_with_gamma_one_minus_mu_is_nesterov_muon():
     """Unclipped approx MARS-M with gamma = 1 - mu has the direction of Nesterov Muon
-    (reference/official-mars.md 1.9); Newton-Schulz removes the (1 - mu) factor."""
+    (docs/official-code.md, "Muon, Moonlight and MARS-M compared"); Newton-Schulz removes the
+    (1 - mu) factor."""
     finals = []
     for make in (
         lambda ps: MARS_M(lr=1e-2, wd=0.1, muon_params=ps, gamma=0.05, clip_c=False,
