@@ -29,7 +29,7 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from data.shards import atomic_open
+from runtime.files import atomic_open
 from runtime.tasks import TASKS, Task, build_examples
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import yaml
 
-from data.shards import atomic_open
 from runtime.config import config_differences
+from runtime.files import atomic_open
 
 CONFIG_FILE = "config.yaml"
 
