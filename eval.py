@@ -1,6 +1,6 @@
 """Evaluate a checkpoint: validation loss and the MARS paper's zero-shot downstream tasks.
 
-    python scripts/get_eval_data.py                            # once: cache the tasks' data
+    python -m scripts.get_eval_data                            # once: cache the tasks' data
     python eval.py checkpoint=runs/NAME                        # val loss + HellaSwag
     python eval.py checkpoint=runs/NAME tasks=[all] limit=500  # every task, 500 examples each
     python eval.py checkpoint=out/hf-gpt2 tasks=[hellaswag]    # a Hugging Face GPT-2 directory

@@ -92,7 +92,7 @@ def test_bad_input_says_what_to_do(tiny_run, tmp_path):
         compose_eval("checkpoint=x", "tasks=[hellaswa]")
     with pytest.raises(SystemExit, match="limit must be >= 1"):
         compose_eval("checkpoint=x", "limit=0")
-    with pytest.raises(SystemExit, match="scripts/get_eval_data.py hellaswag"):
+    with pytest.raises(SystemExit, match="scripts.get_eval_data hellaswag"):
         run_eval(f"checkpoint={tiny_run}", f"data_dir={tmp_path}")
     with pytest.raises(SystemExit, match="no such file or directory"):
         run_eval(f"checkpoint={tmp_path / 'nope'}", "tasks=[val]")
