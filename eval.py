@@ -1,6 +1,6 @@
 """Evaluate a checkpoint: validation loss and the MARS paper's zero-shot downstream tasks.
 
-    python scripts/get_eval_data.py                            # once: cache the tasks' data
+    python -m scripts.get_eval_data                            # once: cache the tasks' data
     python eval.py checkpoint=runs/NAME                        # val loss + HellaSwag
     python eval.py checkpoint=runs/NAME tasks=[all] limit=500  # every task, 500 examples each
     python eval.py checkpoint=out/hf-gpt2 tasks=[hellaswag]    # a Hugging Face GPT-2 directory
@@ -9,8 +9,8 @@
 ``val`` is the validation loss over the run's validation shards with the run's budget
 (``eval_tokens``), micro-batch and sequence length, through the same code as training, so it
 equals the ``val_loss`` that training logged for that checkpoint (``val_tokens=0``: the whole
-split). The downstream tasks are scored as lm-evaluation-harness does (``runtime/tasks.py``,
-``runtime/harness.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
+split). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
+``evals/harness.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
 of the paper's table.
 """
 
@@ -30,15 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from data import ensure_prepared, find_shards, num_val_windows, val_batches
+from evals.config import EvalConfig
+from evals.data import load_rows
+from evals.harness import evaluate_examples
+from evals.loading import LoadedModel, load_model
+from evals.tasks import TASKS, Example, build_examples, table
 from runtime.device import resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed
-from runtime.eval_config import EvalConfig
-from runtime.eval_data import load_rows
 from runtime.evaluation import validation_loss
-from runtime.harness import evaluate_examples
-from runtime.loading import LoadedModel, load_model
 from runtime.logs import setup_logging
-from runtime.tasks import TASKS, Example, build_examples, table
 
 log = logging.getLogger("eval")
 

@@ -8,18 +8,20 @@
 Each step: set the lr from the schedule, forward/backward over the micro-batches (DDP syncs
 gradients on the last one only), clip the global grad norm, step the optimizer. Validation loss,
 checkpoints and logs at the configured intervals; everything lands in ``out_dir``.
+
+Here: the step (``forward_backward``, ``Trainer``), building a ready Trainer, one run from start
+to summary, and the command line (the only Hydra code of training). Elsewhere: the run directory,
+save/restore and the summary (``runtime/run.py``), what each step reports (``runtime/meter.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -30,66 +32,32 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 import optim
 from data import TokenLoader, ensure_prepared, shard_files, val_batches
 from model import GPT
-from runtime import checkpoint as ckpt
-from runtime.config import TrainConfig
-from runtime.device import autocast, peak_flops, resolve_dtype, tune_host_allocator
-from runtime.distributed import (
-    DistInfo,
-    all_reduce_sum,
-    barrier,
-    broadcast_object,
-    destroy,
-    gather_objects,
-    init_distributed,
-    init_for_sweep,
-)
+from runtime.config import TrainConfig, grad_accum_steps
+from runtime.device import autocast, configure_backends, resolve_dtype
+from runtime.distributed import DistInfo, barrier, destroy, init_distributed, init_for_sweep
 from runtime.evaluation import validation_loss
-from runtime.logs import MetricsLogger, init_wandb, setup_logging, truncate_metrics
-from runtime.rundir import check_run_dir, run_dir_name, write_run_files, write_summary
+from runtime.logs import MetricsLogger, setup_logging
+from runtime.meter import Meter, log_val_loss
+from runtime.run import (
+    RunState,
+    finish_run,
+    finished_summary,
+    on_main,
+    open_run,
+    prepare_out_dir,
+    restore_training_state,
+    save_training_state,
+)
+from runtime.rundir import run_dir_name
 from runtime.seeding import seed_everything
 from runtime.sweeps import launch_time, record_swept_keys, sweep_dir, sweep_job_dir
 
 log = logging.getLogger("train")
-
-
-@dataclass
-class RunState:
-    step: int = 0  # completed optimizer steps
-    tokens: int = 0
-    best_val_loss: float | None = None
-    last_val_loss: float | None = None
-    last_train_loss: float | None = None
-    elapsed_s: float = 0.0  # wall-clock seconds of the run's earlier sessions (restarts)
-
-
-def on_main(dist: DistInfo, fn, *args):
-    """Run ``fn`` on rank 0; a SystemExit/ValueError/FileNotFoundError there stops every rank."""
-    error = None
-    if dist.is_main:
-        try:
-            fn(*args)
-        except (SystemExit, ValueError, FileNotFoundError) as exc:
-            error = str(exc)
-    error = broadcast_object(error)
-    if error:
-        raise SystemExit(error)
-
-
-def grad_accum_steps(cfg: TrainConfig, world_size: int) -> int:
-    per_micro = cfg.micro_batch_size * cfg.sequence_length * world_size
-    if cfg.batch_tokens % per_micro:
-        raise SystemExit(
-            f"batch_tokens={cfg.batch_tokens} is not a multiple of micro_batch_size "
-            f"({cfg.micro_batch_size}) x seq_len ({cfg.sequence_length}) x world size "
-            f"({world_size}) = {per_micro}; pick batch_tokens as a multiple of {per_micro}"
-        )
-    return cfg.batch_tokens // per_micro
 
 
 def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
@@ -132,7 +100,8 @@ class Trainer:
         )
         seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
         self.state = RunState()
-        self.logger: MetricsLogger | None = None
+        self.logger: MetricsLogger | None = None  # opened by build_trainer
+        self.finished: dict | None = None  # the summary, when an earlier session finished the run
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
         self.eval_model: torch.nn.Module = self.raw_model
         self.session_start = time.perf_counter()
@@ -151,48 +120,16 @@ class Trainer:
         self.model = model
 
     def restore(self, path: Path) -> None:
-        c = ckpt.load_checkpoint(path)
-        ckpt.load_model_state(self.raw_model, c["model"], str(path))
-        self.optimizer.load_state_dict(c["optimizer"])
-        self.loader.load_state_dict(c["loader"])
-        self.state.step, self.state.tokens = c["step"], c.get("tokens", 0)
-        self.state.best_val_loss = c.get("best_val_loss")
-        self.state.elapsed_s = c.get("elapsed_s", 0.0)
-        if len(c["rng"]) == self.dist.world_size:
-            ckpt.set_rng_state(c["rng"][self.dist.rank], self.dist.device)
-        else:
-            n = len(c["rng"])
-            log.warning(
-                "checkpoint has RNG states of %d ranks, not %d: reseeding", n, self.dist.world_size
-            )
-        log.info(
-            "resumed from %s at step %d (%s tokens)",
-            path,
-            self.state.step,
-            f"{self.state.tokens:,}",
-        )
+        parts = (self.raw_model, self.optimizer, self.loader)
+        restore_training_state(path, *parts, self.state, self.dist)
 
     def save(self) -> None:
-        rngs = gather_objects(ckpt.rng_state(self.dist.device))  # a collective: every rank
-        if self.dist.is_main:
-            payload = {
-                "model": self.raw_model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "loader": self.loader.state_dict(),
-                "rng": rngs,
-                "config": self.config_dict,
-                "tokens": self.state.tokens,
-                "best_val_loss": self.state.best_val_loss,
-                "elapsed_s": self.elapsed(),
-            }
-            path = ckpt.save_checkpoint(
-                self.out_dir, self.state.step, payload, self.cfg.keep_checkpoints
-            )
-            log.info("saved %s", path)
-        barrier()
+        parts = (self.raw_model, self.optimizer, self.loader)
+        save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
+                            dist=self.dist, keep=self.cfg.keep_checkpoints, elapsed=self.elapsed)  # fmt: skip
 
     def evaluate(self) -> float:
-        cfg, dist, state = self.cfg, self.dist, self.state
+        cfg, dist = self.cfg, self.dist
         batches = val_batches(
             self.val_files,
             batch_size=cfg.micro_batch_size,
@@ -203,13 +140,7 @@ class Trainer:
             device=dist.device,
         )
         loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
-        state.last_val_loss = loss
-        if state.best_val_loss is None or loss < state.best_val_loss:
-            state.best_val_loss = loss
-        ppl = math.exp(min(loss, 50.0))
-        record = {"step": state.step, "tokens": state.tokens, "val_loss": loss, "val_ppl": ppl}
-        self.logger.log({**record, "elapsed_s": self.elapsed()})
-        log.info("step %d | val loss %.4f | val ppl %.2f", state.step, loss, ppl)
+        log_val_loss(loss, self.state, self.logger, self.elapsed())
         return loss
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -248,7 +179,8 @@ class Trainer:
             return
         if state.step == 0 and cfg.eval_every:
             self.evaluate()
-        meter = Meter(self, peak_flops(self.dist.device))
+        flops_per_token = self.raw_model.flops_per_token(cfg.sequence_length)
+        meter = Meter(cfg, self.dist, state, self.logger, flops_per_token, self.elapsed)
         while state.step < cfg.max_steps:
             loss, grad_norm, lr = self.train_step()
             last = state.step == cfg.max_steps
@@ -264,99 +196,39 @@ class Trainer:
         meter.close()
 
 
-class Meter:
-    """Throughput, MFU, clip rate, ETA and the progress bar (host syncs only at log steps)."""
-
-    def __init__(self, trainer: Trainer, peak: float | None) -> None:
-        self.t, cfg = trainer, trainer.cfg
-        flops_per_token = trainer.raw_model.flops_per_token(cfg.sequence_length)
-        self.flops_per_step = flops_per_token * cfg.batch_tokens
-        self.peak = peak * trainer.dist.world_size if peak else None
-        show = trainer.dist.is_main and cfg.progress
-        self.bar = tqdm(
-            total=cfg.max_steps,
-            initial=trainer.state.step,
-            disable=not show,
-            unit="step",
-            dynamic_ncols=True,
-        )
-        self.clipped = torch.zeros((), device=trainer.dist.device)
-        self.steps_done = 0  # steps taken by this process (for the clip rate)
-        self.since, self.t0 = 0, time.perf_counter()
-
-    def step(self, grad_norm: torch.Tensor) -> None:
-        clip = self.t.cfg.grad_clip
-        if clip > 0:
-            self.clipped += (grad_norm > clip).float()
-        self.steps_done += 1
-        self.since += 1
-        self.bar.update(1)
-
-    def exclude(self, seconds: float) -> None:
-        """Leave time spent on evals and checkpoints out of the throughput."""
-        self.t0 += seconds
-
-    def log(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
-        t, cfg, state = self.t, self.t.cfg, self.t.state
-        train_loss = (all_reduce_sum(loss) / t.dist.world_size).item()
-        if not math.isfinite(train_loss):
-            raise FloatingPointError(f"train loss is {train_loss} at step {state.step}")
-        dt = time.perf_counter() - self.t0
-        tok_s = self.since * cfg.batch_tokens / dt
-        mfu = self.flops_per_step * self.since / dt / self.peak if self.peak else None
-        state.last_train_loss = train_loss
-        t.logger.log(
-            {
-                "step": state.step,
-                "tokens": state.tokens,
-                "train_loss": train_loss,
-                "lr": lr,
-                "grad_norm": grad_norm.item(),
-                "clip_rate": self.clipped.item() / self.steps_done,
-                "tokens_per_s": tok_s,
-                "mfu": mfu,
-                "elapsed_s": t.elapsed(),
-            }
-        )
-        eta = (cfg.max_steps - state.step) * dt / self.since
-        self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-        log.info(
-            "step %d/%d | loss %.4f | lr %.2e | %s tok/s%s | eta %s",
-            state.step,
-            cfg.max_steps,
-            train_loss,
-            lr,
-            f"{tok_s:,.0f}",
-            f" | mfu {100 * mfu:.1f}%" if mfu else "",
-            _hms(eta),
-        )
-        self.since, self.t0 = 0, time.perf_counter()
-
-    def close(self) -> None:
-        self.bar.close()
+def build_trainer(
+    cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path, resume_path: Path | None
+) -> Trainer:
+    """A ready Trainer: model, optimizer and loader built, the checkpoint restored, the run files
+    and the logger open, the model compiled and DDP-wrapped. A run that an earlier session
+    finished is only restored, with its summary in ``trainer.finished``: nothing is written."""
+    trainer = Trainer(cfg, config_dict, dist, out_dir)
+    if resume_path is not None:
+        trainer.restore(resume_path)
+    trainer.finished = finished_summary(out_dir, trainer.state.step, cfg.max_steps)
+    if trainer.finished is None:
+        trainer.logger = open_run(cfg, config_dict, dist, out_dir, resume_path, trainer.state.step)
+        trainer.wrap()
+        log.info("model %s: %.2fM parameters | optimizer %s | %d process(es) on %s, %s | batch %s "
+                 "tokens = %d seqs x %d tokens x %d micro-steps x %d processes | out_dir %s",
+                 cfg.model.name, trainer.raw_model.num_params() / 1e6, cfg.optimizer.name,
+                 dist.world_size, dist.device, str(trainer.dtype).removeprefix("torch."),
+                 f"{cfg.batch_tokens:,}", cfg.micro_batch_size, cfg.sequence_length,
+                 trainer.accum, dist.world_size, out_dir)  # fmt: skip
+    return trainer
 
 
-def prepare_out_dir(
-    cfg: TrainConfig, config_dict: dict, dist: DistInfo
-) -> tuple[Path, Path | None]:
-    """The run directory (rank 0's choice, shared by all) and the checkpoint to resume from.
-
-    ``out_dir`` if given; in a ``--multirun`` sweep the job's directory under the sweep's parent
-    (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
+def default_run_dir(cfg: TrainConfig) -> str:
+    """Where a run without ``out_dir`` goes: in a ``--multirun`` sweep the job's directory under
+    the sweep's parent (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
     ``runs/<name>[_<overrides>]_<launch time>``."""
-    name = cfg.out_dir
-    if name is None and HydraConfig.initialized():
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            name = hc.runtime.output_dir
-        else:
-            name = run_dir_name(cfg.name or cfg.optimizer.name, hc.overrides.task, launch_time())
-    elif name is None:
-        name = run_dir_name(cfg.name or cfg.optimizer.name, [], launch_time())
-    out_dir = Path(broadcast_object(name))
-    resume_path = ckpt.resolve_resume(cfg.resume, out_dir)
-    on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None)
-    return out_dir, resume_path
+    name = cfg.name or cfg.optimizer.name
+    if not HydraConfig.initialized():
+        return run_dir_name(name, [], launch_time())
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        return hc.runtime.output_dir
+    return run_dir_name(name, hc.overrides.task, launch_time())
 
 
 def train(cfg: TrainConfig, config_dict: dict) -> dict:
@@ -372,84 +244,25 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
-    out_dir, resume_path = prepare_out_dir(cfg, config_dict, dist)
+    name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
+    out_dir, resume_path = prepare_out_dir(name, cfg.resume, config_dict, dist)
     config_dict = {**config_dict, "out_dir": str(out_dir)}
     on_main(dist, ensure_prepared, cfg.data.name, cfg.data.dir)
     barrier()
-    if dist.device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    elif dist.device.type == "cpu":
-        tune_host_allocator()
-    trainer = Trainer(cfg, config_dict, dist, out_dir)
-    if resume_path is not None:
-        trainer.restore(resume_path)
-    summary_path = out_dir / "summary.json"
-    if trainer.state.step >= cfg.max_steps and summary_path.exists():
-        # A finished run started again (a relaunched table or sweep): change nothing.
+    configure_backends(dist.device)
+    trainer = build_trainer(cfg, config_dict, dist, out_dir, resume_path)
+    if trainer.finished is not None:  # a relaunched table or sweep: change nothing
         log.info("run already complete at step %d (max_steps=%d): %s", trainer.state.step,
                  cfg.max_steps, out_dir)  # fmt: skip
-        return json.loads(summary_path.read_text())
-    wandb_run = None
-    if dist.is_main:
-        meta = {
-            "world_size": dist.world_size,
-            "device": str(dist.device),
-            "resume_from": str(resume_path) if resume_path else None,
-        }
-        write_run_files(out_dir, config_dict, meta)
-        truncate_metrics(out_dir, trainer.state.step)
-        wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name)
-    trainer.logger = MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
-    trainer.wrap()
-    log.info(
-        "model %s: %.2fM parameters | optimizer %s | %d process(es) on %s, %s | batch %s tokens"
-        " = %d seqs x %d tokens x %d micro-steps x %d processes | out_dir %s",
-        cfg.model.name,
-        trainer.raw_model.num_params() / 1e6,
-        cfg.optimizer.name,
-        dist.world_size,
-        dist.device,
-        str(trainer.dtype).removeprefix("torch."),
-        f"{cfg.batch_tokens:,}",
-        cfg.micro_batch_size,
-        cfg.sequence_length,
-        trainer.accum,
-        dist.world_size,
-        out_dir,
-    )
+        return trainer.finished
     start = time.perf_counter()
     try:
         trainer.run()
     finally:
         trainer.logger.close()
-    state = trainer.state
-    summary = {
-        "steps": state.step,
-        "tokens": state.tokens,
-        "final_train_loss": state.last_train_loss,
-        "final_val_loss": state.last_val_loss,
-        "best_val_loss": state.best_val_loss,
-        "parameters": trainer.raw_model.num_params(),
-        "model": cfg.model.name,
-        "optimizer": cfg.optimizer.name,
-        "world_size": dist.world_size,
-        "wall_seconds_this_session": round(time.perf_counter() - start, 1),
-        "elapsed_s": trainer.elapsed(),
-        "out_dir": str(out_dir),
-    }
-    if dist.is_main:
-        write_summary(out_dir, summary)
-    return summary
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(seconds)
-    return (
-        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-        if seconds >= 3600
-        else (f"{seconds // 60}m{seconds % 60:02d}s")
-    )
+    params, wall_s = trainer.raw_model.num_params(), time.perf_counter() - start
+    return finish_run(cfg, dist, trainer.state, out_dir, parameters=params, wall_seconds=wall_s,
+                      elapsed_s=trainer.elapsed())  # fmt: skip
 
 
 def register_schemas() -> None:

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data.shards import HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, atomic_open, read_header
+from data.shards import HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, read_header
 from data.tokenizer import EOT, get_tokenizer
+from runtime.files import atomic_open
 
 log = logging.getLogger("data.prepare")
 

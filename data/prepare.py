@@ -43,9 +43,10 @@ from data.catalog import (
     resolve_source,
     with_overrides,
 )
-from data.shards import atomic_open, find_shards, read_header
+from data.shards import find_shards, read_header
 from data.sources import HubDataset, HubUnavailableError, LocalFiles, SotuCorpus
 from data.tokenizer import VOCAB_SIZE
+from runtime.files import atomic_open
 
 log = logging.getLogger("data.prepare")  # not __name__: that is "__main__" under python -m
 

@@ -8,15 +8,12 @@ the official FineWeb-Edu loaders read, so shards made elsewhere work here and ou
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from runtime.files import atomic_open
 
 log = logging.getLogger(__name__)
 
@@ -29,26 +26,6 @@ TOKEN_DTYPE = np.dtype("<u2")
 
 class ShardError(ValueError):
     """A file that is not a valid token shard (truncated, foreign, wrong version, bad tokens)."""
-
-
-@contextmanager
-def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file beside ``path``; on success fsync it and rename it to ``path``.
-
-    A crash or an exception never leaves a half-written file under the final name."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; these are ordinary data files
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_shard(path: str | Path, tokens: ArrayLike) -> None:

@@ -157,7 +157,7 @@ class GPT(nn.Module):
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """The final LayerNorm's output, shape (B, T, n_embd): ``forward`` without the head.
 
-        Scoring a few positions (``runtime/harness.py``) applies ``lm_head`` to those alone.
+        Scoring a few positions (``evals/harness.py``) applies ``lm_head`` to those alone.
         """
         _, T = idx.shape
         if T > self.config.block_size:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from data.shards import atomic_open
+from runtime.files import atomic_open
 
 log = logging.getLogger(__name__)
 

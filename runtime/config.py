@@ -112,3 +112,16 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return diffs
+
+
+def grad_accum_steps(cfg: TrainConfig, world_size: int) -> int:
+    """Micro-steps per optimizer step: ``batch_tokens`` over micro-batch x seq_len x world size,
+    which must divide it."""
+    per_micro = cfg.micro_batch_size * cfg.sequence_length * world_size
+    if cfg.batch_tokens % per_micro:
+        raise SystemExit(
+            f"batch_tokens={cfg.batch_tokens} is not a multiple of micro_batch_size "
+            f"({cfg.micro_batch_size}) x seq_len ({cfg.sequence_length}) x world size "
+            f"({world_size}) = {per_micro}; pick batch_tokens as a multiple of {per_micro}"
+        )
+    return cfg.batch_tokens // per_micro

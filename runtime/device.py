@@ -1,4 +1,5 @@
-"""Per-device facts: autocast dtype and the peak bf16 throughput used for MFU."""
+"""Per-device facts: autocast dtype, the peak bf16 throughput used for MFU, and the backend and
+allocator settings of training."""
 
 from __future__ import annotations
 
@@ -91,3 +92,13 @@ def tune_host_allocator() -> bool:
     ok &= mallopt(m_trim_threshold, 2**31 - 1)
     ok &= mallopt(m_top_pad, 256 * 1024**2)
     return bool(ok)
+
+
+def configure_backends(device: torch.device) -> None:
+    """Training's backend settings: TF32 matmuls on CUDA (bf16 autocast does the rest), the
+    glibc allocator tuned on the CPU (``tune_host_allocator``)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    elif device.type == "cpu":
+        tune_host_allocator()

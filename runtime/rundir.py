@@ -15,10 +15,11 @@ from typing import Any
 import torch
 import yaml
 
-from data.shards import atomic_open
 from runtime.config import config_differences
+from runtime.files import atomic_open
 
 CONFIG_FILE = "config.yaml"
+SUMMARY_FILE = "summary.json"
 
 
 # Override keys that say where or how a run is shown, not what it computes: left out of run names.
@@ -139,5 +140,5 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    with atomic_open(out_dir / "summary.json", "w") as f:
+    with atomic_open(out_dir / SUMMARY_FILE, "w") as f:
         f.write(json.dumps(summary, indent=2) + "\n")

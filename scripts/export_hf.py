@@ -1,7 +1,7 @@
 """Export a checkpoint as a Hugging Face GPT2LMHeadModel directory.
 
-    python scripts/export_hf.py runs/NAME out/NAME-hf
-    python scripts/export_hf.py runs/NAME/checkpoints/step_0100000.pt out/hf --keep-vocab-padding
+    python -m scripts.export_hf runs/NAME out/NAME-hf
+    python -m scripts.export_hf runs/NAME/checkpoints/step_0100000.pt out/hf --keep-vocab-padding
     lm_eval --model hf --model_args pretrained=out/NAME-hf --tasks hellaswag   # where lm-eval runs
 
 Writes config.json (with scale_attn_by_inverse_layer_idx as the model has it), model.safetensors,
@@ -13,17 +13,13 @@ installed the export is checked: the exported model's logits must equal ours (--
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from data.tokenizer import VOCAB_SIZE, encode  # noqa: E402
-from model.hf import save_hf  # noqa: E402
-from runtime.loading import load_model  # noqa: E402
+from data.tokenizer import VOCAB_SIZE, encode
+from evals.loading import load_model
+from model.hf import save_hf
 
 CHECK_TEXT = "The MARS optimizer reduces the variance of stochastic gradients. Hello world!"
 

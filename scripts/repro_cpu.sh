@@ -44,5 +44,5 @@ PY
     progress=false "hydra.sweep.dir=$out/seeds/$opt" "$@"
   chosen+=("$out/sweep/$opt/optimizer.lr=$best" "$out/seeds/$opt")
 done
-"$py" scripts/report.py "${chosen[@]}" --out "$out/report" --title "Small-scale reproduction (CPU)"
+"$py" -m scripts.report "${chosen[@]}" --out "$out/report" --title "Small-scale reproduction (CPU)"
 echo "repro_cpu: $(( (SECONDS - start) / 60 )) min in all; report in $out/report"

@@ -1,8 +1,8 @@
 """Generate text from a checkpoint, to see what a model has learnt.
 
-    python scripts/sample.py runs/NAME --prompt "The state of the Union is"
-    python scripts/sample.py runs/NAME/checkpoints/step_0000150.pt -n 3 --temperature 0.7 --top-k 50
-    python scripts/sample.py out/hf-gpt2 --prompt "Hello" --temperature 0     # greedy, HF directory
+    python -m scripts.sample runs/NAME --prompt "The state of the Union is"
+    python -m scripts.sample runs/NAME/checkpoints/step_0000150.pt -n 3 --temperature 0.7 --top-k 50
+    python -m scripts.sample out/hf-gpt2 --prompt "Hello" --temperature 0     # greedy, HF directory
 
 CHECKPOINT is a step_N.pt file, a run directory (its newest checkpoint) or a Hugging Face GPT-2
 directory. Each sample is printed after a separator line.
@@ -11,16 +11,11 @@ directory. Each sample is printed after a separator line.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from runtime.device import resolve_dtype  # noqa: E402
-from runtime.distributed import pick_device  # noqa: E402
-from runtime.loading import load_model  # noqa: E402
-from runtime.sampling import sample_text  # noqa: E402
+from evals.loading import load_model
+from model.sampling import sample_text
+from runtime.device import resolve_dtype
+from runtime.distributed import pick_device
 
 
 def main(argv: list[str] | None = None) -> list[str]:

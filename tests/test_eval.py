@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 
 import train
 from data.shards import write_shard
+from evals.data import get_eval_data, load_rows
+from evals.loading import load_model
 from helpers import CONFIG_DIR, ROOT, fast_config
 from model.hf import save_hf
-from runtime.eval_data import get_eval_data, load_rows
-from runtime.loading import load_model
-from runtime.sampling import sample_text
+from model.sampling import sample_text
 
 eval_py = importlib.import_module("eval")
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_sample.jsonl"
@@ -92,7 +92,7 @@ def test_bad_input_says_what_to_do(tiny_run, tmp_path):
         compose_eval("checkpoint=x", "tasks=[hellaswa]")
     with pytest.raises(SystemExit, match="limit must be >= 1"):
         compose_eval("checkpoint=x", "limit=0")
-    with pytest.raises(SystemExit, match="scripts/get_eval_data.py hellaswag"):
+    with pytest.raises(SystemExit, match="scripts.get_eval_data hellaswag"):
         run_eval(f"checkpoint={tiny_run}", f"data_dir={tmp_path}")
     with pytest.raises(SystemExit, match="no such file or directory"):
         run_eval(f"checkpoint={tmp_path / 'nope'}", "tasks=[val]")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from data.tokenizer import EOT, encode
+from evals import tasks as T
+from evals.harness import encode_pair, evaluate_examples, loglikelihoods, score_examples
 from model import GPT, GPTConfig
-from runtime import tasks as T
-from runtime.harness import encode_pair, evaluate_examples, loglikelihoods, score_examples
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_sample.jsonl"
 

@@ -84,7 +84,8 @@ def test_bench_script_runs():
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/bench_train_step.py",
+            "-m",
+            "scripts.bench_train_step",
             "--micro-batch",
             "4",
             "--batch-seqs",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from runtime.tasks import TASKS
+from evals.tasks import TASKS
 
 
 def expand_tasks(names: list[str]) -> list[str]:

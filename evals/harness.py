@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data.tokenizer import EOT, VOCAB_SIZE, encode
+from evals.tasks import Example
 from runtime.device import autocast
 from runtime.distributed import all_reduce_sum
-from runtime.tasks import Example
 
 Request = tuple[list[int], list[int]]  # (context tokens, continuation tokens)
 

@@ -1,6 +1,6 @@
 """Obtaining and caching the downstream tasks' data as one jsonl file per task.
 
-``python scripts/get_eval_data.py`` fills ``data/eval/`` (or ``--out DIR``) with
+``python -m scripts.get_eval_data`` fills ``data/eval/`` (or ``--out DIR``) with
 ``<task>.jsonl`` (rows in the source's own field names, as the Hugging Face datasets have them)
 and ``sources.json`` (where each came from, rows, sha256). Sources, tried in this order:
 
@@ -29,8 +29,8 @@ import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from data.shards import atomic_open
-from runtime.tasks import TASKS, Task, build_examples
+from evals.tasks import TASKS, Task, build_examples
+from runtime.files import atomic_open
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def load_rows(data_dir: str | Path, task: str) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(
             f"no data for task {task!r} at {path}; get it with: "
-            f"python scripts/get_eval_data.py {task} --out {data_dir}"
+            f"python -m scripts.get_eval_data {task} --out {data_dir}"
         )
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

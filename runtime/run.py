@@ -1,0 +1,156 @@
+"""One training run in its directory: its counters, the directory chosen and checked before any
+file is written, the run files and logger opened, its whole state saved and restored, and the
+summary written at the end.
+
+The directory's name comes from the entry point (train.py reads Hydra's output directory and
+overrides); everything here takes plain values.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime import checkpoint as ckpt
+from runtime.config import TrainConfig
+from runtime.distributed import DistInfo, barrier, broadcast_object, gather_objects
+from runtime.logs import MetricsLogger, init_wandb, truncate_metrics
+from runtime.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunState:
+    step: int = 0  # completed optimizer steps
+    tokens: int = 0
+    best_val_loss: float | None = None
+    last_val_loss: float | None = None
+    last_train_loss: float | None = None
+    elapsed_s: float = 0.0  # wall-clock seconds of the run's earlier sessions (restarts)
+
+
+def on_main(dist: DistInfo, fn, *args) -> None:
+    """Run ``fn`` on rank 0; a SystemExit/ValueError/FileNotFoundError there stops every rank."""
+    error = None
+    if dist.is_main:
+        try:
+            fn(*args)
+        except (SystemExit, ValueError, FileNotFoundError) as exc:
+            error = str(exc)
+    error = broadcast_object(error)
+    if error:
+        raise SystemExit(error)
+
+
+def prepare_out_dir(
+    name: str, resume: str, config_dict: dict, dist: DistInfo
+) -> tuple[Path, Path | None]:
+    """The run directory (rank 0's ``name``, shared by all) and the checkpoint to resume from;
+    rank 0 refuses a directory that holds another run (``check_run_dir``)."""
+    out_dir = Path(broadcast_object(name))
+    resume_path = ckpt.resolve_resume(resume, out_dir)
+    on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None)
+    return out_dir, resume_path
+
+
+def restore_training_state(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
+    state: RunState, dist: DistInfo,
+) -> None:  # fmt: skip
+    """Load the checkpoint at ``path`` into the model, optimizer, loader (its data position),
+    the counters and this rank's RNG streams (when the world size is the one that saved it)."""
+    c = ckpt.load_checkpoint(path)
+    ckpt.load_model_state(model, c["model"], str(path))
+    optimizer.load_state_dict(c["optimizer"])
+    loader.load_state_dict(c["loader"])
+    state.step, state.tokens = c["step"], c.get("tokens", 0)
+    state.best_val_loss = c.get("best_val_loss")
+    state.elapsed_s = c.get("elapsed_s", 0.0)
+    if len(c["rng"]) == dist.world_size:
+        ckpt.set_rng_state(c["rng"][dist.rank], dist.device)
+    else:
+        n = len(c["rng"])
+        log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", n, dist.world_size)
+    log.info("resumed from %s at step %d (%s tokens)", path, state.step, f"{state.tokens:,}")
+
+
+def save_training_state(
+    out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
+    state: RunState, *, config: dict, dist: DistInfo, keep: int, elapsed: Callable[[], float],
+) -> None:  # fmt: skip
+    """Every rank's RNG state is gathered (a collective: every rank calls this), then rank 0
+    writes everything a resume needs as ``checkpoints/step_N.pt``, atomically."""
+    rngs = gather_objects(ckpt.rng_state(dist.device))
+    if dist.is_main:
+        payload = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "loader": loader.state_dict(),
+            "rng": rngs,
+            "config": config,
+            "tokens": state.tokens,
+            "best_val_loss": state.best_val_loss,
+            "elapsed_s": elapsed(),
+        }
+        path = ckpt.save_checkpoint(out_dir, state.step, payload, keep)
+        log.info("saved %s", path)
+    barrier()
+
+
+def finished_summary(out_dir: Path, step: int, max_steps: int) -> dict | None:
+    """The summary of a run that an earlier session finished (a relaunched table or sweep)."""
+    path = out_dir / SUMMARY_FILE
+    if step >= max_steps and path.exists():
+        return json.loads(path.read_text())
+    return None
+
+
+def open_run(
+    cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path, resume_path: Path | None,
+    step: int,
+) -> MetricsLogger:  # fmt: skip
+    """Rank 0 writes the config and run metadata, cuts ``metrics.jsonl`` back to ``step`` (the
+    checkpoint's) and starts wandb; every rank gets the logger (it writes on rank 0 only)."""
+    wandb_run = None
+    if dist.is_main:
+        meta = {
+            "world_size": dist.world_size,
+            "device": str(dist.device),
+            "resume_from": str(resume_path) if resume_path else None,
+        }
+        write_run_files(out_dir, config_dict, meta)
+        truncate_metrics(out_dir, step)
+        wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name)
+    return MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
+
+
+def finish_run(
+    cfg: TrainConfig, dist: DistInfo, state: RunState, out_dir: Path, *, parameters: int,
+    wall_seconds: float, elapsed_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The run's summary, written by rank 0 to ``summary.json``; ``wall_seconds`` is this
+    session's, ``elapsed_s`` the run's over all its sessions."""
+    summary = {
+        "steps": state.step,
+        "tokens": state.tokens,
+        "final_train_loss": state.last_train_loss,
+        "final_val_loss": state.last_val_loss,
+        "best_val_loss": state.best_val_loss,
+        "parameters": parameters,
+        "model": cfg.model.name,
+        "optimizer": cfg.optimizer.name,
+        "world_size": dist.world_size,
+        "wall_seconds_this_session": round(wall_seconds, 1),
+        "elapsed_s": elapsed_s,
+        "out_dir": str(out_dir),
+    }
+    if dist.is_main:
+        write_summary(out_dir, summary)
+    return summary
