@@ -72,21 +72,10 @@ class MARS(VarianceReduced):
         foreach: bool | None = None,
     ):
         check_common(lr, eps, weight_decay, betas)
+        _check(mars_type, clip, second_moment, first_step, gamma, lr, lr_1d, weight_decay_1d)
         check_betas(betas_1d, "betas_1d")
-        check_choice(mars_type, MARS_TYPES, "mars_type")
-        check_choice(clip, CLIP_SCOPES, "clip")
-        check_choice(second_moment, SECOND_MOMENTS, "second_moment")
-        check_choice(first_step, FIRST_STEPS, "first_step")
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
-        if lr_1d < 0 or weight_decay_1d < 0:
-            raise ValueError(
-                f"lr_1d and weight_decay_1d must be >= 0, got {lr_1d}, {weight_decay_1d}"
-            )
         if ns_steps < 1:
             raise ValueError(f"ns_steps must be >= 1, got {ns_steps}")
-        if lr == 0 and lr_1d > 0:
-            raise ValueError("lr must be > 0: the 1-D learning rate is applied as lr * lr_1d / lr")
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -116,3 +105,17 @@ class MARS(VarianceReduced):
             check_choice(group["mars_type"], MARS_TYPES, "mars_type")
             group["split_1d"] = not group["optimize_1d"]
             group["preconditioner"] = MARS_TYPES[group["mars_type"]]
+
+
+def _check(mars_type, clip, second_moment, first_step, gamma, lr, lr_1d, weight_decay_1d) -> None:
+    """Reject the drop-in's bad values, naming the value and what is allowed."""
+    check_choice(mars_type, MARS_TYPES, "mars_type")
+    check_choice(clip, CLIP_SCOPES, "clip")
+    check_choice(second_moment, SECOND_MOMENTS, "second_moment")
+    check_choice(first_step, FIRST_STEPS, "first_step")
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if lr_1d < 0 or weight_decay_1d < 0:
+        raise ValueError(f"lr_1d and weight_decay_1d must be >= 0, got {lr_1d}, {weight_decay_1d}")
+    if lr == 0 and lr_1d > 0:
+        raise ValueError("lr must be > 0: the 1-D learning rate is applied as lr * lr_1d / lr")
