@@ -149,8 +149,7 @@ class Trainer:
         lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
         batches = [self.loader.next_batch() for _ in range(self.accum)]
         scale = cfg.grad_scale / self.accum
-        if getattr(self.optimizer, "needs_reference_grad", False):
-            self.reference_grad(scale)
+        self.reference_grad(scale)
         loss = forward_backward(self.model, batches, self.dist, self.dtype, scale)
         grad_norm = self.clip_grads()
         self.optimizer.step()
@@ -164,13 +163,16 @@ class Trainer:
         return torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
 
     def reference_grad(self, scale: float) -> None:
-        """Exact MARS: the gradient of the *next* step's batches at the current weights, clipped
-        like the real one and kept by the optimizer as the next step's reference."""
-        ahead = [self.loader.peek_batch(i) for i in range(self.accum)]
-        forward_backward(self.model, ahead, self.dist, self.dtype, scale)
-        self.clip_grads()
-        self.optimizer.store_reference_grad()
-        self.optimizer.zero_grad(set_to_none=True)
+        """Exact MARS through optim.reference_pass (a no-op for other optimizers): the gradient
+        of the *next* step's batches at the current weights, clipped like the real one, kept by
+        the optimizer as the next step's reference."""
+
+        def ahead() -> None:
+            batches = [self.loader.peek_batch(i) for i in range(self.accum)]
+            forward_backward(self.model, batches, self.dist, self.dtype, scale)
+            self.clip_grads()
+
+        optim.reference_pass(self.optimizer, ahead)
 
     def run(self) -> None:
         cfg, state = self.cfg, self.state

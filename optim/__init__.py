@@ -1,16 +1,20 @@
 """Everything that maps gradients to updates: optimizers, their registry, routing and schedules.
 
 Depends on torch only, so it can be copied into another codebase. ``MARS``, ``MARS_M``,
-``MARS_M_Efficient`` and ``Moonlight`` accept the official AGI-Arena/MARS constructors' keywords.
+``MARS_M_Efficient`` and ``Moonlight`` accept the official AGI-Arena/MARS constructors' keywords;
+they, ``Muon`` and ``Lion`` are thin constructors over one core (optim/core.py: the MARS
+correction, a momentum form of optim/momentum.py, a preconditioner of optim/preconditioners.py).
 """
 
 from optim import adamw as _adamw  # noqa: F401  (registers "adamw")
 from optim import builders as _builders  # noqa: F401  (registers the rest)
 from optim.adamw import AdamWConfig
+from optim.core import VarianceReduced
 from optim.groups import classify_parameters, decay_groups
 from optim.lion import Lion
 from optim.mars import MARS
 from optim.muon import MARS_M, MARS_M_Efficient, Moonlight, Muon, MuonFamily
+from optim.reference import reference_pass
 from optim.registry import available, build_optimizer, get_spec, register
 from optim.schedules import ScheduleConfig, apply_schedule, lr_at, set_initial_lr
 
@@ -24,6 +28,7 @@ __all__ = [
     "Muon",
     "MuonFamily",
     "ScheduleConfig",
+    "VarianceReduced",
     "apply_schedule",
     "available",
     "build_optimizer",
@@ -31,6 +36,7 @@ __all__ = [
     "decay_groups",
     "get_spec",
     "lr_at",
+    "reference_pass",
     "register",
     "set_initial_lr",
 ]

@@ -8,7 +8,7 @@ Routing (which tensors each update rule gets) uses the parameter kinds of optim/
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -16,16 +16,18 @@ import torch.nn as nn
 from optim.functional import CLIP_SCOPES, check_betas, check_choice, check_common
 from optim.groups import classify_parameters, decay_groups
 from optim.lion import Lion
-from optim.mars import FIRST_STEPS, MARS, SECOND_MOMENTS
+from optim.mars import FIRST_STEPS, MARS
 from optim.muon import MuonFamily, adamw_group, muon_group
+from optim.preconditioners import SECOND_MOMENTS
 from optim.registry import register
 
 MODES = ("approx", "exact")
 
 
 @dataclass
-class MarsAdamWConfig:
-    """MARS-AdamW (GPT-2 small: lr 6e-3, lr_1d 3e-3, wd 0.01, betas (0.95, 0.99), gamma 0.025)."""
+class MarsConfig:
+    """What MARS-AdamW, -Lion and -Shampoo share (GPT-2 small: lr 6e-3, lr_1d 3e-3, wd 0.01,
+    betas (0.95, 0.99), gamma 0.025; docs/reproduction.md, "2.2 Per optimizer and size")."""
 
     name: str = "mars-adamw"
     mode: str = "approx"  # approx: g_ref = last step's gradient; exact: two gradients per step
@@ -35,16 +37,12 @@ class MarsAdamWConfig:
     weight_decay: float = 0.01
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])  # official: Linear only
     gamma: float = 0.025
-    amsgrad: bool = False
     optimize_1d: bool = False  # False: non-2-D tensors on the AdamW fallback (official)
     lr_1d: float = 3e-3
     betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay_1d: float = 0.1  # the fallback's decay, whatever the tensor's group (official)
     clip: str = "tensor"  # tensor (official) | global (levanter) | none
-    second_moment: str = "c"  # c: v from the clipped c (official code) | g: raw gradient (paper)
     first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
-    ns_steps: int = 5  # mars-shampoo only
-    ns_dtype: str = "bfloat16"  # mars-shampoo only: Newton-Schulz precision ("param": as p)
     foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
 
     def __post_init__(self) -> None:
@@ -52,14 +50,26 @@ class MarsAdamWConfig:
         check_betas(self.betas_1d, "optimizer.betas_1d")
         check_choice(self.mode, MODES, "optimizer.mode")
         check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
-        check_choice(self.second_moment, SECOND_MOMENTS, "optimizer.second_moment")
         check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
-        if self.gamma < 0 or self.lr_1d < 0 or self.weight_decay_1d < 0:
-            raise ValueError("optimizer.gamma, lr_1d and weight_decay_1d must be >= 0")
+        for key in ("gamma", "lr_1d", "weight_decay_1d"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"optimizer.{key} must be >= 0, got {getattr(self, key)}")
 
 
 @dataclass
-class MarsLionConfig(MarsAdamWConfig):
+class MarsAdamWConfig(MarsConfig):
+    """MARS-AdamW: the Adam preconditioner on the MARS momentum."""
+
+    amsgrad: bool = False
+    second_moment: str = "c"  # c: v from the clipped c (official code) | g: raw gradient (paper)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self.second_moment, SECOND_MOMENTS, "optimizer.second_moment")
+
+
+@dataclass
+class MarsLionConfig(MarsConfig):
     """MARS-Lion: sign of the MARS momentum. The official repo publishes no tuned GPT-2 values;
     the lr follows Lion's rule of thumb (about AdamW's / 3)."""
 
@@ -68,34 +78,47 @@ class MarsLionConfig(MarsAdamWConfig):
 
 
 @dataclass
-class MarsShampooConfig(MarsAdamWConfig):
+class MarsShampooConfig(MarsConfig):
     """MARS-Shampoo: Newton-Schulz of the MARS momentum. No tuned GPT-2 values are published;
-    the lr is the Muon baseline's (same update scale sqrt(max(1, rows/cols)))."""
+    the lr is the Muon baseline's (same update scale sqrt(max(1, rows/cols))). With
+    ``optimize_1d`` its non-2-D tensors take the mars-adamw rule at the official defaults."""
 
     name: str = "mars-shampoo"
     lr: float = 2e-2
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"  # Newton-Schulz precision ("param": as p)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_ns(self.ns_steps, self.ns_dtype)
 
 
-def _build_mars(model: nn.Module, cfg: MarsAdamWConfig) -> torch.optim.Optimizer:
+def check_ns(ns_steps: int, ns_dtype: str) -> None:
+    """Reject a Newton-Schulz step count below 1 or an unknown dtype, naming the value."""
+    if ns_steps < 1:
+        raise ValueError(f"optimizer.ns_steps must be >= 1, got {ns_steps}")
+    if ns_dtype != "param" and not isinstance(getattr(torch, ns_dtype, None), torch.dtype):
+        raise ValueError(f"optimizer.ns_dtype {ns_dtype!r}: use 'param', 'bfloat16', 'float32'")
+
+
+def forward(cfg, *skip: str) -> dict:
+    """The config's fields as keyword arguments (lists as tuples), less ``name`` and ``skip``."""
+    out = {}
+    for f in fields(cfg):
+        if f.name in ("name", *skip):
+            continue
+        value = getattr(cfg, f.name)
+        out[f.name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _build_mars(model: nn.Module, cfg: MarsConfig) -> torch.optim.Optimizer:
+    """Every field goes to ``MARS`` (the group's weight decay through the param groups)."""
     return MARS(
         decay_groups(model, cfg.weight_decay, cfg.decay_kinds),
-        lr=cfg.lr,
-        betas=tuple(cfg.betas),
-        eps=cfg.eps,
-        amsgrad=cfg.amsgrad,
-        gamma=cfg.gamma,
         is_approx=cfg.mode == "approx",
         mars_type=cfg.name,
-        optimize_1d=cfg.optimize_1d,
-        lr_1d=cfg.lr_1d,
-        betas_1d=tuple(cfg.betas_1d),
-        weight_decay_1d=cfg.weight_decay_1d,
-        clip=cfg.clip,
-        second_moment=cfg.second_moment,
-        first_step=cfg.first_step,
-        ns_steps=cfg.ns_steps,
-        ns_dtype=cfg.ns_dtype,
-        foreach=cfg.foreach,
+        **forward(cfg, "mode", "weight_decay", "decay_kinds"),
     )
 
 
@@ -107,15 +130,14 @@ register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonali
 
 
 @dataclass
-class MoonlightConfig:
-    """Moonlight's Muon (GPT-2 small: lr 6e-3, wd 0.1, Nesterov momentum 0.95). Block matrices
-    on Muon; embeddings, head and gains on AdamW with the same lr and wd."""
+class MuonLikeConfig:
+    """What Moonlight, MARS-M and MARS-M-Efficient share: block matrices on the Newton-Schulz
+    rule (scale 0.2*sqrt(max(A, B))); embeddings, head and gains on AdamW with the same lr, wd."""
 
     name: str = "moonlight"
     lr: float = 6e-3
     weight_decay: float = 0.1
     momentum: float = 0.95
-    nesterov: bool = True
     ns_steps: int = 5
     ns_dtype: str = "bfloat16"
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -123,17 +145,24 @@ class MoonlightConfig:
 
     def __post_init__(self) -> None:
         check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
+        check_ns(self.ns_steps, self.ns_dtype)
         if not 0.0 < self.momentum < 1.0:
             raise ValueError(f"optimizer.momentum must be in (0, 1), got {self.momentum}")
 
 
 @dataclass
-class MarsMEfficientConfig(MoonlightConfig):
+class MoonlightConfig(MuonLikeConfig):
+    """Moonlight's Muon (GPT-2 small: lr 6e-3, wd 0.1, Nesterov momentum 0.95)."""
+
+    nesterov: bool = True
+
+
+@dataclass
+class MarsMEfficientConfig(MuonLikeConfig):
     """MARS-M in one buffer per matrix: approx MARS-M without clipping (no exact mode)."""
 
     name: str = "mars-m-efficient"
     weight_decay: float = 0.01
-    nesterov: bool = False  # not used: MARS-M's momentum is an EMA
     gamma: float = 0.025
 
     def __post_init__(self) -> None:
@@ -145,11 +174,13 @@ class MarsMEfficientConfig(MoonlightConfig):
 @dataclass
 class MarsMConfig(MarsMEfficientConfig):
     """MARS-M (GPT-2 small: lr 6e-3, wd 0.01 as the official configs, momentum 0.95, gamma
-    0.025). Block matrices on MARS-M; embeddings, head and gains on AdamW with the same lr, wd."""
+    0.025). ``nesterov`` is recorded to say what the official code does (an EMA momentum, no
+    Nesterov) and must stay false."""
 
     name: str = "mars-m"
     weight_decay: float = 0.01  # the official configs; the MARS-M README says 0.1
     mode: str = "approx"
+    nesterov: bool = False
     clip: str = "tensor"  # tensor (official) | global | none
     first_step: str = "zero"
 
@@ -158,6 +189,8 @@ class MarsMConfig(MarsMEfficientConfig):
         check_choice(self.mode, MODES, "optimizer.mode")
         check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
         check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
+        if self.nesterov:
+            raise ValueError("optimizer.nesterov=true: MARS-M's momentum is an EMA; use false")
 
 
 def _split(model: nn.Module, muon_kinds: tuple[str, ...]) -> tuple[list, list]:
@@ -167,21 +200,14 @@ def _split(model: nn.Module, muon_kinds: tuple[str, ...]) -> tuple[list, list]:
     return muon, rest
 
 
-def _moonlight_like(model: nn.Module, cfg: MoonlightConfig, **muon_options):
+def _moonlight_like(model: nn.Module, cfg: MuonLikeConfig, algorithm: str, **options):
     """Block matrices on the Muon-style rule, the rest on AdamW with the same lr and wd."""
     muon, rest = _split(model, ("matrix",))
     common = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
+    muon_keys = forward(cfg, "lr", "weight_decay", "adamw_betas", "adamw_eps", "mode")
     return MuonFamily(
         [
-            muon_group(
-                muon,
-                momentum=cfg.momentum,
-                ns_steps=cfg.ns_steps,
-                ns_dtype=cfg.ns_dtype,
-                scale="rms",
-                **common,
-                **muon_options,
-            ),  # fmt: skip
+            muon_group(muon, algorithm=algorithm, scale="rms", **common, **muon_keys, **options),
             adamw_group(rest, betas=cfg.adamw_betas, eps=cfg.adamw_eps, **common),
         ],
         is_approx=getattr(cfg, "mode", "approx") == "approx",
@@ -190,22 +216,17 @@ def _moonlight_like(model: nn.Module, cfg: MoonlightConfig, **muon_options):
 
 @register("mars-m", MarsMConfig, "MARS correction in front of Moonlight's Muon")
 def _build_mars_m(model: nn.Module, cfg: MarsMConfig) -> torch.optim.Optimizer:
-    return _moonlight_like(
-        model, cfg, algorithm="mars-m", nesterov=False, gamma=cfg.gamma, clip=cfg.clip,
-        first_step=cfg.first_step,
-    )  # fmt: skip
+    return _moonlight_like(model, cfg, "mars-m")
 
 
 @register("mars-m-efficient", MarsMEfficientConfig, "MARS-M, one buffer, no clipping")
 def _build_mars_m_efficient(model: nn.Module, cfg: MarsMEfficientConfig):
-    return _moonlight_like(
-        model, cfg, algorithm="mars-m-efficient", nesterov=False, gamma=cfg.gamma, clip="none"
-    )
+    return _moonlight_like(model, cfg, "mars-m-efficient", nesterov=False, clip="none")
 
 
 @register("moonlight", MoonlightConfig, "Moonlight's Muon: Nesterov, 0.2*sqrt(max(A,B)) scale")
 def _build_moonlight(model: nn.Module, cfg: MoonlightConfig) -> torch.optim.Optimizer:
-    return _moonlight_like(model, cfg, nesterov=cfg.nesterov)
+    return _moonlight_like(model, cfg, "muon")
 
 
 MUON_ROUTINGS = {"mars-repo": ("matrix", "embedding", "other"), "recommended": ("matrix",)}
@@ -233,6 +254,7 @@ class MuonConfig:
         check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
         check_common(self.adamw_lr, self.adamw_eps, self.adamw_weight_decay)
         check_choice(self.routing, MUON_ROUTINGS, "optimizer.routing")
+        check_ns(self.ns_steps, self.ns_dtype)
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
 
@@ -240,9 +262,9 @@ class MuonConfig:
 @register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")
 def _build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
     muon, rest = _split(model, MUON_ROUTINGS[cfg.routing])
-    if cfg.routing == "mars-repo":  # >=2-D "other" tensors only; 1-D ones stay on AdamW
-        rest += [p for p in muon if p.ndim < 2]
-        muon = [p for p in muon if p.ndim >= 2]
+    if cfg.routing == "mars-repo":  # Newton-Schulz takes the 2-D tensors; the rest stay on AdamW
+        rest += [p for p in muon if p.ndim != 2]
+        muon = [p for p in muon if p.ndim == 2]
     return MuonFamily(
         [
             muon_group(

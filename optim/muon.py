@@ -17,132 +17,56 @@ and ``t`` the AdamW step count:
                        (``decay_bias_corrected``: the decay is multiplied by the same bias factor,
                        as the MARS repo's own AdamW under its Muon baseline)
 
-Tensors with more than two dims are orthogonalised as ``(shape[0], -1)`` matrices. Every rank
-computes every update (as Moonlight and MARS-M; the MARS repo's Muon splits them over ranks).
+Each class is a thin constructor over the core (optim/core.py): momentum ``heavy-ball``,
+``mars-m`` (with the variance-reduced c) or ``one-buffer``, preconditioner ``newton-schulz``;
+the AdamW part is momentum ``ema-lerp`` with Adam's ``before_bias_correction`` form.
+Newton-Schulz takes exactly the 2-D tensors: a tensor of another rank given as a Muon parameter
+goes to the AdamW part (one rule for the whole family; the official MARS-M and Moonlight accept
+only 2-D tensors, the MARS repo's Muon flattened them). Every rank computes every update (as
+Moonlight and MARS-M; the MARS repo's Muon splits them over ranks). ``foreach=True`` takes the
+torch._foreach path; the default is the per-tensor loop, whose rounding earlier runs used.
 """
 
 from __future__ import annotations
 
-import math
+from optim.core import VarianceReduced
+from optim.functional import CLIP_SCOPES, check_betas, check_choice, check_common
+from optim.preconditioners import SCALES
 
-import torch
-
-from optim.functional import (
-    CLIP_SCOPES,
-    check_betas,
-    check_choice,
-    check_common,
-    clip_unit_norm_,
-    mars_kappa,
-    newton_schulz,
-    resolve_dtype,
-    rms_scale,
-    shape_scale,
-)
-from optim.reference import ReferenceGradMixin
-
-ALGORITHMS = ("muon", "mars-m", "mars-m-efficient")
-SCALES = {"shape": shape_scale, "rms": rms_scale}
+# algorithm -> (momentum form, variance reduction)
+ALGORITHMS = {
+    "muon": ("heavy-ball", False),
+    "mars-m": ("mars-m", True),
+    "mars-m-efficient": ("one-buffer", False),
+}
 
 
-class MuonFamily(ReferenceGradMixin, torch.optim.Optimizer):
+class MuonFamily(VarianceReduced):
     """Groups with ``use_muon=True`` take the Muon-style update, the rest AdamW (see module)."""
 
-    def __init__(self, groups: list[dict], *, is_approx: bool = True):
+    default_foreach = False
+
+    def __init__(self, groups: list[dict], *, is_approx: bool = True,
+                 foreach: bool | None = None):  # fmt: skip
         groups = [g for g in groups if g["params"]]
         for g in groups:
             _check_group(g)
-        super().__init__(groups, {})
-        self.is_approx = is_approx
-        self._reference_pending = False
-
-    def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
-        return _is_mars_m(group)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._check_reference()
-        corrected = [self._corrections(g) if _is_mars_m(g) else None for g in self.param_groups]
-        for scope in ("tensor", "global"):  # one global clip spans every group that asks for it
-            pairs = zip(self.param_groups, corrected)
-            cs = [c for g, w in pairs if w and g["clip"] == scope for c in w[1]]
-            clip_unit_norm_(cs, scope)
-        for group, work in zip(self.param_groups, corrected):
-            if group["use_muon"]:
-                self._muon_group(group, work)
-            else:
-                self._adamw_group(group)
-        self._reference_pending = False
-        return loss
-
-    def _corrections(self, group: dict):
-        """MARS-M's unclipped ``c`` for every matrix with a gradient."""
-        params = [p for p in group["params"] if p.grad is not None]
-        kappa = mars_kappa(group["gamma"], group["momentum"])
-        cs = []
-        for p in params:
-            state = self.state[p]
-            if "last_grad" not in state:
-                plain = group["first_step"] == "plain"
-                state["last_grad"] = p.grad.clone() if plain else torch.zeros_like(p)
-            g = p.grad
-            cs.append(g + kappa * (g - state["last_grad"]))
-        return params, cs
-
-    def _muon_group(self, group: dict, work) -> None:
-        mu, lr, wd = group["momentum"], group["lr"], group["weight_decay"]
-        algorithm = group["algorithm"]
-        params, cs = work if work else ([p for p in group["params"] if p.grad is not None], None)
-        for i, p in enumerate(params):
-            g, state = p.grad, self.state[p]
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buf = state["momentum_buffer"]
-            if algorithm == "mars-m":
-                buf.mul_(mu).add_(cs[i], alpha=1 - mu)
-                u = buf
-                self._advance_reference(state, g)
-            elif algorithm == "mars-m-efficient":
-                gamma = group["gamma"]
-                buf.mul_(mu).add_(g, alpha=(1 - gamma) * (1 - mu) / mu)
-                u = gamma * g + mu * buf
-            else:
-                buf.mul_(mu).add_(g)
-                u = g + mu * buf if group["nesterov"] else buf
-            dtype = resolve_dtype(group["ns_dtype"], p)
-            o = newton_schulz(u.reshape(u.size(0), -1), group["ns_steps"], group["eps"], dtype)
-            scale = SCALES[group["scale"]](o.shape)
-            p.mul_(1 - lr * wd)
-            p.add_(o.view_as(p).to(p.dtype), alpha=-lr * scale)
-
-    def _adamw_group(self, group: dict) -> None:
-        beta1, beta2 = group["betas"]
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            g, state = p.grad, self.state[p]
-            if "step" not in state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
-            state["step"] += 1
-            t = state["step"]
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            m.lerp_(g, 1 - beta1)
-            v.lerp_(g * g, 1 - beta2)
-            step_size = lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
-            decay = step_size * wd if group["decay_bias_corrected"] else lr * wd
-            p.mul_(1 - decay)
-            p.addcdiv_(m, v.sqrt().add_(eps), value=-step_size)
+            g.update(_core_keys(g))
+        super().__init__(groups, is_approx=is_approx, foreach=foreach)
 
 
-def _is_mars_m(group: dict) -> bool:
-    return group.get("use_muon", False) and group.get("algorithm") == "mars-m"
+def _core_keys(g: dict) -> dict:
+    """The core's rule for a Muon-family group (optim/core.py)."""
+    if not g["use_muon"]:
+        return dict(
+            variance_reduction=False,
+            momentum_form="ema-lerp",
+            preconditioner="adam",
+            eps_placement="before_bias_correction",
+            second_moment="g",
+        )
+    form, reduced = ALGORITHMS[g["algorithm"]]
+    return dict(variance_reduction=reduced, momentum_form=form, preconditioner="newton-schulz")
 
 
 def _check_group(g: dict) -> None:
@@ -161,6 +85,15 @@ def _check_group(g: dict) -> None:
         raise ValueError(f"ns_steps must be >= 1, got {g['ns_steps']}")
     if g["algorithm"] == "mars-m-efficient" and g["clip"] != "none":
         raise ValueError("mars-m-efficient has no clipping: use clip='none' (or plain mars-m)")
+    shapes = [tuple(p.shape) for p in g["params"] if p.ndim != 2]
+    if shapes:
+        raise ValueError(f"Newton-Schulz takes 2-D tensors only, got shapes {shapes}")
+
+
+def split_matrices(params, adamw_params) -> tuple[list, list]:
+    """The 2-D tensors of ``params``; every other tensor joins ``adamw_params``."""
+    params, rest = list(params or []), list(adamw_params or [])
+    return [p for p in params if p.ndim == 2], rest + [p for p in params if p.ndim != 2]
 
 
 def muon_group(params, *, lr, weight_decay, momentum=0.95, **options) -> dict:
@@ -226,7 +159,9 @@ class Muon(MuonFamily):
         adamw_weight_decay: float = 0.1,
         adamw_decay_bias_corrected: bool = True,
         ns_dtype: str = "bfloat16",
+        foreach: bool | None = None,
     ):
+        params, adamw_params = split_matrices(params, adamw_params)
         muon = muon_group(
             params,
             lr=lr,
@@ -237,14 +172,14 @@ class Muon(MuonFamily):
             ns_dtype=ns_dtype,
         )
         adamw = adamw_group(
-            adamw_params or [],
+            adamw_params,
             lr=adamw_lr,
             weight_decay=adamw_weight_decay,
             betas=adamw_betas,
             eps=adamw_eps,
             bias_corrected=adamw_decay_bias_corrected,
         )
-        super().__init__([muon, adamw])
+        super().__init__([muon, adamw], foreach=foreach)
 
 
 class Moonlight(MuonFamily):
@@ -265,9 +200,11 @@ class Moonlight(MuonFamily):
         adamw_eps: float = 1e-8,
         *,
         ns_dtype: str = "bfloat16",
+        foreach: bool | None = None,
     ):
+        muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
-            muon_params or [],
+            muon_params,
             lr=lr,
             weight_decay=wd,
             momentum=momentum,
@@ -276,10 +213,8 @@ class Moonlight(MuonFamily):
             scale="rms",
             ns_dtype=ns_dtype,
         )
-        adamw = adamw_group(
-            adamw_params or [], lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps
-        )
-        super().__init__([muon, adamw])
+        adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
+        super().__init__([muon, adamw], foreach=foreach)
 
 
 class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
@@ -308,10 +243,12 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
         clip: str | None = None,
         first_step: str = "zero",
         ns_dtype: str = "bfloat16",
+        foreach: bool | None = None,
     ):
+        muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         clip = clip if clip is not None else ("tensor" if clip_c else "none")
         muon = muon_group(
-            muon_params or [],
+            muon_params,
             lr=lr,
             weight_decay=wd,
             momentum=momentum,
@@ -324,10 +261,8 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
             first_step=first_step,
             ns_dtype=ns_dtype,
         )
-        adamw = adamw_group(
-            adamw_params or [], lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps
-        )
-        super().__init__([muon, adamw], is_approx=is_approx)
+        adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
+        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach)
 
 
 class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
@@ -346,9 +281,11 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
         gamma: float = 0.025,
         *,
         ns_dtype: str = "bfloat16",
+        foreach: bool | None = None,
     ):
+        muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
-            muon_params or [],
+            muon_params,
             lr=lr,
             weight_decay=wd,
             momentum=momentum,
@@ -360,7 +297,5 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
             clip="none",
             ns_dtype=ns_dtype,
         )
-        adamw = adamw_group(
-            adamw_params or [], lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps
-        )
-        super().__init__([muon, adamw])
+        adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
+        super().__init__([muon, adamw], foreach=foreach)

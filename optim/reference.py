@@ -8,6 +8,8 @@ reference stored one step earlier, then promotes the new one (a buffer swap, no 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -62,3 +64,19 @@ class ReferenceGradMixin:
             state["last_grad"].copy_(g)
         elif "previous_grad" in state:
             state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
+
+
+def reference_pass(optimizer: torch.optim.Optimizer, compute_grads: Callable[[], object]) -> bool:
+    """Exact mode's extra gradient, the one thing a loop does around ``step()`` for it.
+
+    If ``optimizer.needs_reference_grad``: ``compute_grads()`` (forward/backward, and the clip the
+    real step uses, on the *next* step's batches at the current weights), then
+    ``store_reference_grad()`` and ``zero_grad(set_to_none=True)``. Call it before the real
+    forward/backward of each step; returns whether it ran. Any optimizer without the flag: no-op.
+    """
+    if not getattr(optimizer, "needs_reference_grad", False):
+        return False
+    compute_grads()
+    optimizer.store_reference_grad()
+    optimizer.zero_grad(set_to_none=True)
+    return True

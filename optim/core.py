@@ -1,0 +1,177 @@
+"""The one variance-reduction core every optimizer here runs on (MARS, Yuan et al. 2025, Alg. 1).
+
+For each tensor of a param group, with ``kappa = gamma * beta1 / (1 - beta1)``:
+
+    c = g + kappa * (g - g_ref)        if the group has ``variance_reduction`` (else c = g)
+    c = c / max(1, ||c||)              clip scope ``tensor`` | ``global`` (over every tensor that
+                                       asks for it) | ``none``; first step: g_ref = 0 (``zero``,
+                                       official) or c_1 = g_1 (``plain``)
+    u = momentum(c)                    optim/momentum.py (EMA, heavy-ball, Lion, one-buffer)
+    d = preconditioner.direction(u)    optim/preconditioners.py (Adam, Sign, Newton-Schulz)
+    p = p - lr * (wd * p + d)          decoupled weight decay and the step
+
+The group names its momentum form (``momentum_form``) and preconditioner (``preconditioner``).
+Two routing rules, both of the official code: with ``split_1d`` (MARS, ``optimize_1d=False``)
+tensors that are not 2-D take AdamW on the raw gradient with ``betas_1d``, ``weight_decay_1d``
+and lr ``lr * lr_1d_factor``; a tensor the preconditioner does not handle (Newton-Schulz: not
+2-D) takes Adam with the group's own values. g_ref is a copy of the last gradient (approx) or the
+gradient stored by ``store_reference_grad`` (exact; optim/reference.py). No host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from optim.functional import clip_unit_norm_, mars_correction, mars_kappa
+from optim.momentum import MOMENTA, Momentum
+from optim.preconditioners import PRECONDITIONERS, Preconditioner, Step
+from optim.reference import ReferenceGradMixin
+
+Tensors = list[torch.Tensor]
+
+
+@dataclass
+class Bucket:
+    """Tensors of one group that share a rule this step, with their gradients and corrections."""
+
+    view: dict
+    momentum: Momentum
+    preconditioner: Preconditioner
+    params: Tensors = field(default_factory=list)
+    states: list[dict] = field(default_factory=list)
+    gs: Tensors = field(default_factory=list)
+    cs: Tensors = field(default_factory=list)
+
+
+def route(p: torch.Tensor, group: dict) -> tuple[str, dict]:
+    """The rule for ``p`` in ``group``: a key and the group as that rule reads it."""
+    if group.get("split_1d") and p.ndim != 2:
+        return "1d", {
+            **group,
+            "lr": group["lr"] * group["lr_1d_factor"],
+            "betas": group["betas_1d"],
+            "weight_decay": group["weight_decay_1d"],
+            "variance_reduction": False,
+            "amsgrad": False,
+            "momentum_form": "ema",
+            "preconditioner": "adam",
+        }
+    if not PRECONDITIONERS[group["preconditioner"]].handles(p):
+        return "adam", {**group, "preconditioner": "adam"}
+    return "main", group
+
+
+def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
+    """``p = p * keep - step_size * num / den``: decoupled decay, then the preconditioned step."""
+    if foreach:
+        torch._foreach_mul_(params, step.keeps)
+        if step.dens is not None:
+            torch._foreach_addcdiv_(params, step.nums, step.dens, [-s for s in step.step_sizes])
+            return
+        if len(set(step.step_sizes)) == 1:
+            torch._foreach_add_(params, step.nums, alpha=-step.step_sizes[0])
+            return
+    for i, p in enumerate(params):
+        if not foreach:
+            p.mul_(step.keeps[i])
+        if step.dens is not None:
+            p.addcdiv_(step.nums[i], step.dens[i], value=-step.step_sizes[i])
+        else:
+            p.add_(step.nums[i], alpha=-step.step_sizes[i])
+
+
+class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
+    """The core optimizer: the groups say which momentum and preconditioner (module docstring).
+
+    ``foreach``: None takes the class's ``default_foreach``; True the torch._foreach path; False
+    the per-tensor loop (the readable reference). Both are tested equal in float64.
+    """
+
+    default_foreach = True
+
+    def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
+                 foreach: bool | None = None) -> None:  # fmt: skip
+        super().__init__(groups, defaults or {})
+        self.is_approx, self.foreach = is_approx, foreach
+        self._reference_pending = False
+
+    def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
+        return route(p, group)[1].get("variance_reduction", False)
+
+    def _use_foreach(self) -> bool:
+        return self.default_foreach if self.foreach is None else self.foreach
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One step of every group (module docstring); ``closure`` re-evaluates the loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._check_reference()
+        foreach = self._use_foreach()
+        buckets = [b for group in self.param_groups for b in self._buckets(group, foreach)]
+        for scope in ("tensor", "global"):  # a global clip spans every group that asks for it
+            clip_unit_norm_([c for b in buckets if _clip(b) == scope for c in b.cs], scope)
+        for b in buckets:
+            us = b.momentum.update(b.view, b.states, b.cs, foreach)
+            beta1 = b.momentum.beta(b.view)
+            step = b.preconditioner.direction(b.states, us, b.cs, b.gs, beta1=beta1,
+                                              foreach=foreach)  # fmt: skip
+            apply_step(b.params, step, foreach)
+            if b.view.get("variance_reduction"):
+                for s, g in zip(b.states, b.gs):
+                    self._advance_reference(s, g)
+        self._reference_pending = False
+        return loss
+
+    def _buckets(self, group: dict, foreach: bool) -> list[Bucket]:
+        """Initialise state, count steps and compute the unclipped corrections, by rule."""
+        buckets: dict[str, Bucket] = {}
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            key, view = route(p, group)
+            if key not in buckets:
+                momentum = MOMENTA[view["momentum_form"]]
+                precond = PRECONDITIONERS[view["preconditioner"]](view)
+                buckets[key] = Bucket(view, momentum, precond)
+            b, state = buckets[key], self.state[p]
+            if b.momentum.key not in state:
+                self._init_state(p, state, b)
+            if b.momentum.counts_steps:
+                state["step"] += 1
+            b.params.append(p), b.states.append(state), b.gs.append(p.grad)
+        for b in buckets.values():
+            b.cs = self._corrections(b, foreach) if b.view.get("variance_reduction") else b.gs
+        return list(buckets.values())
+
+    def _init_state(self, p: torch.Tensor, state: dict, b: Bucket) -> None:
+        b.momentum.init_state(p, state)
+        b.preconditioner.init_state(p, state)
+        if b.view.get("variance_reduction"):
+            plain = b.view["first_step"] == "plain"
+            state["last_grad"] = p.grad.clone() if plain else torch.zeros_like(p)
+
+    @staticmethod
+    def _corrections(b: Bucket, foreach: bool) -> Tensors:
+        """``c = g + kappa * (g - g_ref)``, new tensors (unclipped)."""
+        kappa = mars_kappa(b.view["gamma"], b.momentum.beta(b.view))
+        refs = [s["last_grad"] for s in b.states]
+        if foreach:
+            return mars_correction(b.gs, refs, kappa)
+        return [g + kappa * (g - ref) for g, ref in zip(b.gs, refs)]
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, keeping group keys a checkpoint of an earlier version lacks."""
+        current = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, keys in zip(self.param_groups, current):
+            for k, v in keys.items():
+                group.setdefault(k, v)
+
+
+def _clip(b: Bucket) -> str | None:
+    return b.view.get("clip") if b.view.get("variance_reduction") else None

@@ -1,0 +1,190 @@
+"""Preconditioners: each turns a momentum ``u`` into a direction ``d`` for the core's step.
+
+The core (optim/core.py) applies ``p <- p * (1 - decay) - step_size * d`` with ``d = num / den``
+(Adam) or ``d = num`` (the others); a preconditioner returns those pieces as a ``Step`` so that
+each official code's arithmetic is kept bit for bit. Every class has a fast path (``foreach``:
+torch._foreach ops) and a plain one (a loop over tensors), tested equal in float64.
+
+- ``Adam``:  v = beta2 * v + (1 - beta2) * s*s, s = c (official MARS) or g; with ``amsgrad``
+  v_max = max(v_max, v) replaces v. ``eps="after_sqrt_v_hat"`` (MARS):
+  d = m / ((sqrt(v) / sqrt(1 - beta2^t) + eps) * (1 - beta1^t)), step lr.
+  ``eps="before_bias_correction"`` (Moonlight, MARS-M, the MARS repo's AdamW):
+  d = m / (sqrt(v) + eps), step lr * sqrt(1 - beta2^t) / (1 - beta1^t); with
+  ``decay_bias_corrected`` the decay is scaled by that step too (the MARS repo's AdamW).
+- ``Sign`` (Lion): d = sign(u).
+- ``NewtonSchulz``: d = s * NS5(u) (NS5 of ``u / (1 - beta1)`` with ``debias``, as MARS-Shampoo),
+  s = sqrt(max(1, rows/cols)) (``scale="shape"``: Muon, MARS-Shampoo) or 0.2 * sqrt(max(A, B))
+  (``scale="rms"``: Moonlight, MARS-M). It orthogonalises exactly the 2-D tensors; any other
+  tensor in its group takes the group's Adam (the official MARS-Shampoo rule; the Muon-family
+  drop-ins route non-2-D tensors to their AdamW part).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from optim.functional import check_choice, newton_schulz, resolve_dtype, rms_scale, shape_scale
+
+Tensors = list[torch.Tensor]
+EPS_PLACEMENTS = ("after_sqrt_v_hat", "before_bias_correction")
+SECOND_MOMENTS = ("c", "g")
+SCALES = {"shape": shape_scale, "rms": rms_scale}
+
+
+@dataclass
+class Step:
+    """``p <- p * keep - step_size * num / den`` (``den`` None: ``- step_size * num``)."""
+
+    nums: Tensors
+    dens: Tensors | None
+    step_sizes: list[float]
+    keeps: list[float]
+
+
+class Preconditioner:
+    """Base class: options come from the param group; ``direction`` gives the step's pieces."""
+
+    def __init__(self, group: dict) -> None:
+        self.group = group
+
+    @staticmethod
+    def handles(p: torch.Tensor) -> bool:
+        """Whether this preconditioner takes ``p`` (else the group's Adam does)."""
+        return True
+
+    def init_state(self, p: torch.Tensor, state: dict) -> None:
+        """Create this preconditioner's state for ``p`` (nothing by default)."""
+
+    def direction(self, states: list[dict], us: Tensors, cs: Tensors, gs: Tensors, *,
+                  beta1: float, foreach: bool) -> Step:  # fmt: skip
+        raise NotImplementedError
+
+
+def _plain_decay(n: int, group: dict) -> list[float]:
+    return [1 - group["lr"] * group["weight_decay"]] * n
+
+
+class Adam(Preconditioner):
+    """Adam's second moment and bias corrections; see the module docstring for both forms."""
+
+    def __init__(self, group: dict) -> None:
+        super().__init__(group)
+        self.beta2 = group["betas"][1]
+        self.eps = group["eps"]
+        self.amsgrad = group.get("amsgrad", False)
+        self.second_moment = group.get("second_moment", "c")
+        self.eps_placement = group.get("eps_placement", "after_sqrt_v_hat")
+        self.decay_bias_corrected = group.get("decay_bias_corrected", False)
+
+    def init_state(self, p: torch.Tensor, state: dict) -> None:
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        if self.amsgrad:
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    def direction(self, states, us, cs, gs, *, beta1, foreach):
+        src = cs if self.second_moment == "c" else gs
+        vs = [s["exp_avg_sq"] for s in states]
+        lerp = self.eps_placement == "before_bias_correction"
+        _second_moment(vs, src, self.beta2, lerp, foreach)
+        if self.amsgrad:
+            vmax = [s["max_exp_avg_sq"] for s in states]
+            if foreach:
+                torch._foreach_maximum_(vmax, vs)
+            else:
+                for m, v in zip(vmax, vs):
+                    torch.maximum(m, v, out=m)
+            vs = vmax
+        steps = [s["step"] for s in states]
+        if lerp:
+            return self._before_bias_correction(us, vs, steps, beta1, foreach)
+        return self._after_sqrt_v_hat(us, vs, steps, beta1, foreach)
+
+    def _after_sqrt_v_hat(self, ms, vs, steps, beta1, foreach) -> Step:
+        bc1 = [1 - beta1**t for t in steps]
+        bc2_sqrt = [math.sqrt(1 - self.beta2**t) for t in steps]
+        if foreach:
+            denom = torch._foreach_sqrt(vs)
+            torch._foreach_div_(denom, bc2_sqrt)
+            torch._foreach_add_(denom, self.eps)
+            torch._foreach_mul_(denom, bc1)
+        else:
+            denom = [(v.sqrt() / b2 + self.eps) * b1 for v, b1, b2 in zip(vs, bc1, bc2_sqrt)]
+        n, lr = len(ms), self.group["lr"]
+        return Step(ms, denom, [lr] * n, _plain_decay(n, self.group))
+
+    def _before_bias_correction(self, ms, vs, steps, beta1, foreach) -> Step:
+        lr, wd = self.group["lr"], self.group["weight_decay"]
+        sizes = [lr * math.sqrt(1 - self.beta2**t) / (1 - beta1**t) for t in steps]
+        decays = [s * wd for s in sizes] if self.decay_bias_corrected else [lr * wd] * len(ms)
+        if foreach:
+            denom = torch._foreach_sqrt(vs)
+            torch._foreach_add_(denom, self.eps)
+        else:
+            denom = [v.sqrt().add_(self.eps) for v in vs]
+        return Step(ms, denom, sizes, [1 - d for d in decays])
+
+
+def _second_moment(vs: Tensors, src: Tensors, beta2: float, lerp: bool, foreach: bool) -> None:
+    """``v = beta2 * v + (1 - beta2) * s*s``, in the arithmetic of the official code it serves."""
+    if lerp:  # Moonlight / MARS-M / MARS repo AdamW: v.lerp_(g*g, 1 - beta2)
+        if foreach:
+            torch._foreach_lerp_(vs, torch._foreach_mul(src, src), 1 - beta2)
+        else:
+            for v, s in zip(vs, src):
+                v.lerp_(s * s, 1 - beta2)
+    elif foreach:
+        torch._foreach_mul_(vs, beta2)
+        torch._foreach_addcmul_(vs, src, src, value=1 - beta2)
+    else:
+        for v, s in zip(vs, src):
+            v.mul_(beta2).addcmul_(s, s, value=1 - beta2)
+
+
+class Sign(Preconditioner):
+    """Lion's direction ``sign(u)``."""
+
+    def direction(self, states, us, cs, gs, *, beta1, foreach):
+        signs = torch._foreach_sign(us) if foreach else [torch.sign(u) for u in us]
+        n = len(us)
+        return Step(signs, None, [self.group["lr"]] * n, _plain_decay(n, self.group))
+
+
+class NewtonSchulz(Preconditioner):
+    """``d = scale * NS5(u)`` on 2-D tensors (Muon, Moonlight, MARS-M, MARS-Shampoo)."""
+
+    def __init__(self, group: dict) -> None:
+        super().__init__(group)
+        self.steps, self.eps = group["ns_steps"], group["eps"]
+        self.dtype_name = group["ns_dtype"]
+        self.scale = SCALES[group.get("scale", "shape")]
+        self.debias = group.get("ns_debias", False)
+
+    @staticmethod
+    def handles(p: torch.Tensor) -> bool:
+        return p.ndim == 2
+
+    def direction(self, states, us, cs, gs, *, beta1, foreach):
+        # Newton-Schulz is one matrix at a time on both paths (batching changes bf16 rounding).
+        lr, nums, sizes = self.group["lr"], [], []
+        for u in us:
+            x = u / (1 - beta1) if self.debias else u
+            o = newton_schulz(x, self.steps, self.eps, resolve_dtype(self.dtype_name, u))
+            nums.append(o.to(u.dtype))
+            sizes.append(lr * self.scale(u.shape))
+        return Step(nums, None, sizes, _plain_decay(len(us), self.group))
+
+
+PRECONDITIONERS: dict[str, type[Preconditioner]] = {
+    "adam": Adam,
+    "sign": Sign,
+    "newton-schulz": NewtonSchulz,
+}
+
+
+def check_adam_options(eps_placement: str, second_moment: str) -> None:
+    """Reject unknown Adam options, naming the value and the valid ones."""
+    check_choice(eps_placement, EPS_PLACEMENTS, "eps_placement")
+    check_choice(second_moment, SECOND_MOMENTS, "second_moment")
