@@ -56,7 +56,9 @@ def prepare_out_dir(
     rank 0 refuses a directory that holds another run (``check_run_dir``)."""
     out_dir = Path(broadcast_object(name))
     resume_path = ckpt.resolve_resume(resume, out_dir)
-    on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None)
+    on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None, resume)
+    if resume_path is None and resume == "auto" and (out_dir / "metrics.jsonl").exists():
+        log.warning("%s holds a run stopped before its first checkpoint: starting it over", out_dir)
     return out_dir, resume_path
 
 
@@ -126,7 +128,7 @@ def open_run(
             "resume_from": str(resume_path) if resume_path else None,
         }
         write_run_files(out_dir, config_dict, meta)
-        truncate_metrics(out_dir, step)
+        truncate_metrics(out_dir, step if resume_path else -1)  # a fresh start keeps nothing
         wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name)
     return MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
 

@@ -69,11 +69,12 @@ def timestamp() -> str:
     return datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
-def check_run_dir(out_dir: Path, config: dict, resuming: bool) -> None:
+def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "auto") -> None:
     """Refuse to write into a directory that holds another run.
 
-    The directory may hold a run with the same config (it is then continued), or nothing of a
-    run. A different config, or an existing run with resume=never, is an error that names the
+    The directory may hold a run with the same config (it is then continued from its newest
+    checkpoint, or, with resume=auto and no checkpoint yet, started over), or nothing of a run.
+    A different config, or an existing run with resume=never, is an error that names the
     differences and the way out.
     """
     cfg_path = out_dir / CONFIG_FILE
@@ -95,7 +96,7 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool) -> None:
             + "\n  ".join(diffs)
             + "\nChoose another out_dir=..., or use the same settings to continue that run."
         )
-    if not resuming and (out_dir / "metrics.jsonl").exists():
+    if not resuming and resume != "auto" and (out_dir / "metrics.jsonl").exists():
         raise SystemExit(
             f"{out_dir} already holds a run and resume=never; choose another out_dir, or use "
             "resume=auto to continue it"

@@ -185,3 +185,20 @@ def test_exact_mode_resume_equals_uninterrupted(tmp_path, sotu_dir):
     wa = load_checkpoint(latest_checkpoint(straight))["model"]
     wb = load_checkpoint(latest_checkpoint(split))["model"]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_run_killed_before_its_first_checkpoint_starts_over(tmp_path, sotu_dir):
+    """resume=auto with a run directory but no checkpoint yet: the run starts over cleanly."""
+    fresh, killed = tmp_path / "fresh", tmp_path / "killed"
+    run(fresh, sotu_dir, "max_steps=3")
+    run(killed, sotu_dir, "max_steps=3")
+    for ckpt_file in (killed / "checkpoints").iterdir():  # as if killed before it was written
+        ckpt_file.unlink()
+    (killed / "summary.json").unlink()
+    run(killed, sotu_dir, "max_steps=3")
+    drop = ("tokens_per_s", "elapsed_s")
+    a, b = ([{k: v for k, v in r.items() if k not in drop} for r in read_metrics(d)]
+            for d in (fresh, killed))  # fmt: skip
+    assert a == b  # no records of the killed attempt are left
+    with pytest.raises(SystemExit, match="resume=never"):
+        run(killed, sotu_dir, "max_steps=3", "resume=never")
