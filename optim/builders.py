@@ -87,6 +87,7 @@ class MarsShampooConfig(MarsConfig):
     lr: float = 2e-2
     ns_steps: int = 5
     ns_dtype: str = "bfloat16"  # Newton-Schulz precision ("param": as p)
+    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,6 +141,7 @@ class MuonLikeConfig:
     momentum: float = 0.95
     ns_steps: int = 5
     ns_dtype: str = "bfloat16"
+    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adamw_eps: float = 1e-8
 
@@ -243,6 +245,7 @@ class MuonConfig:
     nesterov: bool = True
     ns_steps: int = 5
     ns_dtype: str = "bfloat16"
+    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
     weight_decay: float = 0.0
     adamw_lr: float = 3e-3
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -275,6 +278,7 @@ def _build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
                 nesterov=cfg.nesterov,
                 ns_steps=cfg.ns_steps,
                 ns_dtype=cfg.ns_dtype,
+                ns_distributed=cfg.ns_distributed,
             ),
             adamw_group(
                 rest,

@@ -69,6 +69,7 @@ class MARS(VarianceReduced):
         first_step: str = "zero",
         ns_steps: int = 5,
         ns_dtype: str = "bfloat16",
+        ns_distributed: bool = True,
         foreach: bool | None = None,
     ):
         check_common(lr, eps, weight_decay, betas)
@@ -93,6 +94,7 @@ class MARS(VarianceReduced):
             first_step=first_step,
             ns_steps=ns_steps,
             ns_dtype=ns_dtype,
+            ns_distributed=ns_distributed,  # optim/newton_schulz.py
             # the core's rule (optim/core.py)
             variance_reduction=True,
             momentum_form="ema",

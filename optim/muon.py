@@ -22,9 +22,11 @@ Each class is a thin constructor over the core (optim/core.py): momentum ``heavy
 the AdamW part is momentum ``ema-lerp`` with Adam's ``before_bias_correction`` form.
 Newton-Schulz takes exactly the 2-D tensors: a tensor of another rank given as a Muon parameter
 goes to the AdamW part (one rule for the whole family; the official MARS-M and Moonlight accept
-only 2-D tensors, the MARS repo's Muon flattened them). Every rank computes every update (as
-Moonlight and MARS-M; the MARS repo's Muon splits them over ranks). ``foreach=True`` takes the
-torch._foreach path; the default is the per-tensor loop, whose rounding earlier runs used.
+only 2-D tensors, the MARS repo's Muon flattened them). Newton-Schulz is batched by shape and,
+under DDP, split over the ranks and all-gathered (``ns_distributed=True``, the default, as the MARS
+repo's Muon; ``False``: every rank computes every update, as Moonlight and MARS-M), with the same
+numbers (optim/newton_schulz.py). ``foreach=True`` takes the torch._foreach path; the default is
+the per-tensor loop, whose rounding earlier runs used.
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def muon_group(params, *, lr, weight_decay, momentum=0.95, **options) -> dict:
         gamma=0.0,
         clip="none",
         first_step="zero",
+        ns_batched=True,  # one batched Newton-Schulz call per shape (False: one at a time)
+        ns_distributed=True,  # under DDP each rank orthogonalises a share, then all-gather
     )
     unknown = set(options) - set(group)
     if unknown:
@@ -159,6 +163,7 @@ class Muon(MuonFamily):
         adamw_weight_decay: float = 0.1,
         adamw_decay_bias_corrected: bool = True,
         ns_dtype: str = "bfloat16",
+        ns_distributed: bool = True,
         foreach: bool | None = None,
     ):
         params, adamw_params = split_matrices(params, adamw_params)
@@ -170,6 +175,7 @@ class Muon(MuonFamily):
             nesterov=nesterov,
             ns_steps=ns_steps,
             ns_dtype=ns_dtype,
+            ns_distributed=ns_distributed,
         )
         adamw = adamw_group(
             adamw_params,
@@ -200,6 +206,7 @@ class Moonlight(MuonFamily):
         adamw_eps: float = 1e-8,
         *,
         ns_dtype: str = "bfloat16",
+        ns_distributed: bool = True,
         foreach: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
@@ -212,6 +219,7 @@ class Moonlight(MuonFamily):
             ns_steps=ns_steps,
             scale="rms",
             ns_dtype=ns_dtype,
+            ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
         super().__init__([muon, adamw], foreach=foreach)
@@ -243,6 +251,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
         clip: str | None = None,
         first_step: str = "zero",
         ns_dtype: str = "bfloat16",
+        ns_distributed: bool = True,
         foreach: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
@@ -260,6 +269,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
             clip=clip,
             first_step=first_step,
             ns_dtype=ns_dtype,
+            ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
         super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach)
@@ -281,6 +291,7 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
         gamma: float = 0.025,
         *,
         ns_dtype: str = "bfloat16",
+        ns_distributed: bool = True,
         foreach: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
@@ -296,6 +307,7 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
             gamma=gamma,
             clip="none",
             ns_dtype=ns_dtype,
+            ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
         super().__init__([muon, adamw], foreach=foreach)

@@ -16,7 +16,10 @@ torch._foreach ops) and a plain one (a loop over tensors), tested equal in float
   s = sqrt(max(1, rows/cols)) (``scale="shape"``: Muon, MARS-Shampoo) or 0.2 * sqrt(max(A, B))
   (``scale="rms"``: Moonlight, MARS-M). It orthogonalises exactly the 2-D tensors; any other
   tensor in its group takes the group's Adam (the official MARS-Shampoo rule; the Muon-family
-  drop-ins route non-2-D tensors to their AdamW part).
+  drop-ins route non-2-D tensors to their AdamW part). Group keys ``ns_batched`` (default
+  True: one batched call per shape; False: one matrix at a time) and ``ns_distributed``
+  (default True: under DDP each rank takes a share of the matrices, then all-gather) choose how
+  NS is computed, not what (optim/newton_schulz.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from optim.functional import check_choice, newton_schulz, resolve_dtype, rms_scale, shape_scale
+from optim.functional import check_choice, resolve_dtype, rms_scale, shape_scale
+from optim.newton_schulz import orthogonalise
 
 Tensors = list[torch.Tensor]
 EPS_PLACEMENTS = ("after_sqrt_v_hat", "before_bias_correction")
@@ -161,19 +165,30 @@ class NewtonSchulz(Preconditioner):
         self.dtype_name = group["ns_dtype"]
         self.scale = SCALES[group.get("scale", "shape")]
         self.debias = group.get("ns_debias", False)
+        self.batched = group.get("ns_batched", True)
+        self.distributed = group.get("ns_distributed", True)
 
     @staticmethod
     def handles(p: torch.Tensor) -> bool:
         return p.ndim == 2
 
     def direction(self, states, us, cs, gs, *, beta1, foreach):
-        # Newton-Schulz is one matrix at a time on both paths (batching changes bf16 rounding).
-        lr, nums, sizes = self.group["lr"], [], []
-        for u in us:
-            x = u / (1 - beta1) if self.debias else u
-            o = newton_schulz(x, self.steps, self.eps, resolve_dtype(self.dtype_name, u))
-            nums.append(o.to(u.dtype))
-            sizes.append(lr * self.scale(u.shape))
+        # Batched by shape and split over ranks (optim/newton_schulz.py); ``ns_batched=False``
+        # takes the per-matrix loop. Independent of ``foreach``: the numbers are the same.
+        param = self.dtype_name == "param" or not us  # "param": each matrix's own dtype
+        dtype = None if param else resolve_dtype(self.dtype_name, us[0])
+        outs = orthogonalise(
+            us,
+            steps=self.steps,
+            eps=self.eps,
+            dtype=dtype,
+            divisor=(1 - beta1) if self.debias else None,
+            batched=self.batched,
+            distributed=self.distributed,
+        )
+        lr = self.group["lr"]
+        nums = [o.to(u.dtype) for o, u in zip(outs, us)]
+        sizes = [lr * self.scale(u.shape) for u in us]
         return Step(nums, None, sizes, _plain_decay(len(us), self.group))
 
 

@@ -1,0 +1,114 @@
+"""Newton-Schulz over many matrices: batched by shape, and split over the ranks of a DDP run.
+
+``orthogonalise(us)`` returns ``NS5(u)`` (optim/functional.py ``newton_schulz``) for every matrix
+of ``us``, computed in one of three ways that give the same numbers per matrix:
+
+- per matrix (``batched=False``): one ``newton_schulz`` call per tensor; the readable reference.
+- batched (default): the matrices of one shape (and dtype, device) are stacked to ``(B, m, n)``
+  in the Newton-Schulz dtype and orthogonalised in one call (batched matmuls; a tall shape is
+  transposed as a whole, as the single-matrix path does). Each matrix is still normalised by its
+  own Frobenius norm, so a slice of the batch equals the single-matrix result (exactly in
+  float64 up to the reduction order of the norm; close in bf16, where a batched GEMM may round
+  differently from a single one).
+- split over ranks (``distributed=True`` and ``torch.distributed`` initialised with world size
+  W > 1): each same-shape batch is padded with zero matrices to ``W * k`` (NS of a zero matrix is
+  zero), rank r orthogonalises the contiguous block ``[r*k, (r+1)*k)`` of the stable order (the
+  parameter order of the group, the same on every rank), and one all-gather per shape gives every
+  rank every result, bit for bit the same on all ranks. Every rank takes part in each collective;
+  there is no other host synchronisation. Gathered in the Newton-Schulz dtype (bf16: half the
+  bytes; casting to the parameter dtype afterwards is exact either way).
+
+As Keller Jordan's and the MARS repo's Muon, which split the matrices over ranks the same way;
+Moonlight and the official MARS-M compute every matrix on every rank (``distributed=False``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from optim.functional import newton_schulz
+
+Tensors = list[torch.Tensor]
+
+
+def split_world(distributed: bool) -> tuple[int, int]:
+    """``(rank, world size)`` of the split; ``(0, 1)`` when off or not in a distributed run."""
+    if not distributed or not dist.is_available() or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def orthogonalise(
+    us: Tensors,
+    *,
+    steps: int,
+    eps: float,
+    dtype: torch.dtype | None,
+    divisor: float | None = None,
+    batched: bool = True,
+    distributed: bool = True,
+) -> Tensors:
+    """``NS(u / divisor)`` (``divisor`` None: ``NS(u)``) for each matrix, in ``dtype``
+    (None: the matrix's own dtype)."""
+    rank, world = split_world(distributed)
+    out: list[torch.Tensor | None] = [None] * len(us)
+    for idx in _same_shape(us).values():
+        xs = [us[i] for i in idx]
+        dt = dtype or xs[0].dtype
+        if world > 1:
+            results = _split(xs, rank, world, steps, eps, dt, divisor, batched)
+        elif batched:
+            results = list(newton_schulz(_stack(xs, dt, divisor), steps, eps, dt).unbind(0))
+        else:
+            results = [newton_schulz(_scaled(x, divisor), steps, eps, dt) for x in xs]
+        for i, r in zip(idx, results):
+            out[i] = r
+    return out
+
+
+def _same_shape(us: Tensors) -> dict[tuple, list[int]]:
+    """Indices of ``us`` by (shape, dtype, device), each list in the order of ``us``."""
+    groups: dict[tuple, list[int]] = {}
+    for i, u in enumerate(us):
+        groups.setdefault((tuple(u.shape), u.dtype, u.device), []).append(i)
+    return groups
+
+
+def _scaled(x: torch.Tensor, divisor: float | None) -> torch.Tensor:
+    return x if divisor is None else x / divisor
+
+
+def _stack(xs: Tensors, dtype: torch.dtype, divisor: float | None, rows: int = 0):
+    """``(max(rows, len(xs)), m, n)`` in ``dtype``: the (divided) matrices, then zero matrices.
+
+    Written slice by slice so that no full-precision stack is made; ``x / divisor`` is rounded
+    to ``dtype`` exactly as ``newton_schulz(x / divisor)`` rounds it.
+    """
+    out = torch.empty((max(rows, len(xs)), *xs[0].shape), dtype=dtype, device=xs[0].device)
+    for o, x in zip(out, xs):
+        o.copy_(_scaled(x, divisor))
+    out[len(xs) :].zero_()
+    return out
+
+
+def _split(xs, rank, world, steps, eps, dtype, divisor, batched) -> Tensors:
+    """This rank's block of ``xs`` orthogonalised here, then all-gathered (module docstring)."""
+    k, shape, device = math.ceil(len(xs) / world), xs[0].shape, xs[0].device
+    mine = xs[rank * k : (rank + 1) * k]
+    if mine and batched:
+        local = newton_schulz(_stack(mine, dtype, divisor, rows=k), steps, eps, dtype)
+    else:  # the per-matrix path, or only padding on this rank (NS of a zero matrix is zero)
+        local = torch.zeros((k, *shape), dtype=dtype, device=device)
+        for o, x in zip(local, mine):
+            o.copy_(newton_schulz(_scaled(x, divisor), steps, eps, dtype))
+    gathered = torch.empty((world * k, *shape), dtype=dtype, device=device)
+    _all_gather(gathered, local.contiguous())
+    return list(gathered[: len(xs)].unbind(0))
+
+
+def _all_gather(out: torch.Tensor, local: torch.Tensor) -> None:
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, local)

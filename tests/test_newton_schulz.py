@@ -1,0 +1,149 @@
+"""Newton-Schulz over many matrices (optim/newton_schulz.py): batched by shape equals one matrix
+at a time, and the split over DDP ranks (2 gloo processes) gives the single-process parameters."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import optim.newton_schulz as ns
+from optim import MARS, MARS_M, Muon
+from optim.functional import newton_schulz
+
+# wide, tall, square, a tall one of another width; counts 3, 2, 1, 2 (odd ones pad under a split)
+SHAPES = [(8, 24), (24, 8), (8, 24), (16, 16), (8, 24), (40, 12), (24, 8), (40, 12)]
+
+
+def matrices(seed: int = 0, dtype=torch.float64) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=dtype) for s in SHAPES]
+
+
+@pytest.mark.parametrize("divisor", [None, 0.05])
+def test_batched_equals_one_at_a_time_float64(divisor):
+    us = matrices()
+    kw = dict(steps=5, eps=1e-7, dtype=torch.float64, divisor=divisor, distributed=False)
+    batched = ns.orthogonalise(us, batched=True, **kw)
+    single = ns.orthogonalise(us, batched=False, **kw)
+    for u, b, s in zip(us, batched, single):
+        assert b.shape == u.shape and b.dtype == torch.float64
+        torch.testing.assert_close(b, s, rtol=0, atol=1e-12)
+        x = u if divisor is None else u / divisor
+        torch.testing.assert_close(s, newton_schulz(x, 5, 1e-7, torch.float64), rtol=0, atol=0)
+
+
+def test_batched_close_in_bfloat16_and_orthogonal():
+    us = matrices(1, torch.float32)
+    kw = dict(steps=5, eps=1e-7, dtype=torch.bfloat16, distributed=False)
+    batched = ns.orthogonalise(us, batched=True, **kw)
+    single = ns.orthogonalise(us, batched=False, **kw)
+    for b, s in zip(batched, single):
+        assert b.dtype == torch.bfloat16
+        torch.testing.assert_close(b.float(), s.float(), rtol=0, atol=2e-2)
+        sv = torch.linalg.svdvals(b.float())
+        assert 0.5 < sv.min() and sv.max() < 1.5  # NS5 puts singular values near 1
+
+
+def test_dtype_none_keeps_each_matrix_dtype():
+    us = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float32)]
+    outs = ns.orthogonalise(us, steps=5, eps=1e-7, dtype=None, distributed=False)
+    assert [o.dtype for o in outs] == [torch.float64, torch.float32]
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("batched", [True, False])
+def test_split_blocks_cover_every_matrix_once(monkeypatch, world, batched):
+    """Simulated ranks: each fills only its own block of the gather; together they are whole."""
+    us = matrices(2)
+    want = ns.orthogonalise(us, steps=5, eps=1e-7, dtype=torch.float64, distributed=False)
+    owner = [None] * len(us)
+
+    def fake_gather(out, local):  # a gather that brings only this rank's block
+        out.fill_(float("nan"))
+        out[rank * local.shape[0] : (rank + 1) * local.shape[0]] = local
+
+    monkeypatch.setattr(ns, "_all_gather", fake_gather)
+    for rank in range(world):
+        monkeypatch.setattr(ns, "split_world", lambda _, rank=rank: (rank, world))
+        got = ns.orthogonalise(
+            us, steps=5, eps=1e-7, dtype=torch.float64, batched=batched, distributed=True
+        )
+        for i, (g, w) in enumerate(zip(got, want)):
+            if not g.isnan().any():
+                assert owner[i] is None, f"matrix {i} computed by ranks {owner[i]} and {rank}"
+                owner[i] = rank
+                torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+    assert None not in owner
+
+
+def test_split_is_off_without_a_process_group():
+    assert not dist.is_initialized()
+    assert ns.split_world(True) == (0, 1)
+
+
+# ---- two gloo processes: the split gives every rank the single-process parameters ----
+
+OPTIMIZERS = {
+    "muon": lambda ps, **kw: Muon(ps[:-1], adamw_params=ps[-1:], ns_dtype="float32", **kw),
+    "mars-m": lambda ps, **kw: MARS_M(lr=2e-2, muon_params=ps[:-1], adamw_params=ps[-1:], **kw),
+    "mars-shampoo": lambda ps, **kw: MARS(ps, lr=2e-2, mars_type="mars-shampoo", **kw),
+}  # mars-m and mars-shampoo: Newton-Schulz in bf16 (the default)
+
+
+def run_steps(name: str, steps: int = 3, **kw) -> list[torch.Tensor]:
+    """``steps`` steps of optimizer ``name`` on SHAPES plus a bias, with seeded gradients (the
+    same on every rank, as after DDP's all-reduce)."""
+    params = [torch.nn.Parameter(m) for m in matrices(3, torch.float32)]
+    params.append(torch.nn.Parameter(torch.randn(8, generator=torch.Generator().manual_seed(5))))
+    opt = OPTIMIZERS[name](params, **kw)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    calls = []
+    gather = ns._all_gather
+    ns._all_gather = lambda out, local: (calls.append(local.shape), gather(out, local))
+    try:
+        results = {}
+        for name in OPTIMIZERS:
+            split = run_steps(name)
+            gathers, calls[:] = len(calls), []
+            off = run_steps(name, ns_distributed=False)
+            results[name] = (split, off, gathers, len(calls))
+        torch.save(results, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
+    """Each rank orthogonalises half the matrices and gathers the rest; the parameters after 3
+    steps equal the single-process ones exactly (float32 and bf16 NS on CPU: a slice of a batched
+    matmul rounds as the single matmul), and so does the split turned off."""
+    world = 2
+    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for name in OPTIMIZERS:
+        want = run_steps(name)
+        for rank in range(world):
+            split, off, gathers, gathers_off = results[rank][name]
+            assert gathers == 3 * 4 and gathers_off == 0  # 3 steps x 4 shapes; none when off
+            for w, a, b in zip(want, split, off):
+                assert torch.equal(w, a), (name, rank, "split")
+                assert torch.equal(w, b), (name, rank, "off")
