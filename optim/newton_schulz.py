@@ -15,8 +15,10 @@ of ``us``, computed in one of three ways that give the same numbers per matrix:
   zero), rank r orthogonalises the contiguous block ``[r*k, (r+1)*k)`` of the stable order (the
   parameter order of the group, the same on every rank), and one all-gather per shape gives every
   rank every result, bit for bit the same on all ranks. Every rank takes part in each collective;
-  there is no other host synchronisation. Gathered in the Newton-Schulz dtype (bf16: half the
-  bytes; casting to the parameter dtype afterwards is exact either way).
+  the gathers are asynchronous (each overlaps the next shape's work; all are waited on before
+  returning: on NCCL a wait orders the streams, not the host), and there is no other host
+  synchronisation. Gathered in the Newton-Schulz dtype (bf16: half the bytes; casting to the
+  parameter dtype afterwards is exact either way).
 
 As Keller Jordan's and the MARS repo's Muon, which split the matrices over ranks the same way;
 Moonlight and the official MARS-M compute every matrix on every rank (``distributed=False``).
@@ -55,17 +57,22 @@ def orthogonalise(
     (None: the matrix's own dtype)."""
     rank, world = split_world(distributed)
     out: list[torch.Tensor | None] = [None] * len(us)
+    pending = []  # the gathers run while the next shape is orthogonalised
     for idx in _same_shape(us).values():
         xs = [us[i] for i in idx]
         dt = dtype or xs[0].dtype
         if world > 1:
-            results = _split(xs, rank, world, steps, eps, dt, divisor, batched)
+            results, work = _split(xs, rank, world, steps, eps, dt, divisor, batched)
+            pending.append(work)
         elif batched:
             results = list(newton_schulz(_stack(xs, dt, divisor), steps, eps, dt).unbind(0))
         else:
             results = [newton_schulz(_scaled(x, divisor), steps, eps, dt) for x in xs]
         for i, r in zip(idx, results):
             out[i] = r
+    for work in pending:
+        if work is not None:
+            work.wait()
     return out
 
 
@@ -94,7 +101,7 @@ def _stack(xs: Tensors, dtype: torch.dtype, divisor: float | None, rows: int = 0
     return out
 
 
-def _split(xs, rank, world, steps, eps, dtype, divisor, batched) -> Tensors:
+def _split(xs, rank, world, steps, eps, dtype, divisor, batched):
     """This rank's block of ``xs`` orthogonalised here, then all-gathered (module docstring)."""
     k, shape, device = math.ceil(len(xs) / world), xs[0].shape, xs[0].device
     mine = xs[rank * k : (rank + 1) * k]
@@ -105,10 +112,11 @@ def _split(xs, rank, world, steps, eps, dtype, divisor, batched) -> Tensors:
         for o, x in zip(local, mine):
             o.copy_(newton_schulz(_scaled(x, divisor), steps, eps, dtype))
     gathered = torch.empty((world * k, *shape), dtype=dtype, device=device)
-    _all_gather(gathered, local.contiguous())
-    return list(gathered[: len(xs)].unbind(0))
+    work = _all_gather(gathered, local.contiguous())
+    return list(gathered[: len(xs)].unbind(0)), work
 
 
-def _all_gather(out: torch.Tensor, local: torch.Tensor) -> None:
+def _all_gather(out: torch.Tensor, local: torch.Tensor):
+    """Start gathering every rank's ``local`` into ``out``; returns the work handle to wait on."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, local)
+    return gather(out, local, async_op=True)
