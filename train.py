@@ -107,7 +107,9 @@ class Trainer:
         self.eval_model: torch.nn.Module = self.raw_model
         self.session_start = time.perf_counter()
         self.dcp_saver = (
-            DcpCheckpointer(asynchronous=cfg.async_checkpoint, is_main=dist.is_main)
+            DcpCheckpointer(
+                asynchronous=cfg.async_checkpoint, rank=dist.rank, world_size=dist.world_size
+            )
             if cfg.checkpoint_format == "dcp"
             else None
         )

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import AsyncStager
 
 from runtime.files import atomic_open
 
@@ -94,21 +95,63 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def my_share(tensors: dict[str, torch.Tensor], rank: int, world_size: int) -> list[str]:
+    """The keys rank ``rank`` writes: the tensors dealt largest first to the rank with the
+    fewest bytes so far. Every rank computes the same split (the state is replicated)."""
+    load, mine = [0] * world_size, []
+    for key in sorted(tensors, key=lambda k: (-tensors[k].nbytes, k)):
+        r = min(range(world_size), key=load.__getitem__)
+        load[r] += tensors[key].nbytes
+        if r == rank:
+            mine.append(key)
+    return mine
+
+
+class _Prestaged(AsyncStager):
+    """For ``async_save``: the state dict is already a private CPU copy (``DcpCheckpointer``)."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+
 class DcpCheckpointer:
     """Writes DCP checkpoints; at most one asynchronous save is in flight at a time.
 
-    Every rank calls ``save`` with the same step (it holds collectives); rank 0 writes the side
-    file and commits. ``last_stall_s`` is how long the last ``save`` blocked its caller."""
+    Every rank calls ``save`` with the same step (it holds collectives) and writes its share
+    (``my_share``); rank 0 also writes the side file and commits. An asynchronous save first
+    copies this rank's share into CPU buffers kept from one save to the next (pinned for GPU
+    tensors): that copy is the loop's only stall. ``last_stall_s``: how long ``save`` blocked."""
 
-    def __init__(self, *, asynchronous: bool, is_main: bool) -> None:
-        self.asynchronous, self.is_main = asynchronous, is_main
+    def __init__(self, *, asynchronous: bool, rank: int = 0, world_size: int = 1) -> None:
+        self.asynchronous, self.rank, self.world_size = asynchronous, rank, world_size
+        self.is_main = rank == 0
         self.distributed = tdist.is_available() and tdist.is_initialized()
         # DCP's collectives run on a gloo group of their own: an asynchronous save runs them in
         # a background thread while DDP uses the default group (NCCL on GPUs), and async_save
         # needs a CPU backend. Creating a group is a collective, so every rank does it here.
         self.group = tdist.new_group(backend="gloo") if self.distributed else None
         self.pending: Future | None = None
+        self.buffers: dict[str, torch.Tensor] = {}
         self.last_stall_s = 0.0
+
+    def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` copied into this saver's CPU buffers (made again when the shapes change)."""
+        same = self.buffers.keys() == tensors.keys() and all(
+            b.shape == tensors[k].shape and b.dtype == tensors[k].dtype
+            for k, b in self.buffers.items()
+        )
+        if not same:
+            self.buffers = {
+                k: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                for k, t in tensors.items()
+            }
+        for k, t in tensors.items():
+            self.buffers[k].copy_(t.detach(), non_blocking=t.is_cuda)
+        if any(t.is_cuda for t in tensors.values()):
+            torch.cuda.synchronize()
+        return self.buffers
 
     def save(self, checkpoints: Path, step: int, states: dict[str, Any], side: dict[str, Any],
              commit: Callable[[Path], None]) -> Path:  # fmt: skip
@@ -121,6 +164,7 @@ class DcpCheckpointer:
         partial = _partial_dir(final)
         tensors: dict[str, torch.Tensor] = {}
         skeleton = {name: split_tensors(sd, name, tensors) for name, sd in states.items()}
+        tensors = {k: tensors[k] for k in my_share(tensors, self.rank, self.world_size)}
         if self.is_main:
             _remove(partial)  # a save killed earlier
             partial.mkdir(parents=True)
@@ -131,7 +175,8 @@ class DcpCheckpointer:
         kwargs = {"storage_writer": dcp.FileSystemWriter(partial), "process_group": self.group}
         kwargs["no_dist"] = not self.distributed
         if self.asynchronous:
-            upload = dcp.async_save(tensors, **kwargs)  # returns once the CPU copy is made
+            staged = self.stage(tensors)
+            upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
             self.pending = ThreadPoolExecutor(max_workers=1).submit(
                 self._finish, upload, partial, final, commit
             )

@@ -8,6 +8,7 @@ import torch
 from test_train import _cli, read_metrics, run
 
 import train
+from evals.loading import load_model
 from helpers import FAST
 from runtime.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from runtime.dcp_checkpoint import DcpCheckpointer, load_dcp
@@ -69,6 +70,10 @@ def test_incomplete_dcp_dir_is_ignored_and_conversion(tmp_path, sotu_dir):
     assert as_file["rng"][0]["torch"].equal(as_dir["rng"][0]["torch"])
     assert as_file["config"] == as_dir["config"] and as_file["tokens"] == 4 * 256
     assert set(load_dcp(ckpts / "step_0000004", parts=("model",))) >= {"model", "config", "step"}
+    from_dir, from_file = load_model(ckpts / "step_0000004"), load_model(target)
+    assert from_dir.step == 4 and from_dir.run_dir == out
+    for k, v in from_file.model.state_dict().items():
+        assert torch.equal(v, from_dir.model.state_dict()[k]), k
 
 
 def test_async_save_copies_before_training_goes_on(tmp_path):
@@ -78,7 +83,7 @@ def test_async_save_copies_before_training_goes_on(tmp_path):
     model(torch.randn(2, 64)).sum().backward()
     opt.step()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    saver = DcpCheckpointer(asynchronous=True, is_main=True)
+    saver = DcpCheckpointer(asynchronous=True)
     states = {"model": model.state_dict(), "optimizer": opt.state_dict()}
     saver.save(tmp_path, 3, states, {"step": 3}, lambda final: None)
     with torch.no_grad():
