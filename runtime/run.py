@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,10 +107,11 @@ def save_training_state(
         prune = (lambda _: ckpt.prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
         dcp_saver.save(ckpt.checkpoint_dir(out_dir), state.step, states, side, prune)
         return
+    t0 = time.perf_counter()
     if dist.is_main:
         payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
         path = ckpt.save_checkpoint(out_dir, state.step, payload, keep)
-        log.info("saved %s", path)
+        log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)
     barrier()
 
 
