@@ -205,7 +205,7 @@ class Trainer:
                 self.save()
             meter.exclude(time.perf_counter() - t0)
         if self.dcp_saver is not None:
-            self.dcp_saver.wait()  # the last checkpoint is written before the run ends
+            self.dcp_saver.close()  # the last checkpoint is written before the run ends
         meter.close()
 
 

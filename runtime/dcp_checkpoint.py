@@ -204,6 +204,13 @@ class DcpCheckpointer:
             pending, self.pending = self.pending, None
             pending.result()
 
+    def close(self) -> None:
+        """Wait for the save in flight, then release the process group (a sweep makes many)."""
+        self.wait()
+        if self.group is not None:
+            tdist.destroy_process_group(self.group)
+            self.group = None
+
 
 def load_dcp(path: str | Path, *, parts: tuple[str, ...] = ("model", "optimizer")) -> dict:
     """A DCP checkpoint as the dict the single-file format holds (``runtime.checkpoint``), read
