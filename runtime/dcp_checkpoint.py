@@ -3,8 +3,9 @@
 A DCP checkpoint is the directory ``<out_dir>/checkpoints/step_<N>/`` holding
 
 - DCP's files: every tensor of the model and optimizer state (``__<rank>_0.distcp`` per rank and
-  the ``.metadata`` index). With DDP every rank holds the same tensors; DCP's planner writes each
-  tensor once and balances the bytes over the ranks, so N ranks write about 1/N each.
+  the ``.metadata`` index). With DDP every rank holds the same tensors; each rank hands DCP only
+  its share of them (``my_share``: balanced by bytes), so N ranks write, and for an asynchronous
+  save copy to CPU, about 1/N each.
 - ``train_state.pt``: everything else, written by rank 0 (``torch.save``, loaded with
   ``weights_only=True``): the step, counters, config, loader position, every rank's RNG state,
   and the *skeleton* of the model and optimizer state dicts (their structure, non-tensor values
@@ -42,11 +43,9 @@ log = logging.getLogger(__name__)
 
 TRAIN_STATE = "train_state.pt"
 METADATA = ".metadata"  # DCP's index, written last by its coordinator
-_TENSOR = "__dcp_tensor__:"
+_TENSOR = "__dcp_tensor__:"  # a skeleton leaf: the tensor stored in DCP under the key that follows
 # One process without a process group is our ordinary case (and every load), not a surprise.
-warnings.filterwarnings(
-    "ignore", "torch.distributed is disabled", UserWarning
-)  # a skeleton leaf: the tensor stored in DCP under the key that follows
+warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
 
 
 def is_dcp_checkpoint(path: str | Path) -> bool:

@@ -10,7 +10,7 @@ from test_train import _cli, read_metrics, run
 from evals.loading import load_model
 from helpers import FAST
 from runtime.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from runtime.dcp_checkpoint import DcpCheckpointer, load_dcp
+from runtime.dcp_checkpoint import DcpCheckpointer, load_dcp, my_share
 from scripts.convert_checkpoint import main as convert
 
 COMMON = ["schedule.decay_steps=6", "ckpt_every=3", "model.dropout=0.1", "eval_every=3"]
@@ -114,3 +114,12 @@ def test_two_gloo_processes_save_one_resumes(tmp_path, sotu_dir):
     assert len(load_checkpoint(step3)["rng"]) == 2
     assert [r["step"] for r in read_metrics(out) if "train_loss" in r] == [1, 2, 3, 4, 5]
     assert len(load_checkpoint(latest_checkpoint(out))["rng"]) == 1  # saved by one process
+
+
+def test_shares_are_disjoint_complete_and_balanced():
+    tensors = {f"t{i}": torch.empty(n) for i, n in enumerate([100, 7, 60, 50, 3, 40, 1, 1])}
+    shares = [my_share(tensors, r, 3) for r in range(3)]
+    assert sorted(k for s in shares for k in s) == sorted(tensors)
+    sizes = [sum(tensors[k].numel() for k in s) for s in shares]
+    assert sizes == [100, 72, 90]  # largest first, each to the rank with the fewest bytes
+    assert my_share(tensors, 0, 1) == sorted(tensors, key=lambda k: -tensors[k].numel())
