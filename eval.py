@@ -162,7 +162,9 @@ def write_results(path: Path, header: dict, results: dict) -> dict:
 def evaluate(cfg: EvalConfig) -> dict:
     """Run the configured tasks; returns the merged results record (also written as JSON)."""
     if not cfg.checkpoint:
-        raise SystemExit("checkpoint=PATH is required (a step_N.pt, a run dir or an HF dir)")
+        raise SystemExit(
+            "checkpoint=PATH is required (a step_N.pt or DCP step_N dir, a run dir or an HF dir)"
+        )
     dist = init_distributed(cfg.device)
     setup_logging(dist.is_main)
     try:

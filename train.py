@@ -38,6 +38,7 @@ import optim
 from data import TokenLoader, ensure_prepared, shard_files, val_batches
 from model import GPT
 from runtime.config import TrainConfig, grad_accum_steps
+from runtime.dcp_checkpoint import DcpCheckpointer
 from runtime.device import autocast, configure_backends, resolve_dtype
 from runtime.distributed import DistInfo, barrier, destroy, init_distributed, init_for_sweep
 from runtime.evaluation import validation_loss
@@ -105,6 +106,13 @@ class Trainer:
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
         self.eval_model: torch.nn.Module = self.raw_model
         self.session_start = time.perf_counter()
+        self.dcp_saver = (
+            DcpCheckpointer(
+                asynchronous=cfg.async_checkpoint, rank=dist.rank, world_size=dist.world_size
+            )
+            if cfg.checkpoint_format == "dcp"
+            else None
+        )
 
     def elapsed(self) -> float:
         """Wall-clock seconds since the run began, summed over its sessions."""
@@ -126,7 +134,8 @@ class Trainer:
     def save(self) -> None:
         parts = (self.raw_model, self.optimizer, self.loader)
         save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
-                            dist=self.dist, keep=self.cfg.keep_checkpoints, elapsed=self.elapsed)  # fmt: skip
+                            dist=self.dist, keep=self.cfg.keep_checkpoints, elapsed=self.elapsed,
+                            dcp_saver=self.dcp_saver)  # fmt: skip
 
     def evaluate(self) -> float:
         cfg, dist = self.cfg, self.dist
@@ -195,6 +204,8 @@ class Trainer:
             if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last:
                 self.save()
             meter.exclude(time.perf_counter() - t0)
+        if self.dcp_saver is not None:
+            self.dcp_saver.close()  # the last checkpoint is written before the run ends
         meter.close()
 
 
@@ -302,7 +313,9 @@ OmegaConf.register_new_resolver("sweep_dir", sweep_dir, replace=True)
 OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
 
 
-@hydra.main(version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config")
+@hydra.main(
+    version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config"
+)
 def main(cfg: DictConfig) -> None:
     typed, as_dict = to_typed(cfg)
     try:

@@ -1,6 +1,7 @@
 """A trained model for evaluation, sampling or export, from any of the places one can live.
 
-``load_model(PATH)`` accepts a checkpoint file (``runs/X/checkpoints/step_N.pt``), a run directory
+``load_model(PATH)`` accepts a checkpoint file (``runs/X/checkpoints/step_N.pt``) or DCP directory
+(``runs/X/checkpoints/step_N/``: only its model is read), a run directory
 (its newest checkpoint), or a Hugging Face GPT-2 directory (``config.json`` + weights, e.g. one
 written by ``scripts/export_hf.py``). Checkpoints carry their run's resolved config, so the model
 (and, for validation loss, the data) is rebuilt exactly as trained.
@@ -18,6 +19,7 @@ import torch
 from model import GPT, GPTConfig
 from model.hf import is_hf_dir, load_hf
 from runtime import checkpoint as ckpt
+from runtime.dcp_checkpoint import METADATA, TRAIN_STATE, load_dcp
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,7 @@ class LoadedModel:
 def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
     """(file or directory, kind) for a checkpoint file, run directory or HF directory."""
     p = Path(path)
-    if p.is_file():
+    if p.is_file() or looks_like_dcp(p):
         return p, "checkpoint"
     if is_hf_dir(p):
         return p, "hf"
@@ -67,6 +69,11 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
         f"checkpoint={path}: no such file or directory; pass a step_N.pt file, a run directory "
         "or a Hugging Face model directory"
     )
+
+
+def looks_like_dcp(path: Path) -> bool:
+    """A DCP checkpoint directory, complete or not (``load_dcp`` says what an incomplete lacks)."""
+    return (path / METADATA).is_file() or (path / TRAIN_STATE).is_file()
 
 
 def gpt_config(model_cfg: dict[str, Any], source: str) -> GPTConfig:
@@ -85,7 +92,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedMo
         model = load_hf(source)
         loaded = LoadedModel(model, source, kind)
     else:
-        c = ckpt.load_checkpoint(source)
+        c = load_dcp(source, parts=("model",)) if source.is_dir() else ckpt.load_checkpoint(source)
         config = c["config"]
         if not isinstance(config, dict) or "model" not in config:
             raise ValueError(f"{source} carries no model config; cannot rebuild the model")

@@ -3,23 +3,27 @@
 Files are ``<out_dir>/checkpoints/step_<N>.pt`` (N = completed optimizer steps), written to a
 temporary file and renamed, so a crash never leaves a half-written checkpoint under that name.
 They hold only tensors and plain Python values and load with ``torch.load(weights_only=True)``.
+A checkpoint may also be a DCP directory ``step_<N>/`` (``checkpoint_format=dcp``,
+``runtime.dcp_checkpoint``); the functions here list, prune and load both kinds alike.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from runtime.dcp_checkpoint import is_dcp_checkpoint, load_dcp
 from runtime.files import atomic_open
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+_STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a DCP directory
 REQUIRED_KEYS = ("format_version", "step", "model", "optimizer", "loader", "rng", "config")
 
 
@@ -33,7 +37,7 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
     if not d.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in d.iterdir() if (m := _STEP_FILE.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return [p for _, p in sorted(found) if p.suffix == ".pt" or is_dcp_checkpoint(p)]
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
@@ -49,7 +53,7 @@ def resolve_resume(resume: str, out_dir: str | Path) -> Path | None:
     if resume == "auto":
         return latest_checkpoint(out_dir)
     path = Path(resume)
-    if path.is_file():
+    if path.is_file() or is_dcp_checkpoint(path):
         return path
     if path.is_dir():
         found = latest_checkpoint(path)
@@ -87,14 +91,25 @@ def save_checkpoint(out_dir: str | Path, step: int, payload: dict[str, Any], kee
     with atomic_open(path, "wb") as f:
         torch.save(payload, f)
     if keep > 0:
-        for old in list_checkpoints(out_dir)[:-keep]:
-            old.unlink(missing_ok=True)
+        prune_checkpoints(out_dir, keep)
     return path
 
 
+def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` step checkpoints (files and DCP directories)."""
+    for old in list_checkpoints(out_dir)[:-keep]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU with ``weights_only=True`` and check its structure."""
+    """Load a checkpoint onto the CPU with ``weights_only=True`` and check its structure (a DCP
+    directory is read whole into the same dict)."""
     path = Path(path)
+    if path.is_dir():
+        return check_checkpoint(load_dcp(path), path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -103,6 +118,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"{path} is not a readable checkpoint ({exc}); delete it or pick another"
         ) from exc
+    return check_checkpoint(ckpt, path)
+
+
+def check_checkpoint(ckpt: Any, path: Path) -> dict[str, Any]:
+    """``ckpt`` if it has this codebase's checkpoint structure and format version."""
     missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise ValueError(f"{path} is not a checkpoint of this codebase (missing {missing})")

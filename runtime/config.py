@@ -11,6 +11,7 @@ from model import GPTConfig
 from optim import ScheduleConfig
 
 WANDB_MODES = ("online", "offline", "disabled")
+CHECKPOINT_FORMATS = ("file", "dcp")
 
 
 @dataclass
@@ -52,6 +53,11 @@ class TrainConfig:
     eval_tokens: int | None = None  # validation budget in tokens; None: the whole split
     ckpt_every: int = 5000  # 0: only the final checkpoint
     keep_checkpoints: int = 2  # newest N step checkpoints kept; 0 keeps all
+    # file: rank 0 writes step_N.pt; dcp: every rank writes its share of the directory step_N/
+    # (torch.distributed.checkpoint, docs/checkpoints.md). async_checkpoint (dcp only): the loop
+    # waits only for a CPU copy of the state while a background thread writes it.
+    checkpoint_format: str = "file"
+    async_checkpoint: bool = False
     log_every: int = 10
     compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
@@ -66,6 +72,12 @@ class TrainConfig:
         for key in ("eval_every", "ckpt_every", "keep_checkpoints"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        if self.checkpoint_format not in CHECKPOINT_FORMATS:
+            raise ValueError(
+                f"unknown checkpoint_format {self.checkpoint_format!r}; valid: {CHECKPOINT_FORMATS}"
+            )
+        if self.async_checkpoint and self.checkpoint_format != "dcp":
+            raise ValueError("async_checkpoint=true needs checkpoint_format=dcp")
         if self.grad_scale <= 0:
             raise ValueError(f"grad_scale must be > 0, got {self.grad_scale}")
         if self.grad_clip < 0:
@@ -90,6 +102,8 @@ RESUMABLE_KEYS = frozenset(
         "eval_every",
         "ckpt_every",
         "keep_checkpoints",
+        "checkpoint_format",  # resume reads either format
+        "async_checkpoint",
         "log_every",
         "compile",
         "progress",

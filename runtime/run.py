@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 
 from runtime import checkpoint as ckpt
 from runtime.config import TrainConfig
+from runtime.dcp_checkpoint import DcpCheckpointer
 from runtime.distributed import DistInfo, barrier, broadcast_object, gather_objects
 from runtime.logs import MetricsLogger, init_wandb, truncate_metrics
 from runtime.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
@@ -86,23 +88,30 @@ def restore_training_state(
 def save_training_state(
     out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
     state: RunState, *, config: dict, dist: DistInfo, keep: int, elapsed: Callable[[], float],
+    dcp_saver: DcpCheckpointer | None = None,
 ) -> None:  # fmt: skip
     """Every rank's RNG state is gathered (a collective: every rank calls this), then rank 0
-    writes everything a resume needs as ``checkpoints/step_N.pt``, atomically."""
-    rngs = gather_objects(ckpt.rng_state(dist.device))
+    writes everything a resume needs as ``checkpoints/step_N.pt``, atomically; with
+    ``dcp_saver``, every rank writes its share of the DCP directory ``checkpoints/step_N/``."""
+    extra = {
+        "loader": loader.state_dict(),
+        "rng": gather_objects(ckpt.rng_state(dist.device)),
+        "config": config,
+        "tokens": state.tokens,
+        "best_val_loss": state.best_val_loss,
+        "elapsed_s": elapsed(),
+    }
+    if dcp_saver is not None:
+        states = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        side = {"format_version": ckpt.FORMAT_VERSION, "step": state.step, **extra}
+        prune = (lambda _: ckpt.prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
+        dcp_saver.save(ckpt.checkpoint_dir(out_dir), state.step, states, side, prune)
+        return
+    t0 = time.perf_counter()
     if dist.is_main:
-        payload = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "loader": loader.state_dict(),
-            "rng": rngs,
-            "config": config,
-            "tokens": state.tokens,
-            "best_val_loss": state.best_val_loss,
-            "elapsed_s": elapsed(),
-        }
+        payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
         path = ckpt.save_checkpoint(out_dir, state.step, payload, keep)
-        log.info("saved %s", path)
+        log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)
     barrier()
 
 

@@ -39,7 +39,9 @@ def check_export(model: torch.nn.Module, out_dir: Path) -> float:
 
 def main(argv: list[str] | None = None) -> Path:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("checkpoint", help="a step_N.pt file or a run directory")
+    ap.add_argument(
+        "checkpoint", help="a step_N.pt file, a DCP step_N directory or a run directory"
+    )
     ap.add_argument("out_dir", help="the directory to write")
     ap.add_argument("--keep-vocab-padding", action="store_true", help="export all 50,304 rows")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -1,0 +1,251 @@
+"""Checkpoints through ``torch.distributed.checkpoint`` (DCP): sharded, optionally asynchronous.
+
+A DCP checkpoint is the directory ``<out_dir>/checkpoints/step_<N>/`` holding
+
+- DCP's files: every tensor of the model and optimizer state (``__<rank>_0.distcp`` per rank and
+  the ``.metadata`` index). With DDP every rank holds the same tensors; each rank hands DCP only
+  its share of them (``my_share``: balanced by bytes), so N ranks write, and for an asynchronous
+  save copy to CPU, about 1/N each.
+- ``train_state.pt``: everything else, written by rank 0 (``torch.save``, loaded with
+  ``weights_only=True``): the step, counters, config, loader position, every rank's RNG state,
+  and the *skeleton* of the model and optimizer state dicts (their structure, non-tensor values
+  such as param groups and int keys, and for each tensor the DCP key it is stored under).
+
+It is written under ``.step_<N>.partial/`` and renamed to ``step_<N>/`` by rank 0 once every rank
+has written its share, so a kill during the write never leaves a directory that resume picks
+(``runtime.checkpoint.list_checkpoints`` also requires both files above).
+
+With ``async_checkpoint=true`` the tensors are copied to CPU memory (the only stall of the loop),
+then written and committed by a background thread while training continues; the next save and
+the end of the run wait for it. Loading needs no process group: every rank reads the whole
+(replicated) state, so a checkpoint loads on any number of processes, like the file format.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.staging import AsyncStager
+
+from runtime.files import atomic_open
+
+log = logging.getLogger(__name__)
+
+TRAIN_STATE = "train_state.pt"
+METADATA = ".metadata"  # DCP's index, written last by its coordinator
+_TENSOR = "__dcp_tensor__:"  # a skeleton leaf: the tensor stored in DCP under the key that follows
+# One process without a process group is our ordinary case (and every load), not a surprise.
+warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+
+
+def is_dcp_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a complete DCP checkpoint directory."""
+    path = Path(path)
+    return (path / METADATA).is_file() and (path / TRAIN_STATE).is_file()
+
+
+def split_tensors(obj: Any, prefix: str, out: dict[str, torch.Tensor]) -> Any:
+    """``obj`` with every tensor replaced by a ``_TENSOR`` key string; the tensors go to ``out``
+    under that key (the path of dict keys and list indices, joined by ``/``)."""
+    if isinstance(obj, torch.Tensor):
+        out[prefix] = obj
+        return _TENSOR + prefix
+    if isinstance(obj, dict):
+        return {k: split_tensors(v, f"{prefix}/{k}", out) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [split_tensors(v, f"{prefix}/{i}", out) for i, v in enumerate(obj)]
+        return type(obj)(items)
+    return obj
+
+
+def join_tensors(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of ``split_tensors``."""
+    if isinstance(obj, str) and obj.startswith(_TENSOR):
+        return tensors[obj.removeprefix(_TENSOR)]
+    if isinstance(obj, dict):
+        return {k: join_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(join_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def step_dir(checkpoints: Path, step: int) -> Path:
+    return checkpoints / f"step_{step:07d}"
+
+
+def _partial_dir(final: Path) -> Path:
+    return final.with_name(f".{final.name}.partial")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def my_share(tensors: dict[str, torch.Tensor], rank: int, world_size: int) -> list[str]:
+    """The keys rank ``rank`` writes: the tensors dealt largest first to the rank with the
+    fewest bytes so far. Every rank computes the same split (the state is replicated)."""
+    load, mine = [0] * world_size, []
+    for key in sorted(tensors, key=lambda k: (-tensors[k].nbytes, k)):
+        r = min(range(world_size), key=load.__getitem__)
+        load[r] += tensors[key].nbytes
+        if r == rank:
+            mine.append(key)
+    return mine
+
+
+class _Prestaged(AsyncStager):
+    """For ``async_save``: the state dict is already a private CPU copy (``DcpCheckpointer``)."""
+
+    _synchronize_after_execute = False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        return state_dict
+
+
+class DcpCheckpointer:
+    """Writes DCP checkpoints; at most one asynchronous save is in flight at a time.
+
+    Every rank calls ``save`` with the same step (it holds collectives) and writes its share
+    (``my_share``); rank 0 also writes the side file and commits. An asynchronous save first
+    copies this rank's share into CPU buffers kept from one save to the next (pinned for GPU
+    tensors): that copy is the loop's only stall. ``last_stall_s``: how long ``save`` blocked."""
+
+    def __init__(self, *, asynchronous: bool, rank: int = 0, world_size: int = 1) -> None:
+        self.asynchronous, self.rank, self.world_size = asynchronous, rank, world_size
+        self.is_main = rank == 0
+        self.distributed = tdist.is_available() and tdist.is_initialized()
+        # DCP's collectives run on a gloo group of their own: an asynchronous save runs them in
+        # a background thread while DDP uses the default group (NCCL on GPUs), and async_save
+        # needs a CPU backend. Creating a group is a collective, so every rank does it here.
+        self.group = tdist.new_group(backend="gloo") if self.distributed else None
+        self.pending: Future | None = None
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.last_stall_s = 0.0
+
+    def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tensors`` copied into this saver's CPU buffers (made again when the shapes change)."""
+        same = self.buffers.keys() == tensors.keys() and all(
+            b.shape == tensors[k].shape and b.dtype == tensors[k].dtype
+            for k, b in self.buffers.items()
+        )
+        if not same:
+            self.buffers = {
+                k: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                for k, t in tensors.items()
+            }
+        for k, t in tensors.items():
+            self.buffers[k].copy_(t.detach(), non_blocking=t.is_cuda)
+        if any(t.is_cuda for t in tensors.values()):
+            torch.cuda.synchronize()
+        return self.buffers
+
+    def save(self, checkpoints: Path, step: int, states: dict[str, Any], side: dict[str, Any],
+             commit: Callable[[Path], None]) -> Path:  # fmt: skip
+        """Wait for the previous save, then write ``states`` (the model's and optimizer's state
+        dicts by name) and ``side`` (rank 0's, picklable with ``weights_only``) as step ``step``;
+        ``commit(final_dir)`` runs on rank 0 after the rename (to prune older checkpoints)."""
+        t0 = time.perf_counter()
+        self.wait()
+        final = step_dir(checkpoints, step)
+        partial = _partial_dir(final)
+        tensors: dict[str, torch.Tensor] = {}
+        skeleton = {name: split_tensors(sd, name, tensors) for name, sd in states.items()}
+        tensors = {k: tensors[k] for k in my_share(tensors, self.rank, self.world_size)}
+        if self.is_main:
+            _remove(partial)  # a save killed earlier
+            partial.mkdir(parents=True)
+            with atomic_open(partial / TRAIN_STATE, "wb") as f:
+                torch.save({**side, "skeleton": skeleton}, f)
+        if self.distributed:
+            tdist.barrier(group=self.group)  # the fresh directory exists before any rank writes
+        kwargs = {"storage_writer": dcp.FileSystemWriter(partial), "process_group": self.group}
+        kwargs["no_dist"] = not self.distributed
+        if self.asynchronous:
+            staged = self.stage(tensors)
+            upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
+            self.pending = ThreadPoolExecutor(max_workers=1).submit(
+                self._finish, upload, partial, final, commit
+            )
+        else:
+            dcp.save(tensors, **kwargs)
+            self._finish(None, partial, final, commit)
+        self.last_stall_s = time.perf_counter() - t0
+        log.info("checkpoint step %d: the loop was blocked %.2f s", step, self.last_stall_s)
+        return final
+
+    def _finish(self, upload: Future | None, partial: Path, final: Path, commit) -> None:
+        if upload is not None:
+            upload.result()  # every rank has written: DCP's coordinator wrote .metadata last
+        if not self.is_main:
+            return
+        if final.exists():  # the same step saved again (a relaunch): the new one replaces it
+            _remove(final)
+        partial.rename(final)
+        commit(final)
+        log.info("saved %s", final)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is written and committed; re-raise its error."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        """Wait for the save in flight, then release the process group (a sweep makes many)."""
+        self.wait()
+        if self.group is not None:
+            tdist.destroy_process_group(self.group)
+            self.group = None
+
+
+def load_dcp(path: str | Path, *, parts: tuple[str, ...] = ("model", "optimizer")) -> dict:
+    """A DCP checkpoint as the dict the single-file format holds (``runtime.checkpoint``), read
+    on this process alone (no process group); ``parts`` limits which state dicts are read
+    (``("model",)`` for evaluation skips the optimizer state)."""
+    path = Path(path)
+    if not is_dcp_checkpoint(path):
+        raise ValueError(
+            f"{path} is not a complete DCP checkpoint (it lacks {METADATA} or {TRAIN_STATE}: "
+            "a save that did not finish?); pick another checkpoint"
+        )
+    try:
+        side = torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
+        skeleton = side.pop("skeleton")
+        missing = [p for p in parts if p not in skeleton]
+        if missing:
+            raise ValueError(f"no {missing} state in it")
+        reader = dcp.FileSystemReader(path)
+        meta = reader.read_metadata().state_dict_metadata
+        tensors = {}  # the targets DCP reads into, shaped as its index says
+        for key in {k for p in parts for k in _tensor_keys(skeleton[p])}:
+            tensors[key] = torch.empty(meta[key].size, dtype=meta[key].properties.dtype)
+        dcp.load(tensors, storage_reader=reader, no_dist=True)
+    except Exception as exc:  # truncated files, foreign data
+        raise ValueError(f"{path} is not a readable DCP checkpoint ({exc}); pick another") from exc
+    for part in parts:
+        side[part] = join_tensors(skeleton[part], tensors)
+    return side
+
+
+def _tensor_keys(obj: Any) -> list[str]:
+    """The DCP keys that a skeleton refers to."""
+    if isinstance(obj, str) and obj.startswith(_TENSOR):
+        return [obj.removeprefix(_TENSOR)]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return [k for v in obj for k in _tensor_keys(v)]
+    return []
