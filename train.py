@@ -295,7 +295,7 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
         checks.check_known_keys(values, TrainConfig, {"optimizer": spec.config_cls})
         typed = OmegaConf.to_object(cfg)
         checks.check_values(typed, values)
-        pick_device(typed.device, 0)
+        resolve_dtype(typed.dtype, pick_device(typed.device, 0))
         checks.check_resume_source(typed.resume, values)
     except (ValueError, FileNotFoundError, OmegaConfBaseException) as exc:
         raise SystemExit(f"config error: {exc}") from None
