@@ -93,24 +93,11 @@ def save_checkpoint(out_dir: str | Path, step: int, payload: dict[str, Any], kee
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU with ``weights_only=True`` and check its structure."""
-    path = Path(path)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # truncated file, foreign pickle, not a zip archive
-        raise ValueError(
-            f"{path} is not a readable checkpoint ({exc}); delete it or pick another"
-        ) from exc
-    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise ValueError(f"{path} is not a checkpoint of this codebase (missing {missing})")
-    if ckpt["format_version"] != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has checkpoint format {ckpt['format_version']}, this code reads {FORMAT_VERSION}"
-        )
-    return ckpt
+    """Load a checkpoint onto the CPU with ``weights_only=True`` and check its structure and
+    format (ValueError with a one-line reason; ``runtime.checks.read_checkpoint``)."""
+    from runtime.checks import read_checkpoint
+
+    return read_checkpoint(Path(path), mmap=False)
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

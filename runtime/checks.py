@@ -144,7 +144,7 @@ def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:
         raise ValueError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(c, dict) or k not in c]
     if missing:
-        raise ValueError(f"{path} is not a checkpoint of this code (it lacks {missing})")
+        raise ValueError(f"{path} is not a checkpoint of this codebase (it lacks {missing})")
     version = c["format_version"]
     if version != FORMAT_VERSION:
         newer = isinstance(version, int) and version > FORMAT_VERSION
@@ -189,13 +189,18 @@ def check_resume_source(resume: str, config: dict) -> None:
 
 
 def secret_values(environ: typing.Mapping[str, str] | None = None) -> list[str]:
-    """Values of the environment's secret-looking variables (8 characters or more)."""
+    """Values of the environment's secret-looking variables: 12 characters or more without a
+    path separator or a space (a ``*_KEY`` variable that holds a path is not redacted)."""
     env = os.environ if environ is None else environ
     return sorted(
-        {v for k, v in env.items() if SECRET_NAME.search(k.upper()) and len(v) >= 8},
+        {v for k, v in env.items() if SECRET_NAME.search(k.upper()) and _secret_like(v)},
         key=len,
         reverse=True,
     )
+
+
+def _secret_like(value: str) -> bool:
+    return len(value) >= 12 and not any(c in value for c in "/\\ \t\n")
 
 
 _SECRET_OVERRIDE = re.compile(r"^([+~]*[\w./@-]*?(?:_KEY|_TOKEN|_SECRET|PASSWORD|api_key|token)=)(.+)$",
