@@ -321,6 +321,8 @@ OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
 
 @hydra.main(version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config")
 def main(cfg: DictConfig) -> None:
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra's record of the sweep's command line
+        checks.redact_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     typed, as_dict = to_typed(cfg)
     try:
         train(typed, as_dict)

@@ -220,3 +220,19 @@ def redact(obj: Any, secrets: list[str] | None = None) -> Any:
             obj = obj.replace(s, REDACTED)
         return _SECRET_OVERRIDE.sub(lambda m: m.group(1) + REDACTED, obj)
     return obj
+
+
+def redact_file(path: Path) -> None:
+    """Rewrite the YAML file ``path`` (Hydra's ``multirun.yaml``, which records the command line)
+    with its secrets redacted, if it has any."""
+    import yaml
+
+    from runtime.files import atomic_open
+
+    if not path.is_file():
+        return
+    data = yaml.safe_load(path.read_text())
+    clean = redact(data)
+    if clean != data:
+        with atomic_open(path, "w") as f:
+            f.write(yaml.safe_dump(clean, sort_keys=False))
