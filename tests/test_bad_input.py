@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import yaml
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
@@ -256,3 +257,12 @@ def test_secret_reaches_no_file_of_the_run(tmp_path, sotu_dir):
     assert any(p.name == "meta.jsonl" for p in files) and any(p.suffix == ".pt" for p in files)
     assert not [p for p in files if secret.encode() in p.read_bytes()]
     assert secret not in proc.stdout + proc.stderr
+
+
+def test_eval_refuses_an_unknown_key():
+    import eval as eval_py
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="eval", overrides=["checkpoint=x", "+tasc=[val]"])
+    with pytest.raises(SystemExit, match="unknown config key tasc \\(did you mean tasks\\?\\)"):
+        eval_py.to_typed(cfg)
