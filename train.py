@@ -291,8 +291,8 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     (runtime/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
-        spec = optim.get_spec(cfg.optimizer.name)
-        checks.check_known_keys(values, TrainConfig, {"optimizer": spec.config_cls})
+        schema = checks.optimizer_schema(cfg.optimizer, optim.get_spec(cfg.optimizer.name))
+        checks.check_known_keys(values, TrainConfig, {"optimizer": schema})
         typed = OmegaConf.to_object(cfg)
         checks.check_values(typed, values)
         resolve_dtype(typed.dtype, pick_device(typed.device, 0))

@@ -69,6 +69,11 @@ def test_unknown_key_is_refused_after_hydra_composes_it():
         train.to_typed(compose_config("+max_step=10"))  # Hydra's own advice for max_step=10
 
 
+def test_optimizer_name_must_match_the_chosen_optimizer():
+    assert "optimizer.name=muon does not match" in refused("optimizer.name=muon")
+    assert "unknown optimizer" in refused("optimizer.name=adamx").lower()
+
+
 def test_only_real_optimizers_are_offered():
     with pytest.raises(MissingConfigException) as info:
         compose_config("optimizer=base_adamw")
