@@ -35,6 +35,7 @@ from evals.data import load_rows
 from evals.harness import evaluate_examples
 from evals.loading import LoadedModel, load_model
 from evals.tasks import TASKS, Example, build_examples, table
+from runtime import checks
 from runtime.device import resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed
 from runtime.evaluation import validation_loss
@@ -216,6 +217,7 @@ def register_schemas() -> None:
 def to_typed(cfg: DictConfig) -> EvalConfig:
     """The composed config as a validated dataclass (bad values stop with a clear message)."""
     try:
+        checks.check_known_keys(OmegaConf.to_container(cfg), EvalConfig)  # also +key=value
         return OmegaConf.to_object(cfg)
     except ValueError as exc:
         raise SystemExit(f"config error: {exc}") from None

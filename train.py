@@ -31,16 +31,25 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 import optim
 from data import TokenLoader, ensure_prepared, shard_files, val_batches
 from model import GPT
+from runtime import checks
 from runtime.config import TrainConfig, grad_accum_steps
 from runtime.dcp_checkpoint import DcpCheckpointer
 from runtime.device import autocast, configure_backends, resolve_dtype
-from runtime.distributed import DistInfo, barrier, destroy, init_distributed, init_for_sweep
+from runtime.distributed import (
+    DistInfo,
+    barrier,
+    destroy,
+    init_distributed,
+    init_for_sweep,
+    pick_device,
+)
 from runtime.evaluation import validation_loss
 from runtime.logs import MetricsLogger, setup_logging
 from runtime.meter import Meter, log_val_loss
@@ -279,21 +288,29 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
 
 
 def register_schemas() -> None:
-    """Typed schemas: the top level, and one per registered optimizer (``base_<name>``)."""
+    """Typed schemas: the top level, and one per registered optimizer in group
+    ``schema/optimizer``, which configs/optimizer/*.yaml extend (``/schema/optimizer/<name>@_here_``);
+    kept out of group ``optimizer``, so that only real optimizers can be chosen there."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=TrainConfig)
     for name in optim.available():
-        cs.store(group="optimizer", name=f"base_{name}", node=optim.get_spec(name).config_cls)
+        cs.store(group="schema/optimizer", name=name, node=optim.get_spec(name).config_cls)
 
 
 def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
-    """The composed config as dataclasses (validated) and as a plain dict (for saving)."""
+    """The composed config as dataclasses and as a plain dict (for saving), every value checked
+    (runtime/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
     try:
-        optim.get_spec(cfg.optimizer.name)
+        values = OmegaConf.to_container(cfg, resolve=True)
+        schema = checks.optimizer_schema(cfg.optimizer, optim.get_spec(cfg.optimizer.name))
+        checks.check_known_keys(values, TrainConfig, {"optimizer": schema})
         typed = OmegaConf.to_object(cfg)
-    except ValueError as exc:
+        checks.check_values(typed, values)
+        resolve_dtype(typed.dtype, pick_device(typed.device, 0))
+        checks.check_resume_source(typed.resume, values)
+    except (ValueError, FileNotFoundError, OmegaConfBaseException) as exc:
         raise SystemExit(f"config error: {exc}") from None
-    return typed, OmegaConf.to_container(cfg, resolve=True)
+    return typed, checks.redact(values)
 
 
 def remove_empty_job_dir(out_dir: str | None) -> None:
@@ -317,6 +334,8 @@ OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
     version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config"
 )
 def main(cfg: DictConfig) -> None:
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra's record of the sweep's command line
+        checks.redact_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     typed, as_dict = to_typed(cfg)
     try:
         train(typed, as_dict)

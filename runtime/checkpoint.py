@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from runtime.dcp_checkpoint import is_dcp_checkpoint, load_dcp
+from runtime.dcp_checkpoint import is_dcp_checkpoint
 from runtime.files import atomic_open
 
 log = logging.getLogger(__name__)
@@ -105,32 +105,12 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint onto the CPU with ``weights_only=True`` and check its structure (a DCP
-    directory is read whole into the same dict)."""
-    path = Path(path)
-    if path.is_dir():
-        return check_checkpoint(load_dcp(path), path)
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # truncated file, foreign pickle, not a zip archive
-        raise ValueError(
-            f"{path} is not a readable checkpoint ({exc}); delete it or pick another"
-        ) from exc
-    return check_checkpoint(ckpt, path)
+    """Load a checkpoint (a file, or a DCP directory read whole into the same dict) onto the CPU
+    with ``weights_only=True`` and check its structure and format (ValueError with a one-line
+    reason; ``runtime.checks.read_checkpoint``)."""
+    from runtime.checks import read_checkpoint
 
-
-def check_checkpoint(ckpt: Any, path: Path) -> dict[str, Any]:
-    """``ckpt`` if it has this codebase's checkpoint structure and format version."""
-    missing = [k for k in REQUIRED_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise ValueError(f"{path} is not a checkpoint of this codebase (missing {missing})")
-    if ckpt["format_version"] != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has checkpoint format {ckpt['format_version']}, this code reads {FORMAT_VERSION}"
-        )
-    return ckpt
+    return read_checkpoint(Path(path), mmap=False)
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

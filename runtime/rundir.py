@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import yaml
 
+from runtime.checks import redact
 from runtime.config import config_differences
 from runtime.files import atomic_open
 
@@ -128,7 +129,7 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
         (out_dir / "git.diff").write_text(git["diff"])
     meta = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "argv": sys.argv,
+        "argv": redact(sys.argv),  # no secret from the environment or the command line
         "git_commit": git.get("commit"),
         "git_dirty": git.get("dirty"),
         "python": platform.python_version(),

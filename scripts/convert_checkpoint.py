@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.checkpoint import check_checkpoint
+from runtime.checks import check_checkpoint
 from runtime.dcp_checkpoint import load_dcp
 from runtime.files import atomic_open
 
