@@ -101,8 +101,9 @@ def main() -> None:
         for policy in ("off", "skip"):
             times[policy].append(time_round(steps[policy], args.steps, device))
     off, skip = (statistics.median(times[p]) for p in ("off", "skip"))
-    print(f"policy=off : {off:9.2f} ms/step (rounds: {', '.join(f'{t:.2f}' for t in times['off'])})")
-    print(f"policy=skip: {skip:9.2f} ms/step (rounds: {', '.join(f'{t:.2f}' for t in times['skip'])})")
+    for policy, median in (("off", off), ("skip", skip)):
+        rounds = ", ".join(f"{t:.2f}" for t in times[policy])
+        print(f"policy={policy:<4}: {median:9.2f} ms/step (rounds: {rounds})")
     print(f"skip / off : {skip / off:.4f}")
 
 
