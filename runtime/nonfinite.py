@@ -164,11 +164,9 @@ class NonFiniteGuard:
             else f"{self.consecutive} steps in a row, nonfinite.max_consecutive="
             f"{self.cfg.max_consecutive}"
         )
-        msg = (
+        return (  # printed by SystemExit on every rank: no log line besides
             f"stopping at step {step}: {what} ({rule}). The weights and optimizer state are "
             f"those of step {step - self.consecutive} (never touched by a non-finite value); "
             f"{where}. Restart from it (resume=auto) with a lower optimizer.lr or a different "
             f"seed, or look at the data of step {step}"
         )
-        log.error("%s", msg)
-        return msg
