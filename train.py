@@ -53,6 +53,7 @@ from runtime.distributed import (
 from runtime.evaluation import validation_loss
 from runtime.logs import MetricsLogger, setup_logging
 from runtime.meter import Meter, log_val_loss
+from runtime.nonfinite import NonFiniteGuard
 from runtime.run import (
     RunState,
     finish_run,
@@ -110,6 +111,7 @@ class Trainer:
         )
         seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
         self.state = RunState()
+        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, out_dir, cfg.batch_tokens)
         self.logger: MetricsLogger | None = None  # opened by build_trainer
         self.finished: dict | None = None  # the summary, when an earlier session finished the run
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
@@ -162,15 +164,17 @@ class Trainer:
         return loss
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimizer step; returns (loss, grad norm) as tensors and the lr used."""
+        """One optimizer step; returns (loss, grad norm) as tensors and the lr used. A step with
+        a non-finite loss or gradient is skipped or stops the run (runtime/nonfinite.py)."""
         cfg = self.cfg
         lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
         batches = [self.loader.next_batch() for _ in range(self.accum)]
         scale = cfg.grad_scale / self.accum
-        self.reference_grad(scale)
+        ref_norm = self.reference_grad(scale)
         loss = forward_backward(self.model, batches, self.dist, self.dtype, scale)
         grad_norm = self.clip_grads()
-        self.optimizer.step()
+        if self.guard.allows_step(loss, grad_norm, ref_norm, self.logger):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         self.state.tokens += cfg.batch_tokens
@@ -180,17 +184,19 @@ class Trainer:
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
         return torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
 
-    def reference_grad(self, scale: float) -> None:
+    def reference_grad(self, scale: float) -> torch.Tensor | None:
         """Exact MARS through optim.reference_pass (a no-op for other optimizers): the gradient
         of the *next* step's batches at the current weights, clipped like the real one, kept by
-        the optimizer as the next step's reference."""
+        the optimizer as the next step's reference. Returns its norm (None when no pass ran)."""
+        norms = []
 
         def ahead() -> None:
             batches = [self.loader.peek_batch(i) for i in range(self.accum)]
             forward_backward(self.model, batches, self.dist, self.dtype, scale)
-            self.clip_grads()
+            norms.append(self.clip_grads())
 
         optim.reference_pass(self.optimizer, ahead)
+        return norms[0] if norms else None
 
     def run(self) -> None:
         cfg, state = self.cfg, self.state
@@ -205,8 +211,8 @@ class Trainer:
             loss, grad_norm, lr = self.train_step()
             last = state.step == cfg.max_steps
             meter.step(grad_norm)
-            if state.step % cfg.log_every == 0 or last:
-                meter.log(loss, grad_norm, lr)
+            if (state.step % cfg.log_every == 0 or last) and not self.guard.skipped:
+                meter.log(loss, grad_norm, lr, self.guard.metrics())
             t0 = time.perf_counter()
             if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
                 self.evaluate()

@@ -64,8 +64,11 @@ class Meter:
         """Leave time spent on evals and checkpoints out of the throughput."""
         self.t0 += seconds
 
-    def log(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
-        """Log the mean train loss over ranks, lr, grad norm, clip rate, tokens/s, MFU, ETA."""
+    def log(
+        self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, extra: dict | None = None
+    ) -> None:
+        """Log the mean train loss over ranks, lr, grad norm, clip rate, tokens/s, MFU, ETA, and
+        the keys of ``extra`` (e.g. ``skipped_steps``)."""
         cfg, state = self.cfg, self.state
         train_loss = (all_reduce_sum(loss) / self.dist.world_size).item()
         if not math.isfinite(train_loss):
@@ -85,6 +88,7 @@ class Meter:
                 "tokens_per_s": tok_s,
                 "mfu": mfu,
                 "elapsed_s": self.elapsed(),
+                **(extra or {}),
             }
         )
         eta = (cfg.max_steps - state.step) * dt / self.since

@@ -36,6 +36,7 @@ class RunState:
     last_val_loss: float | None = None
     last_train_loss: float | None = None
     elapsed_s: float = 0.0  # wall-clock seconds of the run's earlier sessions (restarts)
+    skipped_steps: int = 0  # steps not applied: non-finite loss/gradient (runtime/nonfinite.py)
 
 
 def on_main(dist: DistInfo, fn, *args) -> None:
@@ -77,6 +78,7 @@ def restore_training_state(
     state.step, state.tokens = c["step"], c.get("tokens", 0)
     state.best_val_loss = c.get("best_val_loss")
     state.elapsed_s = c.get("elapsed_s", 0.0)
+    state.skipped_steps = c.get("skipped_steps", 0)
     if len(c["rng"]) == dist.world_size:
         ckpt.set_rng_state(c["rng"][dist.rank], dist.device)
     else:
@@ -100,6 +102,7 @@ def save_training_state(
         "tokens": state.tokens,
         "best_val_loss": state.best_val_loss,
         "elapsed_s": elapsed(),
+        "skipped_steps": state.skipped_steps,
     }
     if dcp_saver is not None:
         states = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
@@ -160,6 +163,7 @@ def finish_run(
         "world_size": dist.world_size,
         "wall_seconds_this_session": round(wall_seconds, 1),
         "elapsed_s": elapsed_s,
+        "skipped_steps": state.skipped_steps,
         "out_dir": str(out_dir),
     }
     if dist.is_main:
