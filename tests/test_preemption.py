@@ -258,7 +258,7 @@ def test_sigterm_under_torchrun_stops_every_rank_and_resume_is_exact(tmp_path, s
     os.killpg(proc.pid, signal.SIGTERM)  # what Slurm does: every process of the step
     log = finish(proc)
     assert "stopped on SIGTERM at step" in log, log
-    assert f"exitcode  : {REQUEUE_EXIT_CODE}" in log or "exit status 124" in log
+    assert proc.returncode == 1  # torchrun's own status when signalled (docs/failures.md)
     step = ckpt.load_checkpoint(ckpt.latest_checkpoint(out))["step"]
     assert 3 <= step < 10 and not (out / "summary.json").exists()
     proc = torchrun(tmp_path, *args)  # the same command again
