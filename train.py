@@ -54,6 +54,7 @@ from runtime.evaluation import validation_loss
 from runtime.logs import MetricsLogger, setup_logging
 from runtime.meter import Meter, log_val_loss
 from runtime.nonfinite import NonFiniteGuard
+from runtime.preemption import Preempted, PreemptionGuard
 from runtime.run import (
     RunState,
     finish_run,
@@ -114,6 +115,8 @@ class Trainer:
         self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, out_dir, cfg.batch_tokens)
         self.logger: MetricsLogger | None = None  # opened by build_trainer
         self.finished: dict | None = None  # the summary, when an earlier session finished the run
+        self.preemption = PreemptionGuard()  # SIGTERM/SIGUSR1: stop, checkpoint, requeue
+        self.stopped_by = ""  # the signal that stopped the run early
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
         self.eval_model: torch.nn.Module = self.raw_model
         self.session_start = time.perf_counter()
@@ -138,9 +141,11 @@ class Trainer:
             model = DDP(model, device_ids=[self.dist.local_rank] if cuda else None)
         self.model = model
 
-    def restore(self, path: Path) -> None:
+    def restore(self, path: Path) -> Path:
+        """Load ``path`` (resume=auto: or the newest readable older one); returns the one used."""
         parts = (self.raw_model, self.optimizer, self.loader)
-        restore_training_state(path, *parts, self.state, self.dist)
+        fall_back = self.cfg.resume == "auto"
+        return restore_training_state(path, *parts, self.state, self.dist, fall_back)
 
     def save(self) -> None:
         parts = (self.raw_model, self.optimizer, self.loader)
@@ -216,9 +221,13 @@ class Trainer:
             t0 = time.perf_counter()
             if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
                 self.evaluate()
-            if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last:
+            stop = not last and self.preemption.stop_requested()  # agreed by all ranks
+            if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last or stop:
                 self.save()
             meter.exclude(time.perf_counter() - t0)
+            if stop:
+                self.stopped_by = self.preemption.signame
+                break
         if self.dcp_saver is not None:
             self.dcp_saver.close()  # the last checkpoint is written before the run ends
         meter.close()
@@ -232,7 +241,7 @@ def build_trainer(
     finished is only restored, with its summary in ``trainer.finished``: nothing is written."""
     trainer = Trainer(cfg, config_dict, dist, out_dir)
     if resume_path is not None:
-        trainer.restore(resume_path)
+        resume_path = trainer.restore(resume_path)
     trainer.finished = finished_summary(out_dir, trainer.state.step, cfg.max_steps)
     if trainer.finished is None:
         trainer.logger = open_run(cfg, config_dict, dist, out_dir, resume_path, trainer.state.step)
@@ -285,9 +294,12 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
         return trainer.finished
     start = time.perf_counter()
     try:
-        trainer.run()
+        with trainer.preemption:  # the signal handlers, while the loop runs
+            trainer.run()
     finally:
         trainer.logger.close()
+    if trainer.stopped_by:  # checkpoint written; train.py exits with REQUEUE_EXIT_CODE
+        raise Preempted(trainer.stopped_by, trainer.state.step, str(out_dir))
     params, wall_s = trainer.raw_model.num_params(), time.perf_counter() - start
     return finish_run(cfg, dist, trainer.state, out_dir, parameters=params, wall_seconds=wall_s,
                       elapsed_s=trainer.elapsed())  # fmt: skip
@@ -345,6 +357,10 @@ def main(cfg: DictConfig) -> None:
     typed, as_dict = to_typed(cfg)
     try:
         train(typed, as_dict)
+    except Preempted as stop:
+        if os.environ.get("RANK", "0") == "0":  # one line, for people and requeue scripts
+            log.warning("%s", stop)
+        raise
     finally:
         remove_empty_job_dir(typed.out_dir)
 

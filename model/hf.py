@@ -29,6 +29,7 @@ import torch
 from data.tokenizer import EOT, VOCAB_SIZE
 from model.gpt import GPT, GPTConfig
 from model.hf_tokenizer import write_tokenizer_files
+from runtime.files import current_umask
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def save_hf(
         k: v.to(_DTYPES[dtype]).contiguous() for k, v in to_hf_state_dict(model, vocab).items()
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "model.safetensors").chmod(0o666 & ~current_umask())  # save_file makes it 0600
     (out / "config.json").write_text(json.dumps(hf_config(cfg, vocab, dtype), indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": EOT, "eos_token_id": EOT}, indent=2) + "\n"

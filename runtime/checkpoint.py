@@ -86,10 +86,14 @@ def save_checkpoint(out_dir: str | Path, step: int, payload: dict[str, Any], kee
     missing = [k for k in REQUIRED_KEYS if k not in payload]
     assert not missing, f"checkpoint payload lacks {missing}"
     d = checkpoint_dir(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
     path = d / f"step_{step:07d}.pt"
-    with atomic_open(path, "wb") as f:
-        torch.save(payload, f)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        remove_leftover_temp_files(d)
+        with atomic_open(path, "wb") as f:  # on failure the temporary file is removed
+            torch.save(payload, f)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
+        raise CheckpointWriteError(path, exc) from exc
     if keep > 0:
         prune_checkpoints(out_dir, keep)
     return path
@@ -104,6 +108,33 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
             old.unlink(missing_ok=True)
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, permission denied, ...): says which file,
+    what failed, that the older checkpoints are untouched, and what to do."""
+
+    def __init__(self, path: Path, exc: BaseException) -> None:
+        older = [p.name for p in list_checkpoints(path.parent.parent) if p != path]
+        kept = f"the newest intact one is {older[-1]}" if older else "there is no older one"
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        super().__init__(
+            getattr(exc, "errno", None),
+            f"could not write checkpoint {path}: {what}. Nothing was replaced ({kept}). "
+            f"Free disk space or fix the permissions of {path.parent}, then run the same "
+            "command again: resume=auto continues from the newest checkpoint",
+        )
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def remove_leftover_temp_files(directory: Path) -> None:
+    """Remove temporary files of checkpoints whose writer was killed (``.step_N.pt.*.tmp``);
+    checkpoints are written by one process at a time, so no other writer owns them."""
+    for tmp in directory.glob(".step_*.pt.*.tmp"):
+        tmp.unlink(missing_ok=True)
+        log.info("removed %s, left by an interrupted checkpoint write", tmp)
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (a file, or a DCP directory read whole into the same dict) onto the CPU
     with ``weights_only=True`` and check its structure and format (ValueError with a one-line
@@ -111,6 +142,22 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     from runtime.checks import read_checkpoint
 
     return read_checkpoint(Path(path), mmap=False)
+
+
+def load_with_fallback(path: Path, *, fall_back: bool) -> tuple[Path, dict[str, Any]]:
+    """``(path, load_checkpoint(path))``; with ``fall_back`` (resume=auto), a checkpoint that
+    cannot be read (a truncated or corrupt file) gives way to the next older one in its
+    directory, with a warning. The error of the oldest is raised when none can be read."""
+    older = [p for p in list_checkpoints(path.parent.parent) if p.name < path.name]
+    candidates = [path, *reversed(older)] if fall_back else [path]
+    for i, candidate in enumerate(candidates):
+        try:
+            return candidate, load_checkpoint(candidate)
+        except ValueError as exc:
+            if i == len(candidates) - 1:
+                raise
+            log.warning("%s\nfalling back to the previous checkpoint, %s", exc, candidates[i + 1])
+    raise AssertionError("unreachable")
 
 
 def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:

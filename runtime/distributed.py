@@ -70,6 +70,28 @@ def adopt_submitit_environment() -> None:
     )
 
 
+_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _restart_safe_store() -> dict[str, Any]:
+    """Under torchrun, the store of the process group, with keys of this restart attempt only.
+
+    torchrun's agent hosts one store for every restart of its workers (``--max-restarts``), so
+    the workers of a restart could read the addresses their killed predecessors published and
+    fail to connect ("Connection refused"). Empty (env:// as usual) outside torchrun."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=_TIMEOUT
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {
+        "store": dist.PrefixStore(f"mars_gpt2/attempt_{attempt}", store),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
+
+
 def _backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
@@ -95,7 +117,7 @@ def init_distributed(device_preference: str = "auto") -> DistInfo:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(
-            backend=_backend_for(device), timeout=datetime.timedelta(minutes=30)
+            backend=_backend_for(device), timeout=_TIMEOUT, **_restart_safe_store()
         )
         _OWNED = True
     return DistInfo(rank, local_rank, world_size, device)
@@ -110,7 +132,7 @@ def init_for_sweep() -> bool:
     device = pick_device("auto", int(os.environ.get("LOCAL_RANK", "0")))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend=_backend_for(device), timeout=datetime.timedelta(minutes=30))
+    dist.init_process_group(backend=_backend_for(device), timeout=_TIMEOUT, **_restart_safe_store())
     return True
 
 

@@ -14,16 +14,33 @@ from pathlib import Path
 from typing import IO
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (threads may be
+    creating files meanwhile), else set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success fsync it and rename it to ``path``.
 
-    A crash or an exception never leaves a half-written file under the final name."""
+    A crash or an exception never leaves a half-written file under the final name (a kill may
+    leave the temporary ``.<name>.*.tmp``, which readers ignore); the file gets the permissions
+    that ``open()`` would give it (0o666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; these are ordinary data files
+        os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600: give what open() gives
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

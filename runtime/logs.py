@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runtime.files import atomic_open
+
 log = logging.getLogger(__name__)
 
 
@@ -65,8 +67,17 @@ def truncate_metrics(out_dir: str | Path, step: int) -> None:
     path = Path(out_dir) / "metrics.jsonl"
     if not path.exists():
         return
-    kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
-    path.write_text("".join(ln + "\n" for ln in kept))
+    kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= step]
+    with atomic_open(path, "w") as f:  # a kill meanwhile leaves the old file whole
+        f.write("".join(ln + "\n" for ln in kept))
+
+
+def _step_of(line: str) -> float:
+    """A record's step; a line cut short by a killed process counts as past every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def display_name(out_dir: Path) -> str:

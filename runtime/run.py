@@ -21,7 +21,7 @@ import torch
 from runtime import checkpoint as ckpt
 from runtime.config import TrainConfig
 from runtime.dcp_checkpoint import DcpCheckpointer
-from runtime.distributed import DistInfo, barrier, broadcast_object, gather_objects
+from runtime.distributed import DistInfo, broadcast_object, gather_objects
 from runtime.logs import MetricsLogger, init_wandb, truncate_metrics
 from runtime.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
 
@@ -67,16 +67,19 @@ def prepare_out_dir(
 
 def restore_training_state(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
-    state: RunState, dist: DistInfo,
-) -> None:  # fmt: skip
+    state: RunState, dist: DistInfo, fall_back: bool = False,
+) -> Path:  # fmt: skip
     """Load the checkpoint at ``path`` into the model, optimizer, loader (its data position),
-    the counters and this rank's RNG streams (when the world size is the one that saved it)."""
-    c = ckpt.load_checkpoint(path)
+    the counters and this rank's RNG streams (when the world size is the one that saved it).
+    With ``fall_back`` (resume=auto) an unreadable checkpoint gives way to the previous one;
+    returns the path loaded."""
+    path, c = ckpt.load_with_fallback(path, fall_back=fall_back)
     ckpt.load_model_state(model, c["model"], str(path))
     optimizer.load_state_dict(c["optimizer"])
     loader.load_state_dict(c["loader"])
     state.step, state.tokens = c["step"], c.get("tokens", 0)
     state.best_val_loss = c.get("best_val_loss")
+    state.last_val_loss, state.last_train_loss = c.get("last_val_loss"), c.get("last_train_loss")
     state.elapsed_s = c.get("elapsed_s", 0.0)
     state.skipped_steps = c.get("skipped_steps", 0)
     if len(c["rng"]) == dist.world_size:
@@ -85,6 +88,7 @@ def restore_training_state(
         n = len(c["rng"])
         log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", n, dist.world_size)
     log.info("resumed from %s at step %d (%s tokens)", path, state.step, f"{state.tokens:,}")
+    return path
 
 
 def save_training_state(
@@ -94,13 +98,17 @@ def save_training_state(
 ) -> None:  # fmt: skip
     """Every rank's RNG state is gathered (a collective: every rank calls this), then rank 0
     writes everything a resume needs as ``checkpoints/step_N.pt``, atomically; with
-    ``dcp_saver``, every rank writes its share of the DCP directory ``checkpoints/step_N/``."""
+    ``dcp_saver``, every rank writes its share of the DCP directory ``checkpoints/step_N/``. A
+    file write that fails stops every rank with one message (``CheckpointWriteError``); older
+    checkpoints are kept."""
     extra = {
         "loader": loader.state_dict(),
         "rng": gather_objects(ckpt.rng_state(dist.device)),
         "config": config,
         "tokens": state.tokens,
         "best_val_loss": state.best_val_loss,
+        "last_val_loss": state.last_val_loss,  # for the summary of a run killed before it
+        "last_train_loss": state.last_train_loss,
         "elapsed_s": elapsed(),
         "skipped_steps": state.skipped_steps,
     }
@@ -110,12 +118,17 @@ def save_training_state(
         prune = (lambda _: ckpt.prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
         dcp_saver.save(ckpt.checkpoint_dir(out_dir), state.step, states, side, prune)
         return
-    t0 = time.perf_counter()
+    t0, error = time.perf_counter(), None
     if dist.is_main:
         payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
-        path = ckpt.save_checkpoint(out_dir, state.step, payload, keep)
-        log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)
-    barrier()
+        try:
+            path = ckpt.save_checkpoint(out_dir, state.step, payload, keep)
+            log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)
+        except ckpt.CheckpointWriteError as exc:
+            error = str(exc)
+    error = broadcast_object(error)  # also the barrier: no rank runs ahead of the write
+    if error:
+        raise SystemExit(error)
 
 
 def finished_summary(out_dir: Path, step: int, max_steps: int) -> dict | None:

@@ -123,7 +123,8 @@ def git_info() -> dict[str, Any]:
 def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> None:
     """Write the resolved config and run metadata (rank 0 only)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / CONFIG_FILE).write_text(yaml.safe_dump(config, sort_keys=False))
+    with atomic_open(out_dir / CONFIG_FILE, "w") as f:  # a kill never leaves half a config
+        f.write(yaml.safe_dump(config, sort_keys=False))
     git = git_info()
     if git.get("diff"):
         (out_dir / "git.diff").write_text(git["diff"])
