@@ -67,11 +67,11 @@ def paper_micro_batch(name: str) -> int:
 class RandomBatches:
     """Stands in for data.TokenLoader: the same few random batches, on the device."""
 
-    def __init__(self, micro_batch: int, seq_len: int, device: torch.device, n: int = 2) -> None:
+    def __init__(self, cfg: TrainConfig, device: torch.device, n: int = 2) -> None:
         g = torch.Generator().manual_seed(0)
-        tokens = [
-            torch.randint(0, 50257, (micro_batch, seq_len + 1), generator=g) for _ in range(n)
-        ]
+        shape = (cfg.micro_batch_size, cfg.sequence_length + 1)
+        vocab = min(cfg.model.vocab_size, 50257)
+        tokens = [torch.randint(0, vocab, shape, generator=g) for _ in range(n)]
         self.batches = [
             (t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)) for t in tokens
         ]
@@ -97,7 +97,7 @@ class BenchTrainer(Trainer):
         self.raw_model.activation_checkpointing = cfg.activation_checkpointing
         self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
         optim.set_initial_lr(self.optimizer)
-        self.loader = RandomBatches(cfg.micro_batch_size, cfg.sequence_length, dist.device)
+        self.loader = RandomBatches(cfg, dist.device)
         self.state = RunState()
         self.wrap()
 
@@ -118,7 +118,7 @@ class NanoGPTStep:
         self.optimizer = self.raw_model.configure_optimizers(
             0.1, 6e-4, (0.9, 0.95), dist.device.type
         )
-        self.loader = RandomBatches(cfg.micro_batch_size, cfg.sequence_length, dist.device)
+        self.loader = RandomBatches(cfg, dist.device)
         self.dist, self.dtype = dist, resolve_dtype(cfg.dtype, dist.device)
 
     def train_step(self) -> None:
