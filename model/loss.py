@@ -13,7 +13,7 @@ Backward only scales them by the incoming gradient. The same three matmuls as th
 at most one chunk's logits alive at a time; the price is a (vocab, n_embd) fp32 buffer for dL/dW.
 
 Autocast behaves as in the plain path (``lm_head`` under autocast, then ``.float()``): each chunk's
-logits come out of the matmul in the autocast dtype and are upcast for the softmax; the gradient
+logits come out of the matmul in the autocast dtype and the log-softmax runs in fp32; the gradient
 of the logits is cast back to that dtype for the two gradient matmuls.
 """
 
@@ -23,18 +23,18 @@ import torch
 import torch.nn.functional as F
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
-    """Logits of one chunk upcast to at least fp32, and the dtype the matmul ran in (autocast's,
-    or the inputs')."""
+def _chunk_log_probs(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+    """Log-softmax of one chunk's logits in at least fp32 (one fused kernel, no upcast copy), and
+    the dtype the matmul ran in (autocast's, or the inputs')."""
     low = F.linear(h, weight)
-    return low.to(torch.promote_types(low.dtype, torch.float32)), low.dtype
+    return torch.log_softmax(
+        low, dim=-1, dtype=torch.promote_types(low.dtype, torch.float32)
+    ), low.dtype
 
 
-def _chunk_nll_sum(logits: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Sum over the chunk's valid rows of logsumexp(logits) - logits[target], and the lse."""
-    lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(1, safe.unsqueeze(1)).squeeze(1)
-    return ((lse - picked) * valid).sum(), lse
+def _chunk_nll_sum(logp: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Sum over the chunk's valid rows of -log p(target)."""
+    return -(logp.gather(1, safe.unsqueeze(1)).squeeze(1) * valid).sum()
 
 
 def _accumulate(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype):
@@ -61,11 +61,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = None
         for start in range(0, h.size(0), chunk):
             sl = slice(start, start + chunk)
-            logits, low = _chunk_logits(h[sl], weight)
-            nll, lse = _chunk_nll_sum(logits, safe[sl], valid[sl])
-            total = total + nll
-            # The gradient of the mean loss w.r.t. the logits, in place of the logits.
-            g = logits.sub_(lse.unsqueeze(1)).exp_()
+            logp, low = _chunk_log_probs(h[sl], weight)
+            total = total + _chunk_nll_sum(logp, safe[sl], valid[sl])
+            # The gradient of the mean loss w.r.t. the logits, in place of the log-probabilities.
+            g = logp.exp_()
             g.scatter_add_(1, safe[sl].unsqueeze(1), -valid[sl].to(g.dtype).unsqueeze(1))
             g = g.mul_(scale[sl].unsqueeze(1)).to(low)
             grad_h[sl] = (g @ weight.to(low)).to(h.dtype)
@@ -104,6 +103,5 @@ def linear_cross_entropy(
     total = torch.zeros((), dtype=acc, device=h.device)
     for start in range(0, h.size(0), chunk):
         sl = slice(start, start + chunk)
-        logits, _ = _chunk_logits(h[sl], weight)
-        total = total + _chunk_nll_sum(logits, safe[sl], valid[sl])[0]
+        total = total + _chunk_nll_sum(_chunk_log_probs(h[sl], weight)[0], safe[sl], valid[sl])
     return total / valid.sum()
