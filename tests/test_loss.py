@@ -115,3 +115,26 @@ def test_activation_checkpointing_same_loss_and_grads():
     torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_compiled_bf16_chunked_loss_matches_plain_and_saves_memory():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=256, n_layer=2, n_head=2, n_embd=128)).cuda()
+    x = torch.randint(0, 50257, (8, 256), device="cuda")
+    results = {}
+    for chunk in (0, 512):
+        model.loss_chunk_tokens = chunk
+        compiled = torch.compile(model)
+        for _ in range(2):  # the second call: compiled, measured
+            model.zero_grad(set_to_none=True)
+            torch.cuda.reset_peak_memory_stats()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = compiled(x, x)[1]
+            loss.backward()
+        peak = torch.cuda.max_memory_allocated()
+        results[chunk] = (loss.detach(), model.lm_head.weight.grad.clone(), peak)
+    torch.testing.assert_close(results[512][0], results[0][0], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(results[512][1], results[0][1], rtol=0.05, atol=1e-3)
+    assert results[512][2] < results[0][2]
