@@ -97,6 +97,8 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.dtype, dist.device)
         seed_everything(cfg.seed)  # identical initial weights on every rank
         self.raw_model = GPT(cfg.model).to(dist.device)
+        self.raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
+        self.raw_model.activation_checkpointing = cfg.activation_checkpointing
         self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
         optim.set_initial_lr(self.optimizer)
         train_files, self.val_files = shard_files(cfg.data)

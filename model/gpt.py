@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from model.loss import linear_cross_entropy
 
 
 @dataclass
@@ -108,7 +111,21 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """GPT-2 language model. ``forward(idx, targets)`` returns ``(logits, loss)``."""
+    """GPT-2 language model. ``forward(idx, targets)`` returns ``(logits, loss)``.
+
+    Two execution choices, attributes rather than config because they change neither the model
+    nor (beyond rounding) its loss, so a run may change them when it resumes (training sets them
+    from ``TrainConfig.loss_chunk_tokens`` and ``TrainConfig.activation_checkpointing``):
+
+    - ``loss_chunk_tokens``: with targets and a value > 0, the loss goes through
+      ``model.loss.linear_cross_entropy`` that many tokens at a time and ``logits`` is None
+      (the full logits tensor is never made); 0 keeps the plain head + ``F.cross_entropy``.
+    - ``activation_checkpointing``: in training with gradients on, each block's activations
+      are recomputed in the backward pass instead of kept (``torch.utils.checkpoint``).
+    """
+
+    loss_chunk_tokens: int = 0
+    activation_checkpointing: bool = False
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -141,12 +158,19 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits of shape (B, T, vocab) and, with targets, the mean cross-entropy.
 
-        Targets equal to -1 are ignored.
+        Targets equal to -1 are ignored. With targets and ``loss_chunk_tokens > 0`` the logits
+        are not computed and None is returned in their place.
         """
-        logits = self.lm_head(self.hidden_states(idx))
+        h = self.hidden_states(idx)
+        if targets is not None and self.loss_chunk_tokens > 0:
+            loss = linear_cross_entropy(
+                h, self.lm_head.weight, targets, chunk=self.loss_chunk_tokens
+            )
+            return None, loss
+        logits = self.lm_head(h)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(
@@ -166,8 +190,9 @@ class GPT(nn.Module):
             )
         pos = torch.arange(T, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x)
+            x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
         return self.transformer.ln_f(x)
 
     def num_params(self, non_embedding: bool = False) -> int:

@@ -62,6 +62,11 @@ class TrainConfig:
     async_checkpoint: bool = False
     log_every: int = 10
     compile: bool = False
+    # Execution choices of the model (GPT's attributes of the same names, model/gpt.py): the loss
+    # over this many tokens at a time without the full logits tensor (0: the plain head and
+    # F.cross_entropy), and recomputing each block's activations in the backward pass.
+    loss_chunk_tokens: int = 4096
+    activation_checkpointing: bool = False
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     progress: bool = True  # tqdm progress bar on rank 0
@@ -71,7 +76,7 @@ class TrainConfig:
         for key in positive:
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("eval_every", "ckpt_every", "keep_checkpoints"):
+        for key in ("eval_every", "ckpt_every", "keep_checkpoints", "loss_chunk_tokens"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
@@ -108,6 +113,8 @@ RESUMABLE_KEYS = frozenset(
         "async_checkpoint",
         "log_every",
         "compile",
+        "loss_chunk_tokens",  # the loss and gradients do not depend on it (beyond rounding)
+        "activation_checkpointing",
         "progress",
         "wandb",
         "device",

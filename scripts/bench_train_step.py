@@ -21,6 +21,7 @@ import yaml
 
 import optim
 from model import GPT, GPTConfig
+from runtime.config import TrainConfig
 from runtime.device import peak_flops, resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, pick_device
 from train import forward_backward
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tune-allocator", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--loss-chunk-tokens", type=int, default=TrainConfig.loss_chunk_tokens)
     args = ap.parse_args()
 
     preset = ROOT / "configs" / "model" / f"{args.model}.yaml"
@@ -56,6 +58,7 @@ def main() -> None:
     )
     torch.manual_seed(0)
     model = GPT(cfg).to(device)
+    model.loss_chunk_tokens = args.loss_chunk_tokens  # as training sets it (0: the plain loss)
     runner = torch.compile(model) if args.compile else model
     opt = optim.build_optimizer(model, optim.AdamWConfig())
     T = cfg.block_size

@@ -1,0 +1,140 @@
+"""Chunked linear + cross-entropy (model/loss.py) against the plain head + F.cross_entropy."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig
+from model.loss import linear_cross_entropy
+
+SMALL = dict(block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
+
+
+def _inputs(dtype, n=37, c=16, v=50, ignored=(0, 5, 36)):
+    torch.manual_seed(0)
+    h = torch.randn(n, c, dtype=dtype, requires_grad=True)
+    w = torch.randn(v, c, dtype=dtype, requires_grad=True)
+    y = torch.randint(0, v, (n,))
+    y[list(ignored)] = -1
+    return h, w, y
+
+
+def _grads(loss_fn, h, w, y):
+    loss = loss_fn(h, w, y)
+    gh, gw = torch.autograd.grad(loss * 3.0, (h, w))  # an upstream gradient != 1
+    return loss.detach(), gh, gw
+
+
+def _plain(h, w, y):
+    return F.cross_entropy(F.linear(h, w), y, ignore_index=-1)
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 37, 1000])
+def test_float64_equals_formula(chunk):
+    h, w, y = _inputs(torch.float64)
+    ref = _grads(_plain, h, w, y)
+    got = _grads(lambda *a: linear_cross_entropy(*a, chunk=chunk), h, w, y)
+    assert got[0].dtype == torch.float64
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_and_no_grad_path():
+    h, w, y = _inputs(torch.float32)
+    ref = _grads(lambda *a: F.cross_entropy(F.linear(a[0], a[1]).float(), a[2], ignore_index=-1),
+                 h, w, y)  # fmt: skip
+    got = _grads(lambda *a: linear_cross_entropy(*a, chunk=10), h, w, y)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, y, chunk=7), ref[0])
+
+
+def test_only_hidden_needs_grad_and_all_ignored():
+    h, w, y = _inputs(torch.float64)
+    w = w.detach()
+    (gh,) = torch.autograd.grad(linear_cross_entropy(h, w, y, chunk=4), (h,))
+    (ref,) = torch.autograd.grad(_plain(h, w, y), (h,))
+    torch.testing.assert_close(gh, ref)
+    y_none = torch.full_like(y, -1)
+    assert torch.isnan(linear_cross_entropy(h, w, y_none, chunk=4))  # as F.cross_entropy
+    with pytest.raises(ValueError, match="chunk"):
+        linear_cross_entropy(h, w, y, chunk=0)
+
+
+def _model_grads(model, x, y, **autocast):
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", **autocast) if autocast else torch.enable_grad():
+        logits, loss = model(x, y)
+    loss.backward()
+    return logits, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_model_loss_and_grads_with_tied_weights(dtype):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL)).to(dtype)
+    x = torch.randint(0, 96, (3, 16))
+    y = torch.randint(0, 96, (3, 16))
+    y[0, :5] = -1
+    logits, ref_loss, ref = _model_grads(model, x, y)
+    assert logits is not None
+    model.loss_chunk_tokens = 10
+    logits, loss, got = _model_grads(model, x, y)
+    assert logits is None  # the full logits tensor is never made
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}
+    if dtype == torch.float32:
+        torch.testing.assert_close(loss, ref_loss, **tol)
+    assert "transformer.wte.weight" in got  # the tied weight: head and embedding gradients
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], **tol, msg=name)
+
+
+def test_bf16_autocast_close_to_plain_path():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL))
+    x = torch.randint(0, 96, (2, 32))
+    _, ref_loss, ref = _model_grads(model, x, x, dtype=torch.bfloat16)
+    model.loss_chunk_tokens = 16
+    _, loss, got = _model_grads(model, x, x, dtype=torch.bfloat16)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, rtol=2e-3, atol=2e-3)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0.05, atol=2e-3, msg=name)
+
+
+def test_activation_checkpointing_same_loss_and_grads():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**SMALL, dropout=0.1))
+    x = torch.randint(0, 96, (2, 32))
+    torch.manual_seed(1)
+    _, ref_loss, ref = _model_grads(model, x, x)
+    model.activation_checkpointing = True
+    torch.manual_seed(1)  # the same dropout masks: checkpoint replays the RNG state
+    _, loss, got = _model_grads(model, x, x)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_compiled_bf16_chunked_loss_matches_plain_and_saves_memory():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=256, n_layer=2, n_head=2, n_embd=128)).cuda()
+    x = torch.randint(0, 50257, (8, 256), device="cuda")
+    results = {}
+    for chunk in (0, 512):
+        model.loss_chunk_tokens = chunk
+        compiled = torch.compile(model)
+        for _ in range(2):  # the second call: compiled, measured
+            model.zero_grad(set_to_none=True)
+            torch.cuda.reset_peak_memory_stats()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = compiled(x, x)[1]
+            loss.backward()
+        peak = torch.cuda.max_memory_allocated()
+        results[chunk] = (loss.detach(), model.lm_head.weight.grad.clone(), peak)
+    torch.testing.assert_close(results[512][0], results[0][0], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(results[512][1], results[0][1], rtol=0.05, atol=1e-3)
+    assert results[512][2] < results[0][2]
