@@ -97,6 +97,8 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedMo
         if not isinstance(config, dict) or "model" not in config:
             raise ValueError(f"{source} carries no model config; cannot rebuild the model")
         model = GPT(gpt_config(config["model"], str(source)))
+        # the run's loss path, so the validation loss equals the one training logged, bit for bit
+        model.loss_chunk_tokens = int(config.get("loss_chunk_tokens") or 0)
         ckpt.load_model_state(model, c["model"], str(source))
         loaded = LoadedModel(model, source, kind, step=int(c["step"]), run_config=config)
     loaded.model.to(device).eval()

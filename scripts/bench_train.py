@@ -41,6 +41,7 @@ from model import GPT, GPTConfig
 from runtime.config import TrainConfig
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
+from runtime.nonfinite import NonFiniteGuard
 from runtime.run import RunState
 from train import Trainer
 
@@ -99,6 +100,9 @@ class BenchTrainer(Trainer):
         optim.set_initial_lr(self.optimizer)
         self.loader = RandomBatches(cfg, dist.device)
         self.state = RunState()
+        # the per-step non-finite check is part of a training step: timed with it
+        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, Path("."), cfg.batch_tokens)
+        self.logger = None
         self.wrap()
 
 
