@@ -47,12 +47,12 @@ class MuonFamily(VarianceReduced):
     default_foreach = False
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,
-                 foreach: bool | None = None):  # fmt: skip
+                 foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
         groups = [g for g in groups if g["params"]]
         for g in groups:
             _check_group(g)
             g.update(_core_keys(g))
-        super().__init__(groups, is_approx=is_approx, foreach=foreach)
+        super().__init__(groups, is_approx=is_approx, foreach=foreach, fused=fused)
 
 
 def _core_keys(g: dict) -> dict:
@@ -160,6 +160,7 @@ class Muon(MuonFamily):
         adamw_decay_bias_corrected: bool = True,
         ns_dtype: str = "bfloat16",
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         params, adamw_params = split_matrices(params, adamw_params)
         muon = muon_group(
@@ -179,7 +180,7 @@ class Muon(MuonFamily):
             eps=adamw_eps,
             bias_corrected=adamw_decay_bias_corrected,
         )
-        super().__init__([muon, adamw], foreach=foreach)
+        super().__init__([muon, adamw], foreach=foreach, fused=fused)
 
 
 class Moonlight(MuonFamily):
@@ -201,6 +202,7 @@ class Moonlight(MuonFamily):
         *,
         ns_dtype: str = "bfloat16",
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
@@ -214,7 +216,7 @@ class Moonlight(MuonFamily):
             ns_dtype=ns_dtype,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach)
+        super().__init__([muon, adamw], foreach=foreach, fused=fused)
 
 
 class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
@@ -244,6 +246,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
         first_step: str = "zero",
         ns_dtype: str = "bfloat16",
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         clip = clip if clip is not None else ("tensor" if clip_c else "none")
@@ -262,7 +265,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
             ns_dtype=ns_dtype,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach)
+        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach, fused=fused)
 
 
 class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
@@ -282,6 +285,7 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
         *,
         ns_dtype: str = "bfloat16",
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
@@ -298,4 +302,4 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
             ns_dtype=ns_dtype,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach)
+        super().__init__([muon, adamw], foreach=foreach, fused=fused)
