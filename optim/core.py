@@ -164,15 +164,13 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         if not fused_path.same_device_and_dtype(b.params):
             return False
         key = fused_path.signature(b)
-        try:
-            fused_path.fused_step(b, is_approx=self.is_approx)
-        except Exception as e:  # a compile failure, before anything ran (fullgraph)
-            if key in self._fused_ok:
-                raise
-            self._fused_off = f"torch.compile failed: {type(e).__name__}: {e}"
+        error = fused_path.fused_step(b, is_approx=self.is_approx,
+                                      may_fall_back=key not in self._fused_ok)  # fmt: skip
+        if error:  # the step was done eagerly by the same code; later steps take foreach
+            self._fused_off = f"torch.compile failed: {error}"
             logger.warning("fused optimizer step off (%s); using foreach", self._fused_off)
-            return False
-        self._fused_ok.add(key)
+        else:
+            self._fused_ok.add(key)
         if b.view.get("variance_reduction") and not self.is_approx:
             for s, g in zip(b.states, b.gs):
                 self._advance_reference(s, g)

@@ -102,14 +102,46 @@ def _multi_step(params, grads, refs, ms, vs, vmaxs, table, **flags) -> None:
                 vmaxs[i] if vmaxs else None, table[i], **flags)  # fmt: skip
 
 
-_compiled = None
+# How a bucket is compiled, by device type (scripts/bench_optim_fused.py measures both):
+# "tensor": one compiled per-tensor step with dynamic shapes, called per tensor (compiles once
+# per rank and rule: seconds; the calls cost tens of microseconds each, nothing beside a CPU
+# step); "list": one compiled step over the bucket's tensors (no per-tensor calls, for GPU
+# launch overhead, but on a CPU the compile grows by seconds per tensor: minutes for GPT-2).
+GROUPING = {"cpu": "tensor", "cuda": "list"}
+_COMPILED: dict = {}
 
 
-def _compiled_step():
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_multi_step, fullgraph=True, dynamic=False)
-    return _compiled
+def _compiled(grouping: str):
+    if grouping not in _COMPILED:
+        fn, dynamic = (_update, True) if grouping == "tensor" else (_multi_step, False)
+        _COMPILED[grouping] = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+    return _COMPILED[grouping]
+
+
+def _run(grouping: str, args: tuple, flags: dict, may_fall_back: bool) -> str | None:
+    """Run the compiled step; if it fails to compile (nothing ran), run it eagerly instead."""
+    params, grads, refs, ms, vs, vmaxs, table = args
+    with torch._dynamo.config.patch(recompile_limit=64):
+        if grouping == "list":
+            try:
+                _compiled("list")(*args, **flags)
+                return None
+            except Exception as e:  # noqa: BLE001 (compile failed before anything ran)
+                if not may_fall_back:
+                    raise
+                _multi_step(*args, **flags)
+                return f"{type(e).__name__}: {e}"
+        for i in range(len(params)):
+            row = (params[i], grads[i], refs[i] if refs else None, ms[i], vs[i] if vs else None,
+                   vmaxs[i] if vmaxs else None, table[i])  # fmt: skip
+            try:
+                _compiled("tensor")(*row, **flags)
+            except Exception as e:  # noqa: BLE001 (tensors before i are done: finish eagerly)
+                if not may_fall_back:
+                    raise
+                _multi_step(*(a[i:] for a in args), **flags)
+                return f"{type(e).__name__}: {e}"
+    return None
 
 
 def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentum: str) -> list:
@@ -135,10 +167,12 @@ def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentu
     return rows
 
 
-def fused_step(bucket, *, is_approx: bool) -> None:
+def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True) -> str | None:
     """Run one bucket of the core (optim/core.py ``Bucket``) through the compiled step.
 
     The caller has counted the steps; in exact mode it swaps the reference buffers afterwards.
+    Returns None, or why it could not compile (``may_fall_back``: the step was then done eagerly
+    by the same code; otherwise the error propagates).
     """
     view, states, params = bucket.view, bucket.states, bucket.params
     momentum = MOMENTA[view["momentum_form"]]
@@ -159,17 +193,17 @@ def fused_step(bucket, *, is_approx: bool) -> None:
         precond=view["preconditioner"],
         src_c=view.get("second_moment", "c") == "c",
     )
-    with torch._dynamo.config.patch(recompile_limit=64):
-        _compiled_step()(
-            params,
-            bucket.gs,
-            [s["last_grad"] for s in states] if reduce else [],
-            [s[bucket.momentum.key] for s in states],
-            [s["exp_avg_sq"] for s in states] if adam else [],
-            [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
-            table,
-            **flags,
-        )
+    args = (
+        params,
+        bucket.gs,
+        [s["last_grad"] for s in states] if reduce else [],
+        [s[bucket.momentum.key] for s in states],
+        [s["exp_avg_sq"] for s in states] if adam else [],
+        [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
+        table,
+    )
+    grouping = GROUPING.get(params[0].device.type, "list")
+    return _run(grouping, args, flags, may_fall_back)
 
 
 def same_device_and_dtype(params: Tensors) -> bool:
