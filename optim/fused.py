@@ -121,7 +121,8 @@ def _compiled(grouping: str):
 def _run(grouping: str, args: tuple, flags: dict, may_fall_back: bool) -> str | None:
     """Run the compiled step; if it fails to compile (nothing ran), run it eagerly instead."""
     params, grads, refs, ms, vs, vmaxs, table = args
-    with torch._dynamo.config.patch(recompile_limit=64):
+    # parameters keep dynamic shapes too, else every shape is a recompile
+    with torch._dynamo.config.patch(recompile_limit=64, force_parameter_static_shapes=False):
         if grouping == "list":
             try:
                 _compiled("list")(*args, **flags)
