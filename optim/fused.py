@@ -182,8 +182,9 @@ def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True) -> str | 
     kappa = mars_kappa(view["gamma"], beta) if reduce else 0.0
     steps = [s.get("step", 0) for s in states]
     dtype = torch.promote_types(params[0].dtype, torch.float32)
-    table = torch.tensor(hyper_table(view, steps, beta, kappa, momentum), dtype=dtype)
-    table = table.to(params[0].device, non_blocking=True)
+    cuda = params[0].is_cuda  # pinned (torch's caching host allocator): an async copy, no sync
+    rows = hyper_table(view, steps, beta, kappa, momentum)
+    table = torch.tensor(rows, dtype=dtype, pin_memory=cuda).to(params[0].device, non_blocking=True)
     adam = view["preconditioner"] == "adam"
     amsgrad = adam and view.get("amsgrad", False)
     flags = dict(

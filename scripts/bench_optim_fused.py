@@ -2,7 +2,8 @@
 
     python -m scripts.bench_optim_fused                                  # gpt2-small, CPU
     python -m scripts.bench_optim_fused --device cuda                    # adds AdamW(fused=True)
-    python -m scripts.bench_optim_fused --only adamw mars-adamw --rounds 5 --steps 3
+    python -m scripts.bench_optim_fused --only adamw mars-adamw mars-lion lion --rounds 5
+    python -m scripts.bench_optim_fused --device cuda --grouping tensor  # vs the default (list)
 
 Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer of the core
 on its foreach path and its compiled path (``fused=True``, optim/fused.py). Every variant steps the
@@ -25,6 +26,7 @@ import torch
 import yaml
 
 import optim
+import optim.fused
 from model import GPT, GPTConfig
 from runtime.distributed import pick_device
 
@@ -94,8 +96,12 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=["adamw", "mars-adamw"])
     ap.add_argument("--rounds", type=int, default=5, help="rounds over the variants")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
+    ap.add_argument("--grouping", choices=["auto", "tensor", "list"], default="auto",
+                    help="compiled call per tensor or per bucket (optim/fused.py GROUPING)")  # fmt: skip
     args = ap.parse_args()
     device = pick_device(args.device, 0)
+    if args.grouping != "auto":
+        optim.fused.GROUPING[device.type] = args.grouping
     spec = yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text())
     model = GPT(GPTConfig(**{k: v for k, v in spec.items() if not str(k).startswith("_")}))
     params = [p for p in model.to(device).parameters()]
@@ -105,7 +111,9 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(f"device: {device} ({name or platform.machine()}), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"model: {args.model}, {n / 1e6:.2f}M parameters in {len(params)} tensors")
+    grouping = optim.fused.GROUPING.get(device.type, "list")
+    print(f"model: {args.model}, {n / 1e6:.2f}M parameters in {len(params)} tensors; "
+          f"compiled grouping: {grouping}")  # fmt: skip
     runs = variants(args.only, device)
     opts, times, first = {}, {label: [] for label, _, _ in runs}, {}
     for label, opt_name, fused in runs:  # first step: state creation and any compile
