@@ -44,6 +44,7 @@ class MarsConfig:
     clip: str = "tensor"  # tensor (official) | global (levanter) | none
     first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
     foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
+    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
         check_common(self.lr, self.eps, self.weight_decay, self.betas)
@@ -144,6 +145,7 @@ class MuonLikeConfig:
     ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adamw_eps: float = 1e-8
+    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
         check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
@@ -206,13 +208,14 @@ def _moonlight_like(model: nn.Module, cfg: MuonLikeConfig, algorithm: str, **opt
     """Block matrices on the Muon-style rule, the rest on AdamW with the same lr and wd."""
     muon, rest = _split(model, ("matrix",))
     common = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
-    muon_keys = forward(cfg, "lr", "weight_decay", "adamw_betas", "adamw_eps", "mode")
+    muon_keys = forward(cfg, "lr", "weight_decay", "adamw_betas", "adamw_eps", "mode", "fused")
     return MuonFamily(
         [
             muon_group(muon, algorithm=algorithm, scale="rms", **common, **muon_keys, **options),
             adamw_group(rest, betas=cfg.adamw_betas, eps=cfg.adamw_eps, **common),
         ],
         is_approx=getattr(cfg, "mode", "approx") == "approx",
+        fused=cfg.fused,
     )
 
 
@@ -252,6 +255,7 @@ class MuonConfig:
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.1
     adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
+    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
         check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
@@ -288,7 +292,8 @@ def _build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
                 eps=cfg.adamw_eps,
                 bias_corrected=cfg.adamw_decay_bias_corrected,
             ),
-        ]
+        ],
+        fused=cfg.fused,
     )
 
 
@@ -302,6 +307,7 @@ class LionConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     weight_decay: float = 0.3
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
+    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
         check_common(self.lr, 1.0, self.weight_decay, self.betas)
@@ -310,4 +316,4 @@ class LionConfig:
 @register("lion", LionConfig, "Lion: sign of interpolated momentum")
 def _build_lion(model: nn.Module, cfg: LionConfig) -> torch.optim.Optimizer:
     groups = decay_groups(model, cfg.weight_decay, cfg.decay_kinds)
-    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=cfg.fused)

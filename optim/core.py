@@ -20,16 +20,19 @@ gradient stored by ``store_reference_grad`` (exact; optim/reference.py). No host
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
+from optim import fused as fused_path
 from optim.functional import clip_unit_norm_, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
 from optim.preconditioners import PRECONDITIONERS, Preconditioner, Step
 from optim.reference import ReferenceGradMixin
 
 Tensors = list[torch.Tensor]
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -87,15 +90,20 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
 
     ``foreach``: None takes the class's ``default_foreach``; True the torch._foreach path; False
     the per-tensor loop (the readable reference). Both are tested equal in float64.
+    ``fused``: True runs every element-wise bucket (optim/fused.py) as one ``torch.compile``d
+    step; None does so on CUDA only (on a CPU the compile time outweighs short runs); False never.
+    Where inductor cannot run (no C++ compiler, no Triton), it logs why and takes ``foreach``.
     """
 
     default_foreach = True
 
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
-                 foreach: bool | None = None) -> None:  # fmt: skip
+                 foreach: bool | None = None, fused: bool | None = None) -> None:  # fmt: skip
         super().__init__(groups, defaults or {})
-        self.is_approx, self.foreach = is_approx, foreach
+        self.is_approx, self.foreach, self.fused = is_approx, foreach, fused
         self._reference_pending = False
+        self._fused_ok: set = set()  # bucket signatures that compiled and ran
+        self._fused_off: str | None = None  # why the fused path was given up, once it was
 
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
@@ -112,7 +120,10 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                 loss = closure()
         self._check_reference()
         foreach = self._use_foreach()
-        buckets = [b for group in self.param_groups for b in self._buckets(group, foreach)]
+        buckets = [b for group in self.param_groups for b in self._buckets(group)]
+        buckets = [b for b in buckets if not self._try_fused(b)]
+        for b in buckets:
+            b.cs = self._corrections(b, foreach) if b.view.get("variance_reduction") else b.gs
         for scope in ("tensor", "global"):  # a global clip spans every group that asks for it
             clip_unit_norm_([c for b in buckets if _clip(b) == scope for c in b.cs], scope)
         for b in buckets:
@@ -127,8 +138,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         self._reference_pending = False
         return loss
 
-    def _buckets(self, group: dict, foreach: bool) -> list[Bucket]:
-        """Initialise state, count steps and compute the unclipped corrections, by rule."""
+    def _buckets(self, group: dict) -> list[Bucket]:
+        """Initialise state and count steps, by rule."""
         buckets: dict[str, Bucket] = {}
         for p in group["params"]:
             if p.grad is None:
@@ -144,9 +155,39 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             if b.momentum.counts_steps:
                 state["step"] += 1
             b.params.append(p), b.states.append(state), b.gs.append(p.grad)
-        for b in buckets.values():
-            b.cs = self._corrections(b, foreach) if b.view.get("variance_reduction") else b.gs
         return list(buckets.values())
+
+    def _try_fused(self, b: Bucket) -> bool:
+        """Step bucket ``b`` on the compiled path if chosen and covered; whether it did."""
+        if not self._want_fused(b) or not fused_path.fusable(b.view):
+            return False
+        if not fused_path.same_device_and_dtype(b.params):
+            return False
+        key = fused_path.signature(b)
+        error = fused_path.fused_step(b, is_approx=self.is_approx,
+                                      may_fall_back=key not in self._fused_ok)  # fmt: skip
+        if error:  # the step was done eagerly by the same code; later steps take foreach
+            self._fused_off = f"torch.compile failed: {error}"
+            logger.warning("fused optimizer step off (%s); using foreach", self._fused_off)
+        else:
+            self._fused_ok.add(key)
+        if b.view.get("variance_reduction") and not self.is_approx:
+            for s, g in zip(b.states, b.gs):
+                self._advance_reference(s, g)
+        return True
+
+    def _want_fused(self, b: Bucket) -> bool:
+        if self.fused is False or self._fused_off:
+            return False
+        device = b.params[0].device.type
+        if self.fused is None and device != "cuda":
+            return False
+        reason = fused_path.unavailable_reason(device)
+        if reason:
+            self._fused_off = reason
+            logger.warning("fused optimizer step off: %s; using foreach", reason)
+            return False
+        return True
 
     def _init_state(self, p: torch.Tensor, state: dict, b: Bucket) -> None:
         b.momentum.init_state(p, state)

@@ -17,7 +17,7 @@ class Lion(VarianceReduced):
     """Lion with decoupled weight decay; state: one momentum buffer (``exp_avg``) per parameter."""
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
-                 *, foreach: bool | None = None):  # fmt: skip
+                 *, foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
         if lr < 0:
             raise ValueError(f"lr must be >= 0, got {lr}")
         if weight_decay < 0:
@@ -25,4 +25,4 @@ class Lion(VarianceReduced):
         check_betas(betas, "betas")
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                         momentum_form="lion", preconditioner="sign")  # fmt: skip
-        super().__init__(params, defaults, foreach=foreach)
+        super().__init__(params, defaults, foreach=foreach, fused=fused)

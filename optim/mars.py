@@ -71,6 +71,7 @@ class MARS(VarianceReduced):
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         check_common(lr, eps, weight_decay, betas)
         _check(mars_type, clip, second_moment, first_step, gamma, lr, lr_1d, weight_decay_1d)
@@ -102,7 +103,7 @@ class MARS(VarianceReduced):
             ns_debias=True,  # NS5(m / (1 - beta1)), as the official code
             scale="shape",
         )
-        super().__init__(params, defaults, is_approx=is_approx, foreach=foreach)
+        super().__init__(params, defaults, is_approx=is_approx, foreach=foreach, fused=fused)
         for group in self.param_groups:  # a group may set its own mars_type / optimize_1d
             check_choice(group["mars_type"], MARS_TYPES, "mars_type")
             group["split_1d"] = not group["optimize_1d"]

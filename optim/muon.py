@@ -49,12 +49,12 @@ class MuonFamily(VarianceReduced):
     default_foreach = False
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,
-                 foreach: bool | None = None):  # fmt: skip
+                 foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
         groups = [g for g in groups if g["params"]]
         for g in groups:
             _check_group(g)
             g.update(_core_keys(g))
-        super().__init__(groups, is_approx=is_approx, foreach=foreach)
+        super().__init__(groups, is_approx=is_approx, foreach=foreach, fused=fused)
 
 
 def _core_keys(g: dict) -> dict:
@@ -165,6 +165,7 @@ class Muon(MuonFamily):
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         params, adamw_params = split_matrices(params, adamw_params)
         muon = muon_group(
@@ -185,7 +186,7 @@ class Muon(MuonFamily):
             eps=adamw_eps,
             bias_corrected=adamw_decay_bias_corrected,
         )
-        super().__init__([muon, adamw], foreach=foreach)
+        super().__init__([muon, adamw], foreach=foreach, fused=fused)
 
 
 class Moonlight(MuonFamily):
@@ -208,6 +209,7 @@ class Moonlight(MuonFamily):
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
@@ -222,7 +224,7 @@ class Moonlight(MuonFamily):
             ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach)
+        super().__init__([muon, adamw], foreach=foreach, fused=fused)
 
 
 class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
@@ -253,6 +255,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         clip = clip if clip is not None else ("tensor" if clip_c else "none")
@@ -272,7 +275,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
             ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach)
+        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach, fused=fused)
 
 
 class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
@@ -293,6 +296,7 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
         foreach: bool | None = None,
+        fused: bool | None = None,
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
@@ -310,4 +314,4 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
             ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach)
+        super().__init__([muon, adamw], foreach=foreach, fused=fused)

@@ -1,0 +1,221 @@
+"""The core's element-wise chain as one ``torch.compile``d multi-tensor step (the fast path).
+
+For a bucket of the core (optim/core.py) whose rule is element-wise, one compiled call does, per
+tensor and with no host synchronisation:
+
+    c = g + kappa * (g - g_ref);  c = c / max(1, ||c||)     (variance reduction, clip ``tensor``)
+    g_ref <- g                                             (approx mode; exact swaps buffers after)
+    ema:  m = b1 * m + (1 - b1) * c;  u = m                 (``ema`` / ``ema-lerp`` momentum)
+    lion: u = c + b1 * (m - c);  m = b2 * m + (1 - b2) * c
+    adam: v = b2 * v + (1 - b2) * s*s (s = c or g);  v = max(v_max, v) with amsgrad
+          d = u / ((sqrt(v) / a + eps) * b)                (both eps placements, see below)
+    sign: d = sign(u)
+    p = p * keep - size * d
+
+Inductor fuses this into a norm pass (reads g, g_ref) and one update pass (reads p, g, g_ref, m,
+v; writes p, m, v, g_ref). Hyperparameters travel as one tensor of per-tensor scalars, so a
+schedule changing ``lr`` (or the step count of the bias corrections) reuses the compiled code.
+Rules not covered (Newton-Schulz, heavy-ball / one-buffer momenta, the ``global`` clip) stay on
+the foreach / per-tensor path. Equal to those paths up to rounding (tests/test_optim_fused.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import shutil
+
+import torch
+
+from optim.functional import mars_kappa
+
+log = logging.getLogger(__name__)
+Tensors = list[torch.Tensor]
+
+# columns of the per-tensor hyperparameter table
+KAPPA, M_KEEP, M_ADD, U_LERP, V_KEEP, V_ADD, KEEP, SIZE, A, B, EPS = range(11)
+MOMENTA = {"ema": "ema", "ema-lerp": "ema", "lion": "lion"}
+PRECONDITIONERS = ("adam", "sign")
+
+
+def fusable(view: dict) -> bool:
+    """Whether a bucket's rule (the group as ``route`` reads it) is covered by the fused step."""
+    vr = view.get("variance_reduction", False)
+    return (
+        view["momentum_form"] in MOMENTA
+        and view["preconditioner"] in PRECONDITIONERS
+        and not (vr and view.get("clip") not in ("tensor", "none"))
+    )
+
+
+@functools.cache
+def unavailable_reason(device_type: str) -> str | None:
+    """Why ``torch.compile`` (inductor) cannot run on this device type here, or None."""
+    if not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
+    if device_type == "cuda":
+        from torch.utils._triton import has_triton
+
+        return None if has_triton() else "Triton is not installed (inductor needs it on CUDA)"
+    if device_type == "cpu":
+        try:
+            from torch._inductor.cpp_builder import get_cpp_compiler
+
+            compiler = get_cpp_compiler()
+        except Exception as e:  # noqa: BLE001 (any failure means: no usable compiler)
+            return f"inductor finds no C++ compiler ({e})"
+        return None if shutil.which(compiler) else f"C++ compiler {compiler!r} not found"
+    return f"device type {device_type!r} is not covered by the fused step"
+
+
+def _update(p, g, ref, m, v, vmax, h, *, reduce, clip, copy_ref, momentum, precond, src_c):
+    """One tensor's step (module docstring); ``h`` is its row of the hyperparameter table."""
+    c = g
+    if reduce:
+        c = g + h[KAPPA] * (g - ref)
+        if clip:
+            c = c / torch.linalg.vector_norm(c).clamp_min(1.0)
+        if copy_ref:
+            ref.copy_(g)
+    if momentum == "lion":
+        u = c + h[U_LERP] * (m - c)
+        m.copy_(m * h[M_KEEP] + c * h[M_ADD])
+    else:
+        m.copy_(m * h[M_KEEP] + c * h[M_ADD])
+        u = m
+    if precond == "adam":
+        s = c if src_c else g
+        v.copy_(v * h[V_KEEP] + s * s * h[V_ADD])
+        if vmax is not None:
+            vmax.copy_(torch.maximum(vmax, v))
+            v = vmax
+        d = u / ((v.sqrt() / h[A] + h[EPS]) * h[B])
+    else:
+        d = torch.sign(u)
+    p.copy_(p * h[KEEP] - h[SIZE] * d)
+
+
+def _multi_step(params, grads, refs, ms, vs, vmaxs, table, **flags) -> None:
+    for i in range(len(params)):
+        _update(params[i], grads[i], refs[i] if refs else None, ms[i], vs[i] if vs else None,
+                vmaxs[i] if vmaxs else None, table[i], **flags)  # fmt: skip
+
+
+# How a bucket is compiled, by device type (scripts/bench_optim_fused.py measures both):
+# "tensor": one compiled per-tensor step with dynamic shapes, called per tensor (compiles once
+# per rank and rule: seconds; the calls cost tens of microseconds each, nothing beside a CPU
+# step); "list": one compiled step over the bucket's tensors (no per-tensor calls, for GPU
+# launch overhead, but on a CPU the compile grows by seconds per tensor: minutes for GPT-2).
+GROUPING = {"cpu": "tensor", "cuda": "list"}
+_COMPILED: dict = {}
+
+
+def _compiled(grouping: str):
+    if grouping not in _COMPILED:
+        fn, dynamic = (_update, True) if grouping == "tensor" else (_multi_step, False)
+        _COMPILED[grouping] = torch.compile(fn, fullgraph=True, dynamic=dynamic)
+    return _COMPILED[grouping]
+
+
+def _run(grouping: str, args: tuple, flags: dict, may_fall_back: bool) -> str | None:
+    """Run the compiled step; if it fails to compile (nothing ran), run it eagerly instead."""
+    params, grads, refs, ms, vs, vmaxs, table = args
+    # parameters keep dynamic shapes too, else every shape is a recompile
+    with torch._dynamo.config.patch(recompile_limit=64, force_parameter_static_shapes=False):
+        if grouping == "list":
+            try:
+                _compiled("list")(*args, **flags)
+                return None
+            except Exception as e:  # noqa: BLE001 (compile failed before anything ran)
+                if not may_fall_back:
+                    raise
+                _multi_step(*args, **flags)
+                return f"{type(e).__name__}: {e}"
+        for i in range(len(params)):
+            row = (params[i], grads[i], refs[i] if refs else None, ms[i], vs[i] if vs else None,
+                   vmaxs[i] if vmaxs else None, table[i])  # fmt: skip
+            try:
+                _compiled("tensor")(*row, **flags)
+            except Exception as e:  # noqa: BLE001 (tensors before i are done: finish eagerly)
+                if not may_fall_back:
+                    raise
+                _multi_step(*(a[i:] for a in args), **flags)
+                return f"{type(e).__name__}: {e}"
+    return None
+
+
+def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentum: str) -> list:
+    """Per-tensor rows of scalars (host floats: no synchronisation) for ``_update``."""
+    lr, wd = view["lr"], view["weight_decay"]
+    b2 = view["betas"][1] if "betas" in view else 0.0
+    eps = view.get("eps", 0.0)
+    if momentum == "lion":
+        m_keep, m_add, u_lerp = b2, 1.0 - b2, beta
+    else:
+        m_keep, m_add, u_lerp = beta, 1.0 - beta, 0.0
+    rows = []
+    for t in steps:
+        keep, size, a, b = 1.0 - lr * wd, lr, 1.0, 1.0
+        if view["preconditioner"] == "adam" and t:
+            if view.get("eps_placement", "after_sqrt_v_hat") == "after_sqrt_v_hat":
+                a, b = math.sqrt(1 - b2**t), 1 - beta**t
+            else:
+                size = lr * math.sqrt(1 - b2**t) / (1 - beta**t)
+                if view.get("decay_bias_corrected", False):
+                    keep = 1.0 - size * wd
+        rows.append([kappa, m_keep, m_add, u_lerp, b2, 1.0 - b2, keep, size, a, b, eps])
+    return rows
+
+
+def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True) -> str | None:
+    """Run one bucket of the core (optim/core.py ``Bucket``) through the compiled step.
+
+    The caller has counted the steps; in exact mode it swaps the reference buffers afterwards.
+    Returns None, or why it could not compile (``may_fall_back``: the step was then done eagerly
+    by the same code; otherwise the error propagates).
+    """
+    view, states, params = bucket.view, bucket.states, bucket.params
+    momentum = MOMENTA[view["momentum_form"]]
+    beta = bucket.momentum.beta(view)
+    reduce = bool(view.get("variance_reduction", False))
+    kappa = mars_kappa(view["gamma"], beta) if reduce else 0.0
+    steps = [s.get("step", 0) for s in states]
+    dtype = torch.promote_types(params[0].dtype, torch.float32)
+    cuda = params[0].is_cuda  # pinned (torch's caching host allocator): an async copy, no sync
+    rows = hyper_table(view, steps, beta, kappa, momentum)
+    table = torch.tensor(rows, dtype=dtype, pin_memory=cuda).to(params[0].device, non_blocking=True)
+    adam = view["preconditioner"] == "adam"
+    amsgrad = adam and view.get("amsgrad", False)
+    flags = dict(
+        reduce=reduce,
+        clip=reduce and view.get("clip") == "tensor",
+        copy_ref=reduce and is_approx,
+        momentum=momentum,
+        precond=view["preconditioner"],
+        src_c=view.get("second_moment", "c") == "c",
+    )
+    args = (
+        params,
+        bucket.gs,
+        [s["last_grad"] for s in states] if reduce else [],
+        [s[bucket.momentum.key] for s in states],
+        [s["exp_avg_sq"] for s in states] if adam else [],
+        [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
+        table,
+    )
+    grouping = GROUPING.get(params[0].device.type, "list")
+    return _run(grouping, args, flags, may_fall_back)
+
+
+def same_device_and_dtype(params: Tensors) -> bool:
+    first = params[0]
+    return all(p.device == first.device and p.dtype == first.dtype for p in params)
+
+
+def signature(bucket) -> tuple:
+    """What the compiled code depends on: the rule and the tensors' shapes, dtype and device."""
+    view, p = bucket.view, bucket.params[0]
+    rule = tuple(view.get(k) for k in ("momentum_form", "preconditioner", "variance_reduction",
+                                       "clip", "amsgrad", "second_moment"))  # fmt: skip
+    return rule, tuple(q.shape for q in bucket.params), p.dtype, p.device

@@ -1,0 +1,173 @@
+"""The compiled element-wise step (optim/fused.py) against the foreach path, in float64.
+
+Compiling takes seconds on a CPU: the fast tests share two compiled graphs (one rule for the
+2-D tensors, one for the 1-D AdamW fallback); each other rule is a slow test.
+"""
+
+import copy
+import logging
+
+import pytest
+import torch
+
+import optim.fused as fused_path
+from optim import MARS, Lion, Muon, build_optimizer
+from optim.builders import LionConfig, MarsAdamWConfig, MoonlightConfig
+
+SHAPES = [(6, 4), (3, 7), (5,)]
+MATRICES = SHAPES[:2]  # the fast test compiles one graph (rank 2, dynamic shapes)
+LRS = [1e-2, 3e-3, 2e-2, 5e-3]  # a changing lr each step, as a schedule
+
+
+def make_params(shapes=SHAPES):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in shapes]
+
+
+def grads_for(params, step):
+    gen = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(p.shape, generator=gen, dtype=p.dtype).to(p.device) for p in params]
+
+
+def run(opt, params, steps, start=0):
+    for t in range(start, start + steps):
+        for p, g in zip(params, grads_for(params, t)):
+            p.grad = g
+        for group in opt.param_groups:
+            group["lr"] = LRS[t % len(LRS)]
+        if getattr(opt, "needs_reference_grad", False):
+            for p, g in zip(params, grads_for(params, 1000 + t)):
+                p.grad = g
+            opt.store_reference_grad()
+            for p, g in zip(params, grads_for(params, t)):
+                p.grad = g
+        opt.step()
+
+
+def assert_same(pa, oa, pb, ob):
+    for a, b in zip(pa, pb):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    for a, b in zip(pa, pb):
+        for key, value in oa.state[a].items():
+            other = ob.state[b][key]
+            if torch.is_tensor(value):
+                torch.testing.assert_close(value, other, rtol=1e-10, atol=1e-12)
+            else:
+                assert value == other, key
+
+
+def graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def test_mars_adamw_compiled_equals_foreach_without_recompiling_and_state_dicts_swap():
+    ref_p, fus_p = make_params(MATRICES), make_params(MATRICES)
+    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, fused=False)
+    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, fused=True)
+    run(ref, ref_p, 2), run(fus, fus_p, 2)
+    compiled = graphs()
+    assert fus._fused_off is None and len(fus._fused_ok) == 1
+    run(ref, ref_p, 2, start=2), run(fus, fus_p, 2, start=2)  # lr and bias corrections change
+    assert graphs() == compiled, "a changing lr or step count recompiled the fused step"
+    assert_same(ref_p, ref, fus_p, fus)
+    # state dicts are interchangeable: foreach <- fused and fused <- foreach, then step on
+    a_p, b_p = [p.detach().clone().requires_grad_() for p in fus_p], make_params(MATRICES)
+    a = MARS(a_p, lr=1e-2, weight_decay=0.1, fused=False)
+    a.load_state_dict(copy.deepcopy(fus.state_dict()))  # torch shares tensors
+    with torch.no_grad():
+        for p, q in zip(b_p, ref_p):
+            p.copy_(q)
+    b = MARS(b_p, lr=1e-2, weight_decay=0.1, fused=True)
+    b.load_state_dict(copy.deepcopy(ref.state_dict()))
+    run(a, a_p, 2, start=4), run(b, b_p, 2, start=4), run(ref, ref_p, 2, start=4)
+    assert_same(ref_p, ref, a_p, a)
+    assert_same(ref_p, ref, b_p, b)
+    assert graphs() == compiled
+
+
+def check_rule(make, steps=3):
+    ref_p, fus_p = make_params(), make_params()
+    ref, fus = make(ref_p, False), make(fus_p, True)
+    run(ref, ref_p, steps), run(fus, fus_p, steps)
+    assert fus._fused_off is None and fus._fused_ok
+    assert_same(ref_p, ref, fus_p, fus)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps, f: MARS(ps, lr=1e-2, weight_decay=0.1, fused=f),  # with the 1-D AdamW rule
+        lambda ps, f: MARS(ps, lr=1e-2, is_approx=False, weight_decay=0.1, fused=f),
+        lambda ps, f: MARS(ps, lr=1e-2, mars_type="mars-lion", weight_decay=0.1, fused=f),
+        lambda ps, f: MARS(
+            ps,
+            amsgrad=True,
+            second_moment="g",
+            optimize_1d=True,
+            clip="none",
+            first_step="plain",
+            fused=f,
+        ),  # fmt: skip
+        lambda ps, f: Lion(ps, lr=1e-2, weight_decay=0.1, fused=f),
+        lambda ps, f: Muon(ps[:2], adamw_params=ps[2:], fused=f, foreach=False),
+    ],
+    ids=[
+        "mars-adamw-1d",
+        "mars-adamw-exact",
+        "mars-lion",
+        "amsgrad-g-plain-noclip",
+        "lion",
+        "muon-adamw",
+    ],
+)
+def test_other_rules_compiled_equal_foreach(make):
+    check_rule(make)
+
+
+def test_default_is_off_on_cpu_and_configs_forward_the_knob():
+    ps = make_params()
+    opt = MARS(ps)
+    run(opt, ps, 1)
+    assert not opt._fused_ok and opt._fused_off is None
+    model = torch.nn.Linear(3, 2)
+    for cfg in (MarsAdamWConfig(fused=True), LionConfig(fused=False), MoonlightConfig(fused=True)):
+        assert build_optimizer(model, cfg).fused is cfg.fused
+
+
+def test_unavailable_compiler_falls_back_to_foreach_with_a_logged_reason(monkeypatch, caplog):
+    monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: "no C++ compiler (test)")
+    ref_p, fus_p = make_params(), make_params()
+    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=True)
+    with caplog.at_level(logging.WARNING, logger="optim.core"):
+        run(ref, ref_p, 2), run(fus, fus_p, 2)
+    assert "no C++ compiler (test)" in caplog.text and not fus._fused_ok
+    assert_same(ref_p, ref, fus_p, fus)
+
+
+def test_a_compile_error_runs_the_same_step_eagerly_then_foreach(monkeypatch, caplog):
+    def broken(grouping):
+        def fail(*args, **kwargs):
+            raise RuntimeError("inductor exploded (test)")
+
+        return fail
+
+    monkeypatch.setattr(fused_path, "_compiled", broken)
+    ref_p, fus_p = make_params(), make_params()
+    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=True)
+    with caplog.at_level(logging.WARNING, logger="optim.core"):
+        run(ref, ref_p, 3), run(fus, fus_p, 3)
+    assert "inductor exploded (test)" in fus._fused_off and "inductor exploded" in caplog.text
+    assert_same(ref_p, ref, fus_p, fus)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_default_is_compiled_and_equals_foreach():
+    ref_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
+    fus_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
+    ref, fus = MARS(ref_p, fused=False), MARS(fus_p)
+    run(ref, ref_p, 3), run(fus, fus_p, 3)
+    assert fus._fused_ok and fus._fused_off is None
+    for a, b in zip(ref_p, fus_p):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
