@@ -12,7 +12,7 @@ PROJECT = {"data", "model", "optim", "runtime", "evals", "scripts", "train", "ev
 ALLOWED = {
     "data": {"runtime.files"},  # the atomic file writer, a standard-library leaf
     "optim": set(),  # torch only: importable on its own
-    "model": {"data.tokenizer", "runtime.device"},
+    "model": {"data.tokenizer", "runtime.device", "runtime.files"},
     "runtime": {"data", "model", "optim"},  # the training config composes the parts' configs
     "evals": {"data", "model", "runtime"},
 }
