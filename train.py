@@ -322,7 +322,9 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     (runtime/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
-        schema = checks.optimizer_schema(cfg.optimizer, optim.get_spec(cfg.optimizer.name))
+        name = cfg.optimizer.name
+        chosen = OmegaConf.get_type(cfg.optimizer)
+        schema = checks.optimizer_schema(chosen, name, optim.get_spec(name))
         checks.check_known_keys(values, TrainConfig, {"optimizer": schema})
         typed = OmegaConf.to_object(cfg)
         checks.check_values(typed, values)

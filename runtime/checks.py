@@ -73,16 +73,13 @@ def check_known_keys(values: dict, schema: type, schemas: dict[str, type] | None
         )
 
 
-def optimizer_schema(node: Any, spec: Any) -> type:
-    """The config class of the optimizer group's choice ``node`` (a DictConfig), which must be
-    the class registered for its ``name`` (``spec``): ``optimizer.name=muon`` on top of
-    ``optimizer=adamw`` is refused."""
-    from omegaconf import OmegaConf
-
-    chosen = OmegaConf.get_type(node)
+def optimizer_schema(chosen: Any, name: str, spec: Any) -> type:
+    """The config class registered for ``optimizer.name`` (``spec``), which must be the class of
+    the optimizer group's choice (``chosen``, read from the composed config by train.py):
+    ``optimizer.name=muon`` on top of ``optimizer=adamw`` is refused."""
     if dataclasses.is_dataclass(chosen) and chosen is not spec.config_cls:
         raise ValueError(
-            f"optimizer.name={node.name} does not match the chosen optimizer's config "
+            f"optimizer.name={name} does not match the chosen optimizer's config "
             f"({chosen.__name__}); choose the optimizer with optimizer=<name> instead"
         )
     return spec.config_cls

@@ -132,6 +132,7 @@ class DcpCheckpointer:
         # needs a CPU backend. Creating a group is a collective, so every rank does it here.
         self.group = tdist.new_group(backend="gloo") if self.distributed else None
         self.pending: Future | None = None
+        self.writer = ThreadPoolExecutor(max_workers=1) if asynchronous else None  # one thread
         self.buffers: dict[str, torch.Tensor] = {}
         self.last_stall_s = 0.0
 
@@ -176,9 +177,7 @@ class DcpCheckpointer:
         if self.asynchronous:
             staged = self.stage(tensors)
             upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
-            self.pending = ThreadPoolExecutor(max_workers=1).submit(
-                self._finish, upload, partial, final, commit
-            )
+            self.pending = self.writer.submit(self._finish, upload, partial, final, commit)
         else:
             dcp.save(tensors, **kwargs)
             self._finish(None, partial, final, commit)
@@ -206,6 +205,9 @@ class DcpCheckpointer:
     def close(self) -> None:
         """Wait for the save in flight, then release the process group (a sweep makes many)."""
         self.wait()
+        if self.writer is not None:
+            self.writer.shutdown()
+            self.writer = None
         if self.group is not None:
             tdist.destroy_process_group(self.group)
             self.group = None
