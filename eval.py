@@ -35,11 +35,11 @@ from evals.data import load_rows
 from evals.harness import evaluate_examples
 from evals.loading import LoadedModel, load_model
 from evals.tasks import TASKS, Example, build_examples, table
-from runtime import checks
 from runtime.device import resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed
-from runtime.evaluation import validation_loss
-from runtime.logs import setup_logging
+from trainer import checks
+from trainer.evaluation import validation_loss
+from trainer.logs import setup_logging
 
 log = logging.getLogger("eval")
 

@@ -11,7 +11,7 @@ checkpoints and logs at the configured intervals; everything lands in ``out_dir`
 
 Here: the step (``forward_backward``, ``Trainer``), building a ready Trainer, one run from start
 to summary, and the command line (the only Hydra code of training). Elsewhere: the run directory,
-save/restore and the summary (``runtime/run.py``), what each step reports (``runtime/meter.py``).
+save/restore and the summary (``trainer/run.py``), what each step reports (``trainer/meter.py``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 import optim
 from data import TokenLoader, ensure_prepared, shard_files, val_batches
 from model import GPT
-from runtime import checks
-from runtime.config import TrainConfig, grad_accum_steps
-from runtime.dcp_checkpoint import DcpCheckpointer
 from runtime.device import autocast, configure_backends, resolve_dtype
 from runtime.distributed import (
     DistInfo,
@@ -50,12 +47,16 @@ from runtime.distributed import (
     init_for_sweep,
     pick_device,
 )
-from runtime.evaluation import validation_loss
-from runtime.logs import MetricsLogger, setup_logging
-from runtime.meter import Meter, log_val_loss
-from runtime.nonfinite import NonFiniteGuard
-from runtime.preemption import Preempted, PreemptionGuard
-from runtime.run import (
+from runtime.seeding import seed_everything
+from trainer import checks
+from trainer.config import TrainConfig, grad_accum_steps
+from trainer.dcp_checkpoint import DcpCheckpointer
+from trainer.evaluation import validation_loss
+from trainer.logs import MetricsLogger, setup_logging
+from trainer.meter import Meter, log_val_loss
+from trainer.nonfinite import NonFiniteGuard
+from trainer.preemption import Preempted, PreemptionGuard
+from trainer.run import (
     RunState,
     finish_run,
     finished_summary,
@@ -65,9 +66,8 @@ from runtime.run import (
     restore_training_state,
     save_training_state,
 )
-from runtime.rundir import run_dir_name
-from runtime.seeding import seed_everything
-from runtime.sweeps import launch_time, record_swept_keys, sweep_dir, sweep_job_dir
+from trainer.rundir import run_dir_name
+from trainer.sweeps import launch_time, record_swept_keys, sweep_dir, sweep_job_dir
 
 log = logging.getLogger("train")
 
@@ -172,7 +172,7 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer step; returns (loss, grad norm) as tensors and the lr used. A step with
-        a non-finite loss or gradient is skipped or stops the run (runtime/nonfinite.py)."""
+        a non-finite loss or gradient is skipped or stops the run (trainer/nonfinite.py)."""
         cfg = self.cfg
         lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
         batches = [self.loader.next_batch() for _ in range(self.accum)]
@@ -319,7 +319,7 @@ def register_schemas() -> None:
 
 def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     """The composed config as dataclasses and as a plain dict (for saving), every value checked
-    (runtime/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
+    (trainer/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
         name = cfg.optimizer.name

@@ -18,8 +18,8 @@ import torch
 
 from model import GPT, GPTConfig
 from model.hf import is_hf_dir, load_hf
-from runtime import checkpoint as ckpt
-from runtime.dcp_checkpoint import METADATA, TRAIN_STATE, load_dcp
+from trainer import checkpoint as ckpt
+from trainer.dcp_checkpoint import METADATA, TRAIN_STATE, load_dcp
 
 log = logging.getLogger(__name__)
 

@@ -102,7 +102,7 @@ def _multi_step(params, grads, refs, ms, vs, vmaxs, table, **flags) -> None:
                 vmaxs[i] if vmaxs else None, table[i], **flags)  # fmt: skip
 
 
-# How a bucket is compiled, by device type (scripts/bench_optim_fused.py measures both):
+# How a bucket is compiled, by device type (bench/optim_fused.py measures both):
 # "tensor": one compiled per-tensor step with dynamic shapes, called per tensor (compiles once
 # per rank and rule: seconds; the calls cost tens of microseconds each, nothing beside a CPU
 # step); "list": one compiled step over the bucket's tensors (no per-tensor calls, for GPU

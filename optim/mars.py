@@ -46,7 +46,7 @@ FIRST_STEPS = ("zero", "plain")
 class MARS(VarianceReduced):
     """MARS-AdamW / MARS-Lion / MARS-Shampoo, approx or exact; see the module docstring."""
 
-    default_foreach = True  # foreach is faster on CPU too (scripts/bench_optim.py)
+    default_foreach = True  # foreach is faster on CPU too (bench/optim.py)
 
     def __init__(
         self,

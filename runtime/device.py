@@ -71,7 +71,7 @@ def tune_host_allocator() -> bool:
 
     CPU training of a GPT-2-vocabulary model allocates and frees logits tensors of tens to
     hundreds of MB per micro-step; by default glibc serves each with a fresh mmap, and the page
-    faults that follow take a large share of the step (system time). `scripts/bench_train_step.py`
+    faults that follow take a large share of the step (system time). `bench/train_step.py`
     on the 2-core dev machine (tiny model, 16 x 128 tokens per step, best of 4 steps): 1,578
     tokens/s at micro-batch 8 untuned, 1,944 tuned; 2,529 tuned at micro-batch 2. The process keeps its
     peak memory instead. Linux/glibc only; returns whether the settings were applied.

@@ -2,8 +2,8 @@
 the root on the import path without any editing of ``sys.path``:
 
     python -m scripts.get_eval_data        python -m scripts.sample runs/NAME
-    python -m scripts.export_hf RUN OUT    python -m scripts.report runs/owt --out reports/owt
-    python -m scripts.bench_train_step     python -m scripts.bench_optim    python -m scripts.bench_data
+    python -m scripts.export_hf RUN OUT    python -m report runs/owt --out reports/owt
+    python -m bench.train_step     python -m bench.optim    python -m bench.data
 
 ``launch.py`` (behind the ``paper_*.sh`` wrappers) and ``report.py`` import nothing of the project
 and also run as files.

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from runtime.checks import check_checkpoint
-from runtime.dcp_checkpoint import load_dcp
 from runtime.files import atomic_open
+from trainer.checkpoint import check_checkpoint
+from trainer.dcp_checkpoint import load_dcp
 
 
 def main(argv: list[str] | None = None) -> Path:

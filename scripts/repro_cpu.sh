@@ -5,7 +5,7 @@
 #   1. a short learning-rate sweep per optimizer (x0.5, x1, x2 of its GPT-2 small lr), Hydra
 #      --multirun, one run after another;
 #   2. each optimizer's best lr (lowest best validation loss) again with two more seeds;
-#   3. scripts/report.py over the sweep (OUT/sweep-report: every lr tried) and over the chosen
+#   3. python -m report over the sweep (OUT/sweep-report: every lr tried) and over the chosen
 #      runs, 3 seeds each (OUT/report: the tables, speedups and figures).
 # Usage: scripts/repro_cpu.sh [OUT (default runs/repro-cpu)] [-- extra overrides for every run]
 # Started again, it skips finished runs and resumes interrupted ones.
@@ -45,6 +45,6 @@ PY
     progress=false "hydra.sweep.dir=$out/seeds/$opt" "$@"
   chosen+=("$out/sweep/$opt/optimizer.lr=$best" "$out/seeds/$opt")
 done
-"$py" -m scripts.report "$out/sweep" --out "$out/sweep-report" --title "CPU reproduction: the sweep"
-"$py" -m scripts.report "${chosen[@]}" --out "$out/report" --title "Small-scale reproduction (CPU)"
+"$py" -m report "$out/sweep" --out "$out/sweep-report" --title "CPU reproduction: the sweep"
+"$py" -m report "${chosen[@]}" --out "$out/report" --title "Small-scale reproduction (CPU)"
 echo "repro_cpu: $(( (SECONDS - start) / 60 )) min in all; report in $out/report"

@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 import train
 from helpers import CONFIG_DIR, FAST, ROOT, compose_config
-from runtime import checks
-from runtime.checkpoint import FORMAT_VERSION, REQUIRED_KEYS
+from trainer import checks
+from trainer.checkpoint import FORMAT_VERSION, REQUIRED_KEYS
 
 
 @functools.cache

@@ -6,7 +6,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 import train
 from helpers import CONFIG_DIR, compose_config
-from runtime.config import TrainConfig
+from trainer.config import TrainConfig
 
 
 def options(group: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""Checkpoints in the DCP format (runtime/dcp_checkpoint.py): resume equals an uninterrupted run,
+"""Checkpoints in the DCP format (trainer/dcp_checkpoint.py): resume equals an uninterrupted run,
 asynchronous saves, incomplete directories ignored, conversion to the single-file format."""
 
 import shutil
@@ -9,9 +9,9 @@ from test_train import _cli, read_metrics, run
 
 from evals.loading import load_model
 from helpers import FAST
-from runtime.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
-from runtime.dcp_checkpoint import DcpCheckpointer, load_dcp, my_share
 from scripts.convert_checkpoint import main as convert
+from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp, my_share
 
 COMMON = ["schedule.decay_steps=6", "ckpt_every=3", "model.dropout=0.1", "eval_every=3"]
 

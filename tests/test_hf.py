@@ -10,7 +10,7 @@ from data.tokenizer import encode
 from model import GPT, GPTConfig
 from model.hf import load_hf, save_hf
 from model.hf_tokenizer import gpt2_vocab_and_merges
-from runtime import checkpoint as ckpt
+from trainer import checkpoint as ckpt
 
 transformers = pytest.importorskip("transformers")
 

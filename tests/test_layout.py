@@ -7,14 +7,22 @@ import pytest
 
 from helpers import ROOT
 
-PROJECT = {"data", "model", "optim", "runtime", "evals", "scripts", "train", "eval"}
-# What each part may import of the project besides itself.
+PROJECT = {
+    "bench", "data", "eval", "evals", "model", "optim", "report", "runtime", "scripts", "train",
+    "trainer",
+}  # fmt: skip
+# What each part may import of the project besides itself: every arrow points down the layers
+# runtime (leaf) < data < model < optim (torch only) < trainer < tools and entry points.
 ALLOWED = {
-    "data": {"runtime.files"},  # the atomic file writer, a standard-library leaf
+    "runtime": set(),  # the leaf: device, distributed, files, seeding
+    "data": {"runtime"},
     "optim": set(),  # torch only: importable on its own
-    "model": {"data.tokenizer", "runtime.device", "runtime.files"},
-    "runtime": {"data", "model", "optim"},  # the training config composes the parts' configs
-    "evals": {"data", "model", "runtime"},
+    "model": {"data.tokenizer", "runtime"},
+    "trainer": {"data", "model", "optim", "runtime"},
+    "evals": {"data", "model", "runtime", "trainer.checkpoint", "trainer.dcp_checkpoint"},
+    "report": {"evals.tasks"},  # reads run directories; task metadata from evals/
+    "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
+    "scripts": {"data", "model", "optim", "runtime", "trainer", "evals"},
 }
 
 
@@ -52,7 +60,7 @@ def test_runtime_files_is_a_standard_library_leaf():
 
 
 def test_only_the_entry_points_import_hydra_or_omegaconf():
-    parts = ["data", "model", "optim", "runtime", "evals", "scripts"]
+    parts = ["data", "model", "optim", "runtime", "trainer", "evals", "scripts", "bench", "report"]
     code = [ROOT / "train.py", ROOT / "eval.py", *(p for part in parts for p in sources(part))]
     users = {
         p.relative_to(ROOT).as_posix()
@@ -67,3 +75,55 @@ def test_scripts_leave_sys_path_alone():
         assert (
             "sys.path.insert" not in path.read_text() and "sys.path.append" not in path.read_text()
         ), path
+
+
+def module_graph():
+    """Every project module (``pkg.mod``) and the project modules it imports."""
+    graph = {}
+    for part in sorted(ALLOWED):
+        for path in sources(part):
+            mod = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+            mod = mod.removesuffix(".__init__").removesuffix(".__main__")
+            graph[mod] = {d for d in module_imports(path) if d != mod}
+    return graph
+
+
+def module_imports(path):
+    """The project modules ``path`` imports: ``from pkg import mod`` names ``pkg.mod``,
+    ``from pkg.mod import f`` names ``pkg.mod``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            subs = [f"{node.module}.{a.name}" for a in node.names]
+            names = [n for n in subs if _is_module(n)] or [node.module]
+        else:
+            continue
+        found |= {n for n in names if n.split(".")[0] in PROJECT and _is_module(n)}
+    return found
+
+
+def _is_module(name):
+    path = ROOT / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_no_import_circles():
+    graph = module_graph()
+    done, stack = set(), []
+
+    def visit(mod):
+        if mod in stack:
+            cycle = stack[stack.index(mod) :] + [mod]
+            raise AssertionError("import circle: " + " -> ".join(cycle))
+        if mod in done:
+            return
+        stack.append(mod)
+        for dep in sorted(graph.get(mod, ())):
+            visit(dep)
+        stack.pop()
+        done.add(mod)
+
+    for mod in sorted(graph):
+        visit(mod)

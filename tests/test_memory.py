@@ -1,13 +1,13 @@
-"""scripts/bench_memory.py and scripts/bench_train.py: the state measured on the meta device equals
+"""bench/memory.py and bench/train.py: the state measured on the meta device equals
 a real step's, and the benchmark's trainer runs train.py's step."""
 
 import pytest
 import torch
 
 import optim
+from bench.memory import estimate_peak_bytes, meta_state_bytes, state_bytes_after_step
+from bench.train import optimizer_variants
 from model import GPT, GPTConfig
-from scripts.bench_memory import estimate_peak_bytes, meta_state_bytes, state_bytes_after_step
-from scripts.bench_train import optimizer_variants
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)
 
@@ -26,9 +26,9 @@ def test_chunked_loss_estimate_is_smaller_for_long_batches():
 
 
 def test_bench_trainer_runs_the_training_step():
-    from runtime.config import TrainConfig
+    from bench.train import BenchTrainer
     from runtime.distributed import DistInfo
-    from scripts.bench_train import BenchTrainer
+    from trainer.config import TrainConfig
 
     cfg = TrainConfig(model=GPTConfig(**SMALL), optimizer=optim.get_spec("mars-adamw").config_cls(
         mode="exact"), micro_batch_size=2, seq_len=16, batch_tokens=32, device="cpu")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Non-finite loss or gradients (runtime/nonfinite.py): a skipped step touches neither the weights
+"""Non-finite loss or gradients (trainer/nonfinite.py): a skipped step touches neither the weights
 nor the optimizer state, is counted, is agreed by every rank; stopping names step and checkpoint;
 a run without NaN computes exactly what it did before the check existed."""
 
@@ -13,7 +13,7 @@ import torch
 
 import train
 from helpers import FAST, ROOT, compose_config, fast_config
-from runtime.nonfinite import NonFiniteConfig
+from trainer.nonfinite import NonFiniteConfig
 
 OPTIMIZERS = ["adamw", "mars-adamw", "mars-adamw-exact", "muon", "mars-m"]
 TIMING = {"tokens_per_s", "elapsed_s", "mfu"}

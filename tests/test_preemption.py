@@ -20,8 +20,8 @@ import pytest
 
 import train
 from helpers import FAST, ROOT, fast_config
-from runtime import checkpoint as ckpt
-from runtime.preemption import REQUEUE_EXIT_CODE, Preempted
+from trainer import checkpoint as ckpt
+from trainer.preemption import REQUEUE_EXIT_CODE, Preempted
 
 # Timings, and the clip rate, which counts the steps of the current session only.
 DROP = ("tokens_per_s", "elapsed_s", "mfu", "eta_s", "clip_rate")
@@ -186,7 +186,7 @@ def test_files_get_the_umask_permissions(tmp_path, sotu_dir):
 SLOW_TRAIN = """
 import sys, time
 sys.path.insert(0, {root!r})
-import runtime.preemption as p
+import trainer.preemption as p
 original = p.PreemptionGuard.stop_requested
 def slow(self):  # about 0.15 s per step, so that a test can act mid-run
     time.sleep(0.15)
@@ -276,7 +276,7 @@ def test_sigterm_under_torchrun_stops_every_rank_and_resume_is_exact(tmp_path, s
 def test_torchrun_restart_after_a_killed_worker_continues_the_same_run(
     tmp_path, sotu_dir, straight2
 ):
-    """No out_dir: the default run directory must survive the restart (runtime/elastic.py)."""
+    """No out_dir: the default run directory must survive the restart (trainer/elastic.py)."""
     proc = torchrun(tmp_path, f"data.dir={sotu_dir}", "ckpt_every=2", restarts=1)
     wait_for_step("runs/*/metrics.jsonl", tmp_path, 5, proc)
     workers = children(proc.pid)

@@ -1,4 +1,4 @@
-"""scripts/report.py on synthetic run directories with known curves (no training, seconds)."""
+"""python -m report on synthetic run directories with known curves (no training, seconds)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scripts import report
-from scripts.report_analysis import Published, first_reach
-from scripts.report_runs import TASKS, optimizer_label
+from report import cli as report
+from report.analysis import Published, first_reach
+from report.runs import TASKS, optimizer_label
 
 ROOT = Path(__file__).resolve().parent.parent
 # 100 steps of 491.52M tokens = 49.152B tokens: the paper's 100k steps, in 100 records.
@@ -362,7 +362,8 @@ def test_cli_subprocess(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "scripts/report.py",
+            "-m",
+            "report",
             str(tmp_path / "runs"),
             "--out",
             str(out),

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from runtime import checkpoint as ckpt
-from runtime.config import config_differences
 from runtime.device import peak_flops, peak_flops_of, resolve_dtype
+from trainer import checkpoint as ckpt
+from trainer.config import config_differences
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_bench_script_runs():
         [
             sys.executable,
             "-m",
-            "scripts.bench_train_step",
+            "bench.train_step",
             "--micro-batch",
             "4",
             "--batch-seqs",

@@ -10,7 +10,7 @@ import pytest
 
 import train
 from helpers import FAST, ROOT, compose_config
-from runtime.rundir import override_tag, run_dir_name, sweep_job_dir_name
+from trainer.rundir import override_tag, run_dir_name, sweep_job_dir_name
 
 # --- composition: a chosen group's values hold -------------------------------------------------
 

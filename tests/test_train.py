@@ -11,7 +11,7 @@ import yaml
 
 import train
 from helpers import FAST, ROOT, fast_config
-from runtime.checkpoint import latest_checkpoint, load_checkpoint
+from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
 
 def read_metrics(out_dir):

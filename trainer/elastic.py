@@ -11,7 +11,7 @@ restarted workers' clock. In order of preference it is:
    started this worker (its parent process), which restarts keep; Linux (``/proc``) only;
 3. now.
 
-Every rank then takes rank 0's value (``runtime.sweeps.launch_time``).
+Every rank then takes rank 0's value (``trainer.sweeps.launch_time``).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 import yaml
 
-from runtime.checks import redact
-from runtime.config import config_differences
 from runtime.files import atomic_open
+from trainer.checks import redact
+from trainer.config import config_differences
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"

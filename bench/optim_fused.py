@@ -1,9 +1,9 @@
 """Time the optimizer step against torch's AdamW, in one process, on a model preset's tensors.
 
-    python -m scripts.bench_optim_fused                                  # gpt2-small, CPU
-    python -m scripts.bench_optim_fused --device cuda                    # adds AdamW(fused=True)
-    python -m scripts.bench_optim_fused --only adamw mars-adamw mars-lion lion --rounds 5
-    python -m scripts.bench_optim_fused --device cuda --grouping tensor  # vs the default (list)
+    python -m bench.optim_fused                                  # gpt2-small, CPU
+    python -m bench.optim_fused --device cuda                    # adds AdamW(fused=True)
+    python -m bench.optim_fused --only adamw mars-adamw mars-lion lion --rounds 5
+    python -m bench.optim_fused --device cuda --grouping tensor  # vs the default (list)
 
 Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer of the core
 on its foreach path and its compiled path (``fused=True``, optim/fused.py). Every variant steps the

@@ -1,6 +1,6 @@
-"""Per-step cost of the preemption check (runtime/preemption.py, ``stop_requested``).
+"""Per-step cost of the preemption check (trainer/preemption.py, ``stop_requested``).
 
-    torchrun --standalone --nproc_per_node=2 -m scripts.bench_preemption [--steps 200 --rounds 6]
+    torchrun --standalone --nproc_per_node=2 -m bench.preemption [--steps 200 --rounds 6]
 
 Each rank runs a stand-in DDP step (host matmuls, then a 1 MB gradient all-reduce, as DDP ends a
 step), with and without the check, interleaved round by round in one process; rank 0 prints the
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from runtime.preemption import PreemptionGuard
+from trainer.preemption import PreemptionGuard
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The papers' tables and figures from finished (or still running) training runs.
 
-    python scripts/report.py runs/owt/ 'runs/fw/*' --out reports/owt [--budgets auto|5e9,20e9,50e9]
+    python -m report runs/owt/ 'runs/fw/*' --out reports/owt [--budgets auto|5e9,20e9,50e9]
         [--baseline adamw] [--title TEXT]
 
 Arguments are run directories (``config.yaml`` + ``metrics.jsonl``), globs, parent directories
@@ -23,16 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as scripts.report (tests)
-    from . import report_analysis as ana
-    from . import report_runs as rr
-    from .report_render import render
-    from .report_sections import build_report
-else:  # run as python scripts/report.py: scripts/ is on sys.path
-    import report_analysis as ana
-    import report_runs as rr
-    from report_render import render
-    from report_sections import build_report
+from report import analysis as ana
+from report import runs as rr
+from report.render import render
+from report.sections import build_report
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "published.yaml"
 REPORT_FILES = ("report.md", "report.json", "val_loss.csv", "downstream.csv")
@@ -230,7 +224,3 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"report written to {out}/", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The numbers of ``scripts/report.py``: published values, variants, budgets, curves and speedups.
+"""The numbers of ``python -m report``: published values, variants, budgets, curves and speedups.
 
 Runs of one (dataset, model size, optimizer label) whose configs differ only in the seed and
 bookkeeping keys are seeds of one *variant*; runs differing in anything else (an lr sweep) are
@@ -16,10 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-if __package__:  # imported as scripts.report_analysis (tests)
-    from .report_runs import Run, order_key
-else:  # run as python scripts/report.py: scripts/ is on sys.path
-    from report_runs import Run, order_key
+from report.runs import Run, order_key
 
 PAPER_BUDGETS = {"5B": 5e9, "20B": 20e9, "50B": 50e9}
 # A run within this fraction of a budget has reached it (the paper's "50B" is 49.15B tokens).

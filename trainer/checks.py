@@ -20,18 +20,16 @@ import dataclasses
 import difflib
 import math
 import os
-import pickle
 import re
 import types
 import typing
 from pathlib import Path
 from typing import Any
 
-# model.* keys that do not change the shapes of the weights: a checkpoint may differ in them.
-SHAPELESS_MODEL_KEYS = frozenset({"name", "dropout"})
+from trainer.checkpoint import checkpoint_mismatch, read_checkpoint, resolve_resume
+
 SECRET_NAME = re.compile(r"(_KEY|_TOKEN|_SECRET|PASSWORD|_PASS|_PWD|_CREDENTIALS?)$|^HF_TOKEN$")
 REDACTED = "<redacted>"
-_ZIP_MAGIC = b"PK\x03\x04"
 
 
 def _dataclass_in(tp: Any) -> type | None:
@@ -133,78 +131,11 @@ def check_paths(*, data_dir: str, out_dir: str | None) -> None:
         raise ValueError(f"out_dir={out_dir} is not a directory and cannot be created there")
 
 
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, pickle.UnpicklingError):
-        return "it holds objects other than tensors and plain values, which are never loaded"
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-
-
-def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:
-    """The checkpoint at ``path`` with ``weights_only=True``; ``mmap`` maps its tensors instead of
-    reading them (the config and format are read, the weights stay on disk). ValueError with a
-    one-line reason when it is not a checkpoint of this code."""
-    import torch
-
-    from runtime.checkpoint import REQUIRED_KEYS
-
-    required = REQUIRED_KEYS
-    if path.is_dir():  # a DCP checkpoint: with mmap, only its small non-tensor part is read
-        from runtime.dcp_checkpoint import load_dcp
-
-        c = load_dcp(path, parts=() if mmap else ("model", "optimizer"))
-        required = [k for k in REQUIRED_KEYS if not mmap or k not in ("model", "optimizer")]
-    else:
-        with open(path, "rb") as f:
-            if f.read(4) != _ZIP_MAGIC:
-                raise ValueError(f"{path} is not a checkpoint (not a PyTorch file); pick another")
-        try:
-            c = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except Exception as exc:  # truncated, or objects that weights_only refuses
-            raise ValueError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
-    return check_checkpoint(c, path, required)
-
-
-def check_checkpoint(c: object, path: Path, required=None) -> dict:
-    """``c`` if it has this codebase's checkpoint structure (``required`` keys, by default all)
-    and format version; ValueError with a one-line reason otherwise."""
-    from runtime.checkpoint import FORMAT_VERSION, REQUIRED_KEYS
-
-    missing = [k for k in required or REQUIRED_KEYS if not isinstance(c, dict) or k not in c]
-    if missing:
-        raise ValueError(f"{path} is not a checkpoint of this codebase (it lacks {missing})")
-    version = c["format_version"]
-    if version != FORMAT_VERSION:
-        newer = isinstance(version, int) and version > FORMAT_VERSION
-        raise ValueError(
-            f"{path} has checkpoint format {version}, this code reads format {FORMAT_VERSION}"
-            + ("; it was written by a newer version of this code: update it" if newer else "")
-        )
-    return c
-
-
-def checkpoint_mismatch(saved: dict, config: dict) -> list[str]:
-    """``key: checkpoint X, configured Y`` for each model shape key and the optimizer name that
-    differ between a checkpoint's config ``saved`` and the configured ``config``."""
-    old_model, new_model = saved.get("model") or {}, config.get("model") or {}
-    diffs = [
-        f"model.{k}: checkpoint {old_model.get(k, '<absent>')!r}, configured {new_model.get(k)!r}"
-        for k in sorted(set(old_model) | set(new_model))
-        if k not in SHAPELESS_MODEL_KEYS and old_model.get(k) != new_model.get(k)
-    ]
-    old_opt = (saved.get("optimizer") or {}).get("name")
-    new_opt = (config.get("optimizer") or {}).get("name")
-    if old_opt != new_opt:
-        diffs.append(f"optimizer: checkpoint {old_opt!r}, configured {new_opt!r}")
-    return diffs
-
-
 def check_resume_source(resume: str, config: dict) -> None:
     """An explicit ``resume=PATH`` (file or run directory) names a readable checkpoint of this
     format whose model shapes and optimizer are the configured ones."""
     if resume in ("auto", "never"):
         return
-    from runtime.checkpoint import resolve_resume
-
     path = resolve_resume(resume, ".")
     saved = read_checkpoint(path)["config"]
     diffs = checkpoint_mismatch(saved if isinstance(saved, dict) else {}, config)

@@ -9,7 +9,7 @@ from typing import Any
 from data import DataConfig
 from model import GPTConfig
 from optim import ScheduleConfig
-from runtime.nonfinite import NonFiniteConfig
+from trainer.nonfinite import NonFiniteConfig
 
 WANDB_MODES = ("online", "offline", "disabled")
 CHECKPOINT_FORMATS = ("file", "dcp")
@@ -36,7 +36,7 @@ class TrainConfig:
     optimizer: Any = None  # a registered optimizer's config dataclass (optim.registry)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)  # runtime/nonfinite.py
+    nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)  # trainer/nonfinite.py
 
     name: str | None = None  # the run's name (an experiment's, or the optimizer's): run dir, wandb
     out_dir: str | None = None  # the run directory; None: runs/<name>[_<overrides>]_<date>_<time>

@@ -1,9 +1,9 @@
-"""Cost of the per-step non-finite check (runtime/nonfinite.py): training steps with the check
+"""Cost of the per-step non-finite check (trainer/nonfinite.py): training steps with the check
 (``nonfinite.policy=skip``: one tiny all-reduce and one host sync per step) against without
 (``off``), interleaved in one process so that both see the same machine.
 
-    python -m scripts.bench_nonfinite                                   # tiny model, CPU
-    python -m scripts.bench_nonfinite --model gpt2-small --device cuda --micro-batch 16 --accum 4
+    python -m bench.nonfinite                                   # tiny model, CPU
+    python -m bench.nonfinite --model gpt2-small --device cuda --micro-batch 16 --accum 4
 
 Each round times ``--steps`` back-to-back steps (forward/backward over ``--accum`` micro-batches,
 the global grad-norm clip, the check, the optimizer step) with one device sync at the end only,
@@ -26,9 +26,9 @@ import optim
 from model import GPT, GPTConfig
 from runtime.device import resolve_dtype
 from runtime.distributed import DistInfo, pick_device
-from runtime.nonfinite import NonFiniteConfig, NonFiniteGuard
-from runtime.run import RunState
 from train import forward_backward
+from trainer.nonfinite import NonFiniteConfig, NonFiniteGuard
+from trainer.run import RunState
 
 ROOT = Path(__file__).resolve().parent.parent
 

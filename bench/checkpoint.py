@@ -1,12 +1,12 @@
 """How long a checkpoint blocks the training loop: the single file, DCP, and asynchronous DCP.
 
-    python -m scripts.bench_checkpoint                                  # gpt2-small, MARS-AdamW
-    python -m scripts.bench_checkpoint --model gpt2-medium --saves 3 --dir /scratch/bench
-    torchrun --nproc_per_node=2 -m scripts.bench_checkpoint --device cpu   # DCP splits the writing
+    python -m bench.checkpoint                                  # gpt2-small, MARS-AdamW
+    python -m bench.checkpoint --model gpt2-medium --saves 3 --dir /scratch/bench
+    torchrun --nproc_per_node=2 -m bench.checkpoint --device cpu   # DCP splits the writing
 
 Builds the model and optimizer, takes one optimizer step so its state exists, then saves the
 same state ``--saves`` times in each format, interleaved (file, dcp, dcp-async, file, ...), as
-the training loop does (``runtime.run.save_training_state``): ``stall`` is how long the save
+the training loop does (``trainer.run.save_training_state``): ``stall`` is how long the save
 call blocked (for dcp-async: the copy to CPU memory), ``written`` how long until the checkpoint
 was on disk and committed. Prints the device line and the medians.
 """
@@ -24,11 +24,11 @@ import torch
 import yaml
 
 import optim
+from bench.data import device_line
 from model import GPT, GPTConfig
-from runtime import checkpoint as ckpt
-from runtime.dcp_checkpoint import DcpCheckpointer, split_tensors
 from runtime.distributed import barrier, destroy, init_distributed
-from scripts.bench_data import device_line
+from trainer import checkpoint as ckpt
+from trainer.dcp_checkpoint import DcpCheckpointer, split_tensors
 
 ROOT = Path(__file__).resolve().parent.parent
 FORMATS = ("file", "dcp", "dcp-async")

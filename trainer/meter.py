@@ -15,11 +15,11 @@ from collections.abc import Callable
 import torch
 from tqdm import tqdm
 
-from runtime.config import TrainConfig
 from runtime.device import peak_flops
 from runtime.distributed import DistInfo, all_reduce_sum
-from runtime.logs import MetricsLogger
-from runtime.run import RunState
+from trainer.config import TrainConfig
+from trainer.logs import MetricsLogger
+from trainer.run import RunState
 
 log = logging.getLogger(__name__)
 

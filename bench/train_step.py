@@ -1,8 +1,8 @@
 """Time training steps (forward/backward over micro-batches + optimizer step) of a model preset.
 
-    python -m scripts.bench_train_step                          # tiny model, CPU, micro-batch 1 2 4 8
-    python -m scripts.bench_train_step --model gpt2-small --device cuda --micro-batch 8 16
-    python -m scripts.bench_train_step --no-tune-allocator      # glibc's default allocator
+    python -m bench.train_step                          # tiny model, CPU, micro-batch 1 2 4 8
+    python -m bench.train_step --model gpt2-small --device cuda --micro-batch 8 16
+    python -m bench.train_step --no-tune-allocator      # glibc's default allocator
 
 Prints tokens/s (best of --steps timed steps after one warm-up step), MFU on GPUs with a known
 peak, and the device. Run one configuration per process when comparing allocator settings:
@@ -21,10 +21,10 @@ import yaml
 
 import optim
 from model import GPT, GPTConfig
-from runtime.config import TrainConfig
 from runtime.device import peak_flops, resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, pick_device
 from train import forward_backward
+from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

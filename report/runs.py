@@ -1,4 +1,4 @@
-"""Reading run directories for ``scripts/report.py``: config, metrics, summary and evaluations.
+"""Reading run directories for ``python -m report``: config, metrics, summary and evaluations.
 
 A run directory holds ``config.yaml`` and ``metrics.jsonl`` (and, once its session ended,
 ``summary.json``; after evaluation, ``eval/step_N.json`` from eval.py and/or lm-eval-harness's

@@ -1,8 +1,8 @@
 """Time one optimizer step (no forward/backward) of every registered optimizer on a model preset.
 
-    python -m scripts.bench_optim                                   # tiny model, CPU
-    python -m scripts.bench_optim --model gpt2-small --device cuda  # the papers' smallest model
-    python -m scripts.bench_optim --only mars-adamw adamw --foreach both
+    python -m bench.optim                                   # tiny model, CPU
+    python -m bench.optim --model gpt2-small --device cuda  # the papers' smallest model
+    python -m bench.optim --only mars-adamw adamw --foreach both
 
 Prints milliseconds per step (median of --steps after --warmup steps), the optimizer state in
 bytes per parameter, and the device. MARS optimizers can be timed with their per-tensor loop

@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from runtime.checkpoint import latest_checkpoint
 from runtime.distributed import DistInfo, all_reduce_sum
+from trainer.checkpoint import latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ _PARTS = ("loss", "gradient norm", "reference gradient norm")
 
 @dataclass
 class NonFiniteConfig:
-    """What a step with a non-finite loss or gradient does (runtime/nonfinite.py).
+    """What a step with a non-finite loss or gradient does (trainer/nonfinite.py).
 
     ``skip`` (default): the step is not applied and is counted; the run stops when
     ``max_consecutive`` steps in a row are non-finite (an isolated bad batch costs one step, a

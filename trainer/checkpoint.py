@@ -4,12 +4,13 @@ Files are ``<out_dir>/checkpoints/step_<N>.pt`` (N = completed optimizer steps),
 temporary file and renamed, so a crash never leaves a half-written checkpoint under that name.
 They hold only tensors and plain Python values and load with ``torch.load(weights_only=True)``.
 A checkpoint may also be a DCP directory ``step_<N>/`` (``checkpoint_format=dcp``,
-``runtime.dcp_checkpoint``); the functions here list, prune and load both kinds alike.
+``trainer.dcp_checkpoint``); the functions here list, prune and load both kinds alike.
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -17,14 +18,17 @@ from typing import Any
 
 import torch
 
-from runtime.dcp_checkpoint import is_dcp_checkpoint
 from runtime.files import atomic_open
+from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _STEP_FILE = re.compile(r"^step_(\d+)(\.pt)?$")  # a file, or a DCP directory
 REQUIRED_KEYS = ("format_version", "step", "model", "optimizer", "loader", "rng", "config")
+# model.* keys that do not change the shapes of the weights: a checkpoint may differ in them.
+SHAPELESS_MODEL_KEYS = frozenset({"name", "dropout"})
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
@@ -138,9 +142,7 @@ def remove_leftover_temp_files(directory: Path) -> None:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint (a file, or a DCP directory read whole into the same dict) onto the CPU
     with ``weights_only=True`` and check its structure and format (ValueError with a one-line
-    reason; ``runtime.checks.read_checkpoint``)."""
-    from runtime.checks import read_checkpoint
-
+    reason; ``read_checkpoint``)."""
     return read_checkpoint(Path(path), mmap=False)
 
 
@@ -170,3 +172,60 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
             f"the model in {source} does not fit the configured model (a different model= or "
             f"model.* setting?):\n{exc}"
         ) from exc
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, pickle.UnpicklingError):
+        return "it holds objects other than tensors and plain values, which are never loaded"
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:
+    """The checkpoint at ``path`` with ``weights_only=True``; ``mmap`` maps its tensors instead of
+    reading them (the config and format are read, the weights stay on disk). ValueError with a
+    one-line reason when it is not a checkpoint of this code."""
+    required = REQUIRED_KEYS
+    if path.is_dir():  # a DCP checkpoint: with mmap, only its small non-tensor part is read
+        c = load_dcp(path, parts=() if mmap else ("model", "optimizer"))
+        required = [k for k in REQUIRED_KEYS if not mmap or k not in ("model", "optimizer")]
+    else:
+        with open(path, "rb") as f:
+            if f.read(4) != _ZIP_MAGIC:
+                raise ValueError(f"{path} is not a checkpoint (not a PyTorch file); pick another")
+        try:
+            c = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        except Exception as exc:  # truncated, or objects that weights_only refuses
+            raise ValueError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
+    return check_checkpoint(c, path, required)
+
+
+def check_checkpoint(c: object, path: Path, required=None) -> dict:
+    """``c`` if it has this codebase's checkpoint structure (``required`` keys, by default all)
+    and format version; ValueError with a one-line reason otherwise."""
+    missing = [k for k in required or REQUIRED_KEYS if not isinstance(c, dict) or k not in c]
+    if missing:
+        raise ValueError(f"{path} is not a checkpoint of this codebase (it lacks {missing})")
+    version = c["format_version"]
+    if version != FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        raise ValueError(
+            f"{path} has checkpoint format {version}, this code reads format {FORMAT_VERSION}"
+            + ("; it was written by a newer version of this code: update it" if newer else "")
+        )
+    return c
+
+
+def checkpoint_mismatch(saved: dict, config: dict) -> list[str]:
+    """``key: checkpoint X, configured Y`` for each model shape key and the optimizer name that
+    differ between a checkpoint's config ``saved`` and the configured ``config``."""
+    old_model, new_model = saved.get("model") or {}, config.get("model") or {}
+    diffs = [
+        f"model.{k}: checkpoint {old_model.get(k, '<absent>')!r}, configured {new_model.get(k)!r}"
+        for k in sorted(set(old_model) | set(new_model))
+        if k not in SHAPELESS_MODEL_KEYS and old_model.get(k) != new_model.get(k)
+    ]
+    old_opt = (saved.get("optimizer") or {}).get("name")
+    new_opt = (config.get("optimizer") or {}).get("name")
+    if old_opt != new_opt:
+        diffs.append(f"optimizer: checkpoint {old_opt!r}, configured {new_opt!r}")
+    return diffs

@@ -1,9 +1,9 @@
 """Time Newton-Schulz per optimizer step on GPT-2 matrix shapes, one matrix at a time vs batched,
 and its share of a MARS-M (or Muon) optimizer step.
 
-    python -m scripts.bench_newton_schulz --model gpt2-small --layers 1 --steps 2  # CPU, short
-    python -m scripts.bench_newton_schulz --model gpt2-xl --layers 1 --steps 1 --warmup 0
-    python -m scripts.bench_newton_schulz --device cuda --model gpt2-small gpt2-xl  # bf16, full
+    python -m bench.newton_schulz --model gpt2-small --layers 1 --steps 2  # CPU, short
+    python -m bench.newton_schulz --model gpt2-xl --layers 1 --steps 1 --warmup 0
+    python -m bench.newton_schulz --device cuda --model gpt2-small gpt2-xl  # bf16, full
 
 Shapes come from configs/model/<model>.yaml without building the model: per block c_attn
 (3n, n), attn c_proj (n, n), c_fc (4n, n), mlp c_proj (n, 4n) (the block matrices that MARS-M,

@@ -1,10 +1,10 @@
 """Training throughput, MFU and peak memory of whole training steps, per model and optimizer.
 
-    python -m scripts.bench_train                          # CUDA: GPT-2 small..XL, every optimizer
-    python -m scripts.bench_train --models gpt2-small --optimizers adamw mars-adamw
-    python -m scripts.bench_train --device cpu             # CPU: the tiny model, the same table
-    python -m scripts.bench_train --device cpu --loss-chunk-tokens 0 4096 --optimizers adamw
-    python -m scripts.bench_train --device cpu --optimizers adamw --nanogpt /path/to/nanoGPT
+    python -m bench.train                          # CUDA: GPT-2 small..XL, every optimizer
+    python -m bench.train --models gpt2-small --optimizers adamw mars-adamw
+    python -m bench.train --device cpu             # CPU: the tiny model, the same table
+    python -m bench.train --device cpu --loss-chunk-tokens 0 4096 --optimizers adamw
+    python -m bench.train --device cpu --optimizers adamw --nanogpt /path/to/nanoGPT
 
 Each case times ``Trainer.train_step`` of train.py (the lr schedule, the exact modes' extra
 forward/backward through optim.reference_pass, forward/backward over the micro-batches, the grad
@@ -38,12 +38,12 @@ import yaml
 
 import optim
 from model import GPT, GPTConfig
-from runtime.config import TrainConfig
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
-from runtime.nonfinite import NonFiniteGuard
-from runtime.run import RunState
 from train import Trainer
+from trainer.config import TrainConfig
+from trainer.nonfinite import NonFiniteGuard
+from trainer.run import RunState
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_MODELS = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")

@@ -1,7 +1,7 @@
 """Optimizer state per parameter, and ESTIMATED peak training memory per model and optimizer.
 
-    python -m scripts.bench_memory                        # GPT-2 small..XL, every optimizer
-    python -m scripts.bench_memory --models tiny gpt2-small --micro-batch 1 --seq-len 256
+    python -m bench.memory                        # GPT-2 small..XL, every optimizer
+    python -m bench.memory --models tiny gpt2-small --micro-batch 1 --seq-len 256
 
 State bytes per parameter are measured, not estimated: each optimizer takes one step on the model
 built on the meta device (shapes only, no memory), and its state tensors are summed (each tensor
@@ -20,7 +20,7 @@ attention, at the papers' micro-batch (configs/shared/*.yaml) and 1024 tokens:
       hidden states (tokens x n_embd x 4)
 
 It leaves out the CUDA context and allocator fragmentation (a few GiB in nvidia-smi), and
-torch.compile's fusions (which lower the activations). scripts/bench_train.py measures the real
+torch.compile's fusions (which lower the activations). bench/train.py measures the real
 peak (torch.cuda.max_memory_allocated) on a GPU.
 """
 
@@ -31,10 +31,10 @@ import argparse
 import torch
 
 import optim
+from bench.optim import state_bytes
+from bench.train import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
 from model import GPT, GPTConfig
-from runtime.config import TrainConfig
-from scripts.bench_optim import state_bytes
-from scripts.bench_train import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
+from trainer.config import TrainConfig
 
 GIB = 2**30
 

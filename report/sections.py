@@ -8,14 +8,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-if __package__:  # imported as scripts.report_sections (tests)
-    from . import report_analysis as ana
-    from . import report_figures as figs
-    from . import report_runs as rr
-else:  # run as python scripts/report.py: scripts/ is on sys.path
-    import report_analysis as ana
-    import report_figures as figs
-    import report_runs as rr
+from report import analysis as ana
+from report import figures as figs
+from report import runs as rr
 
 Groups = dict[tuple[str, str, str], list[ana.Variant]]
 

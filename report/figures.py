@@ -1,4 +1,4 @@
-"""Validation-loss figures of ``scripts/report.py`` (matplotlib, Agg canvas, PNG).
+"""Validation-loss figures of ``python -m report`` (matplotlib, Agg canvas, PNG).
 
 Figures are drawn through matplotlib's object interface on an Agg canvas (no pyplot, so no
 global state and no display is needed).

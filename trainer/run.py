@@ -18,12 +18,12 @@ from typing import Any
 
 import torch
 
-from runtime import checkpoint as ckpt
-from runtime.config import TrainConfig
-from runtime.dcp_checkpoint import DcpCheckpointer
 from runtime.distributed import DistInfo, broadcast_object, gather_objects
-from runtime.logs import MetricsLogger, init_wandb, truncate_metrics
-from runtime.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig
+from trainer.dcp_checkpoint import DcpCheckpointer
+from trainer.logs import MetricsLogger, init_wandb, truncate_metrics
+from trainer.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class RunState:
     last_val_loss: float | None = None
     last_train_loss: float | None = None
     elapsed_s: float = 0.0  # wall-clock seconds of the run's earlier sessions (restarts)
-    skipped_steps: int = 0  # steps not applied: non-finite loss/gradient (runtime/nonfinite.py)
+    skipped_steps: int = 0  # steps not applied: non-finite loss/gradient (trainer/nonfinite.py)
 
 
 def on_main(dist: DistInfo, fn, *args) -> None:

@@ -1,0 +1,1 @@
+"""The benchmarks: each prints its figures and the device it ran on (``python -m bench.NAME``)."""
