@@ -5,40 +5,34 @@
     torchrun --nproc_per_node=8 train.py model=gpt2-small data=openwebtext
     python train.py --multirun optimizer.lr=3e-4,6e-4,1e-3
 
-Each step: set the lr from the schedule, forward/backward over the micro-batches (DDP syncs
-gradients on the last one only), clip the global grad norm, step the optimizer. Validation loss,
-checkpoints and logs at the configured intervals; everything lands in ``out_dir``.
-
-Here: the step (``forward_backward``, ``Trainer``), building a ready Trainer, one run from start
-to summary, and the command line (the only Hydra code of training). Elsewhere: the run directory,
-save/restore and the summary (``trainer/run.py``), what each step reports (``trainer/meter.py``).
+Here: the loop (``run``: a step, then the log line, validation loss and checkpoint at their
+intervals), one run from its directory to its summary (``train``), and the command line (the only
+Hydra code of training). Elsewhere, in ``trainer/``: the Trainer and its step (``trainer.py``),
+the run directory and summary (``run.py``, ``rundir.py``), checkpoints (``checkpoint.py``), what
+each step reports (``meter.py``); everything lands in ``out_dir``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import sys
 import time
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 import optim
-from data import TokenLoader, ensure_prepared, shard_files, val_batches
-from model import GPT
-from runtime.device import autocast, configure_backends, resolve_dtype
+from data import ensure_prepared
+from runtime.device import configure_backends, resolve_dtype
 from runtime.distributed import (
     DistInfo,
     barrier,
@@ -47,214 +41,49 @@ from runtime.distributed import (
     init_for_sweep,
     pick_device,
 )
-from runtime.seeding import seed_everything
 from trainer import checks
 from trainer.config import TrainConfig, grad_accum_steps
-from trainer.dcp_checkpoint import DcpCheckpointer
-from trainer.evaluation import validation_loss
-from trainer.logs import MetricsLogger, setup_logging
-from trainer.meter import Meter, log_val_loss
-from trainer.nonfinite import NonFiniteGuard
-from trainer.preemption import Preempted, PreemptionGuard
-from trainer.run import (
-    RunState,
-    finish_run,
-    finished_summary,
-    on_main,
-    open_run,
-    prepare_out_dir,
-    restore_training_state,
-    save_training_state,
-)
+from trainer.logs import setup_logging
+from trainer.meter import Meter
+from trainer.preemption import Preempted
+from trainer.run import finish_run, on_main, prepare_out_dir
 from trainer.rundir import run_dir_name
 from trainer.sweeps import launch_time, record_swept_keys, sweep_dir, sweep_job_dir
+from trainer.trainer import Trainer, build_trainer
 
 log = logging.getLogger("train")
 
 
-def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
-    """Accumulate ``scale * loss`` gradients over ``batches``; DDP syncs on the last one only.
-
-    Returns the mean loss over ``batches`` as a tensor (no host synchronisation)."""
-    total = torch.zeros((), device=dist.device)
-    for i, (x, y) in enumerate(batches):
-        last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync()
-        with sync:
-            with autocast(dist.device, dtype):
-                _, loss = model(x, y)
-            (loss * scale).backward()
-        total += loss.detach()
-    return total / len(batches)
-
-
-class Trainer:
-    """Everything one training run holds, and the loop over it (this module's docstring)."""
-
-    def __init__(self, cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path):
-        self.cfg, self.config_dict, self.dist, self.out_dir = cfg, config_dict, dist, out_dir
-        self.accum = grad_accum_steps(cfg, dist.world_size)
-        self.dtype = resolve_dtype(cfg.dtype, dist.device)
-        seed_everything(cfg.seed)  # identical initial weights on every rank
-        self.raw_model = GPT(cfg.model).to(dist.device)
-        self.raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
-        self.raw_model.activation_checkpointing = cfg.activation_checkpointing
-        self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
-        optim.set_initial_lr(self.optimizer)
-        train_files, self.val_files = shard_files(cfg.data)
-        self.loader = TokenLoader(
-            train_files,
-            batch_size=cfg.micro_batch_size,
-            seq_len=cfg.sequence_length,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            seed=cfg.seed,
-            device=dist.device,
-            sampling=cfg.data.sampling,
-        )
-        seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
-        self.state = RunState()
-        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, out_dir, cfg.batch_tokens)
-        self.logger: MetricsLogger | None = None  # opened by build_trainer
-        self.finished: dict | None = None  # the summary, when an earlier session finished the run
-        self.preemption = PreemptionGuard()  # SIGTERM/SIGUSR1: stop, checkpoint, requeue
-        self.stopped_by = ""  # the signal that stopped the run early
-        self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
-        self.eval_model: torch.nn.Module = self.raw_model
-        self.session_start = time.perf_counter()
-        self.dcp_saver = (
-            DcpCheckpointer(
-                asynchronous=cfg.async_checkpoint, rank=dist.rank, world_size=dist.world_size
-            )
-            if cfg.checkpoint_format == "dcp"
-            else None
-        )
-
-    def elapsed(self) -> float:
-        """Wall-clock seconds since the run began, summed over its sessions."""
-        return round(self.state.elapsed_s + time.perf_counter() - self.session_start, 3)
-
-    def wrap(self) -> None:
-        """torch.compile (optional), then DDP when there are several processes."""
-        model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
-        self.eval_model = model
-        if self.dist.distributed:
-            cuda = self.dist.device.type == "cuda"
-            model = DDP(model, device_ids=[self.dist.local_rank] if cuda else None)
-        self.model = model
-
-    def restore(self, path: Path) -> Path:
-        """Load ``path`` (resume=auto: or the newest readable older one); returns the one used."""
-        parts = (self.raw_model, self.optimizer, self.loader)
-        fall_back = self.cfg.resume == "auto"
-        return restore_training_state(path, *parts, self.state, self.dist, fall_back)
-
-    def save(self) -> None:
-        parts = (self.raw_model, self.optimizer, self.loader)
-        save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
-                            dist=self.dist, keep=self.cfg.keep_checkpoints, elapsed=self.elapsed,
-                            dcp_saver=self.dcp_saver)  # fmt: skip
-
-    def evaluate(self) -> float:
-        cfg, dist = self.cfg, self.dist
-        batches = val_batches(
-            self.val_files,
-            batch_size=cfg.micro_batch_size,
-            seq_len=cfg.sequence_length,
-            rank=dist.rank,
-            world_size=dist.world_size,
-            max_tokens=cfg.eval_tokens,
-            device=dist.device,
-        )
-        loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
-        log_val_loss(loss, self.state, self.logger, self.elapsed())
-        return loss
-
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimizer step; returns (loss, grad norm) as tensors and the lr used. A step with
-        a non-finite loss or gradient is skipped or stops the run (trainer/nonfinite.py)."""
-        cfg = self.cfg
-        lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
-        batches = [self.loader.next_batch() for _ in range(self.accum)]
-        scale = cfg.grad_scale / self.accum
-        ref_norm = self.reference_grad(scale)
-        loss = forward_backward(self.model, batches, self.dist, self.dtype, scale)
-        grad_norm = self.clip_grads()
-        if self.guard.allows_step(loss, grad_norm, ref_norm, self.logger):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state.step += 1
-        self.state.tokens += cfg.batch_tokens
-        return loss, grad_norm, lr
-
-    def clip_grads(self) -> torch.Tensor:
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        return torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
-
-    def reference_grad(self, scale: float) -> torch.Tensor | None:
-        """Exact MARS through optim.reference_pass (a no-op for other optimizers): the gradient
-        of the *next* step's batches at the current weights, clipped like the real one, kept by
-        the optimizer as the next step's reference. Returns its norm (None when no pass ran)."""
-        norms = []
-
-        def ahead() -> None:
-            batches = [self.loader.peek_batch(i) for i in range(self.accum)]
-            forward_backward(self.model, batches, self.dist, self.dtype, scale)
-            norms.append(self.clip_grads())
-
-        optim.reference_pass(self.optimizer, ahead)
-        return norms[0] if norms else None
-
-    def run(self) -> None:
-        cfg, state = self.cfg, self.state
-        if state.step >= cfg.max_steps:
-            log.info("run already complete at step %d (max_steps=%d)", state.step, cfg.max_steps)
-            return
-        if state.step == 0 and cfg.eval_every:
-            self.evaluate()
-        flops_per_token = self.raw_model.flops_per_token(cfg.sequence_length)
-        meter = Meter(cfg, self.dist, state, self.logger, flops_per_token, self.elapsed)
-        while state.step < cfg.max_steps:
-            loss, grad_norm, lr = self.train_step()
-            last = state.step == cfg.max_steps
-            meter.step(grad_norm)
-            if (state.step % cfg.log_every == 0 or last) and not self.guard.skipped:
-                meter.log(loss, grad_norm, lr, self.guard.metrics())
-            t0 = time.perf_counter()
-            if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
-                self.evaluate()
-            stop = not last and self.preemption.stop_requested()  # agreed by all ranks
-            if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last or stop:
-                self.save()
-            meter.exclude(time.perf_counter() - t0)
-            if stop:
-                self.stopped_by = self.preemption.signame
-                break
-        if self.dcp_saver is not None:
-            self.dcp_saver.close()  # the last checkpoint is written before the run ends
-        meter.close()
-
-
-def build_trainer(
-    cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path, resume_path: Path | None
-) -> Trainer:
-    """A ready Trainer: model, optimizer and loader built, the checkpoint restored, the run files
-    and the logger open, the model compiled and DDP-wrapped. A run that an earlier session
-    finished is only restored, with its summary in ``trainer.finished``: nothing is written."""
-    trainer = Trainer(cfg, config_dict, dist, out_dir)
-    if resume_path is not None:
-        resume_path = trainer.restore(resume_path)
-    trainer.finished = finished_summary(out_dir, trainer.state.step, cfg.max_steps)
-    if trainer.finished is None:
-        trainer.logger = open_run(cfg, config_dict, dist, out_dir, resume_path, trainer.state.step)
-        trainer.wrap()
-        log.info("model %s: %.2fM parameters | optimizer %s | %d process(es) on %s, %s | batch %s "
-                 "tokens = %d seqs x %d tokens x %d micro-steps x %d processes | out_dir %s",
-                 cfg.model.name, trainer.raw_model.num_params() / 1e6, cfg.optimizer.name,
-                 dist.world_size, dist.device, str(trainer.dtype).removeprefix("torch."),
-                 f"{cfg.batch_tokens:,}", cfg.micro_batch_size, cfg.sequence_length,
-                 trainer.accum, dist.world_size, out_dir)  # fmt: skip
-    return trainer
+def run(trainer: Trainer) -> None:
+    """The loop: a step, then at their intervals the log line, the validation loss and a
+    checkpoint; a stop signal agreed by every rank ends it early with a checkpoint."""
+    cfg, state = trainer.cfg, trainer.state
+    if state.step >= cfg.max_steps:
+        log.info("run already complete at step %d (max_steps=%d)", state.step, cfg.max_steps)
+        return
+    if state.step == 0 and cfg.eval_every:
+        trainer.evaluate()
+    flops_per_token = trainer.raw_model.flops_per_token(cfg.sequence_length)
+    meter = Meter(cfg, trainer.dist, state, trainer.logger, flops_per_token, trainer.elapsed)
+    while state.step < cfg.max_steps:
+        loss, grad_norm, lr = trainer.train_step()
+        last = state.step == cfg.max_steps
+        meter.step(grad_norm)
+        if (state.step % cfg.log_every == 0 or last) and not trainer.guard.skipped:
+            meter.log(loss, grad_norm, lr, trainer.guard.metrics())
+        t0 = time.perf_counter()
+        if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
+            trainer.evaluate()
+        stop = not last and trainer.preemption.stop_requested()  # agreed by all ranks
+        if (cfg.ckpt_every and state.step % cfg.ckpt_every == 0) or last or stop:
+            trainer.save()
+        meter.exclude(time.perf_counter() - t0)
+        if stop:
+            trainer.stopped_by = trainer.preemption.signame
+            break
+    if trainer.dcp_saver is not None:
+        trainer.dcp_saver.close()  # the last checkpoint is written before the run ends
+    meter.close()
 
 
 def default_run_dir(cfg: TrainConfig) -> str:
@@ -297,7 +126,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     start = time.perf_counter()
     try:
         with trainer.preemption:  # the signal handlers, while the loop runs
-            trainer.run()
+            run(trainer)
     finally:
         trainer.logger.close()
     if trainer.stopped_by:  # checkpoint written; train.py exits with REQUEUE_EXIT_CODE

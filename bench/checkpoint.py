@@ -6,7 +6,7 @@
 
 Builds the model and optimizer, takes one optimizer step so its state exists, then saves the
 same state ``--saves`` times in each format, interleaved (file, dcp, dcp-async, file, ...), as
-the training loop does (``trainer.run.save_training_state``): ``stall`` is how long the save
+the training loop does (``trainer.checkpoint.save_training_state``): ``stall`` is how long the save
 call blocked (for dcp-async: the copy to CPU memory), ``written`` how long until the checkpoint
 was on disk and committed. Prints the device line and the medians.
 """

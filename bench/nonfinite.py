@@ -26,9 +26,9 @@ import optim
 from model import GPT, GPTConfig
 from runtime.device import resolve_dtype
 from runtime.distributed import DistInfo, pick_device
-from train import forward_backward
 from trainer.nonfinite import NonFiniteConfig, NonFiniteGuard
 from trainer.run import RunState
+from trainer.trainer import forward_backward
 
 ROOT = Path(__file__).resolve().parent.parent
 

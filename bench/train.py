@@ -40,10 +40,8 @@ import optim
 from model import GPT, GPTConfig
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
-from train import Trainer
 from trainer.config import TrainConfig
-from trainer.nonfinite import NonFiniteGuard
-from trainer.run import RunState
+from trainer.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU_MODELS = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
@@ -87,22 +85,11 @@ class RandomBatches:
 
 
 class BenchTrainer(Trainer):
-    """train.py's Trainer without data files, run directory or logger: its train_step as is."""
+    """train.py's Trainer, its step as is, on random batches: no data files, run directory or
+    logger (the non-finite check, part of every step, is timed with it)."""
 
-    def __init__(self, cfg: TrainConfig, dist: DistInfo) -> None:  # noqa: D107 (no super().__init__)
-        self.cfg, self.dist, self.accum = cfg, dist, 1
-        self.dtype = resolve_dtype(cfg.dtype, dist.device)
-        torch.manual_seed(0)
-        self.raw_model = GPT(cfg.model).to(dist.device)
-        self.raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
-        self.raw_model.activation_checkpointing = cfg.activation_checkpointing
-        self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
-        optim.set_initial_lr(self.optimizer)
-        self.loader = RandomBatches(cfg, dist.device)
-        self.state = RunState()
-        # the per-step non-finite check is part of a training step: timed with it
-        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, Path("."), cfg.batch_tokens)
-        self.logger = None
+    def __init__(self, cfg: TrainConfig, dist: DistInfo) -> None:
+        super().__init__(cfg, dist, batches=RandomBatches(cfg, dist.device))
         self.wrap()
 
 

@@ -23,8 +23,8 @@ import optim
 from model import GPT, GPTConfig
 from runtime.device import peak_flops, resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, pick_device
-from train import forward_backward
 from trainer.config import TrainConfig
+from trainer.trainer import forward_backward
 
 ROOT = Path(__file__).resolve().parent.parent
 

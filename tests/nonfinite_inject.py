@@ -15,12 +15,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import train  # noqa: E402
+import trainer.trainer as trainer_mod  # noqa: E402
 
 PLAN = dict(item.split(":") for item in os.environ["NONFINITE_TEST_PLAN"].split(","))
 RANK = int(os.environ.get("RANK", "0"))
 current = {"step": 0}
-real_clip, real_step = train.Trainer.clip_grads, train.Trainer.train_step
-real_fb = train.forward_backward
+real_clip, real_step = trainer_mod.Trainer.clip_grads, trainer_mod.Trainer.train_step
+real_fb = trainer_mod.forward_backward
 
 
 def clip(self):
@@ -47,8 +48,8 @@ def train_step(self):
     return out
 
 
-train.Trainer.clip_grads, train.Trainer.train_step = clip, train_step
-train.forward_backward = forward_backward
+trainer_mod.Trainer.clip_grads, trainer_mod.Trainer.train_step = clip, train_step
+trainer_mod.forward_backward = forward_backward
 
 if __name__ == "__main__":
     train.cli()

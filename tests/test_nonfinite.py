@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import train
+import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, compose_config, fast_config
 from trainer.nonfinite import NonFiniteConfig
 
@@ -44,7 +45,7 @@ def poisoning_clip(plan: dict[int, str]):
             poison(self.raw_model, "nan")
         elif kind in ("nan", "inf") and (not exact or not first):
             poison(self.raw_model, kind)
-        return train.Trainer.__dict__["_orig_clip"](self)
+        return trainer_mod.Trainer.__dict__["_orig_clip"](self)
 
     return clip
 
@@ -52,10 +53,10 @@ def poisoning_clip(plan: dict[int, str]):
 @pytest.fixture
 def inject(monkeypatch):
     """``inject({step: kind})`` makes every Trainer poison those steps (this process only)."""
-    monkeypatch.setattr(train.Trainer, "_orig_clip", train.Trainer.clip_grads, raising=False)
+    monkeypatch.setattr(trainer_mod.Trainer, "_orig_clip", trainer_mod.Trainer.clip_grads, raising=False)
 
     def setup(plan):
-        monkeypatch.setattr(train.Trainer, "clip_grads", poisoning_clip(plan))
+        monkeypatch.setattr(trainer_mod.Trainer, "clip_grads", poisoning_clip(plan))
 
     return setup
 
@@ -109,7 +110,7 @@ def test_skipped_step_touches_neither_weights_nor_optimizer_state(
     tmp_path, sotu_dir, inject, optimizer, kind
 ):
     typed, _ = fast_config(tmp_path, sotu_dir, f"optimizer={optimizer}", "max_steps=3")
-    trainer = train.Trainer(typed, {}, train.init_distributed("cpu"), tmp_path)
+    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
     inject({2: kind})
     trainer.train_step()  # step 1: the optimizer state exists
     before = snapshot(trainer)
@@ -148,14 +149,14 @@ def test_skips_are_counted_in_metrics_summary_and_checkpoint(tmp_path, sotu_dir,
 
 def test_nan_loss_on_finite_gradients_is_skipped(tmp_path, sotu_dir, monkeypatch):
     calls = []
-    real = train.forward_backward
+    real = trainer_mod.forward_backward
 
     def nan_loss_at_step_2(*args):
         calls.append(1)
         loss = real(*args)
         return loss * float("nan") if len(calls) == 2 else loss
 
-    monkeypatch.setattr(train, "forward_backward", nan_loss_at_step_2)
+    monkeypatch.setattr(trainer_mod, "forward_backward", nan_loss_at_step_2)
     summary = run(tmp_path, sotu_dir, "max_steps=3", "eval_every=0")
     assert summary["skipped_steps"] == 1
     assert [r["step"] for r in read_metrics(tmp_path) if r.get("skipped")] == [2]

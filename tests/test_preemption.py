@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import train
+import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, fast_config
 from trainer import checkpoint as ckpt
 from trainer.preemption import REQUEUE_EXIT_CODE, Preempted
@@ -40,14 +41,14 @@ def run(out_dir, data_dir, *overrides):
 
 def signal_at_step(monkeypatch, step: int, sig: signal.Signals) -> None:
     """Make this process receive ``sig`` during step ``step`` (as a cluster would)."""
-    original = train.Trainer.train_step
+    original = trainer_mod.Trainer.train_step
 
     def train_step(self):
         if self.state.step + 1 == step:
             os.kill(os.getpid(), sig)
         return original(self)
 
-    monkeypatch.setattr(train.Trainer, "train_step", train_step)
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", train_step)
 
 
 COMMON = ("schedule.decay_steps=6", "model.dropout=0.1", "eval_every=0", "max_steps=6")

@@ -10,6 +10,7 @@ import torch
 import yaml
 
 import train
+import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, fast_config
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -154,7 +155,7 @@ def test_exact_reference_is_the_next_batch_at_the_current_weights(tmp_path, sotu
     before = load_checkpoint(out / "checkpoints" / "step_0000002.pt")
     after = load_checkpoint(out / "checkpoints" / "step_0000003.pt")
     typed, _ = fast_config(out, sotu_dir, "optimizer=mars-adamw-exact")
-    trainer = train.Trainer(typed, {}, train.init_distributed("cpu"), out)
+    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=out)
     trainer.raw_model.load_state_dict(before["model"])  # x_2
     trainer.loader.load_state_dict(after["loader"])  # positioned at batch 3
     assert trainer.accum == 2

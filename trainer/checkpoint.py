@@ -13,11 +13,14 @@ import logging
 import pickle
 import re
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from runtime.distributed import DistInfo, broadcast_object, gather_objects
 from runtime.files import atomic_open
 from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp
 
@@ -229,3 +232,72 @@ def checkpoint_mismatch(saved: dict, config: dict) -> list[str]:
     if old_opt != new_opt:
         diffs.append(f"optimizer: checkpoint {old_opt!r}, configured {new_opt!r}")
     return diffs
+
+
+# The one interface of training: a run's whole state saved (a file, or DCP) and restored.
+
+
+def restore_training_state(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
+    state: Any, dist: DistInfo, fall_back: bool = False,
+) -> Path:  # fmt: skip
+    """Load the checkpoint at ``path`` into the model, optimizer, loader (its data position),
+    the counters and this rank's RNG streams (when the world size is the one that saved it).
+    With ``fall_back`` (resume=auto) an unreadable checkpoint gives way to the previous one;
+    returns the path loaded."""
+    path, c = load_with_fallback(path, fall_back=fall_back)
+    load_model_state(model, c["model"], str(path))
+    optimizer.load_state_dict(c["optimizer"])
+    loader.load_state_dict(c["loader"])
+    state.step, state.tokens = c["step"], c.get("tokens", 0)
+    state.best_val_loss = c.get("best_val_loss")
+    state.last_val_loss, state.last_train_loss = c.get("last_val_loss"), c.get("last_train_loss")
+    state.elapsed_s = c.get("elapsed_s", 0.0)
+    state.skipped_steps = c.get("skipped_steps", 0)
+    if len(c["rng"]) == dist.world_size:
+        set_rng_state(c["rng"][dist.rank], dist.device)
+    else:
+        n = len(c["rng"])
+        log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", n, dist.world_size)
+    log.info("resumed from %s at step %d (%s tokens)", path, state.step, f"{state.tokens:,}")
+    return path
+
+
+def save_training_state(
+    out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
+    state: Any, *, config: dict, dist: DistInfo, keep: int, elapsed: Callable[[], float],
+    dcp_saver: Any = None,
+) -> None:  # fmt: skip
+    """Every rank's RNG state is gathered (a collective: every rank calls this), then rank 0
+    writes everything a resume needs as ``checkpoints/step_N.pt``, atomically; with
+    ``dcp_saver``, every rank writes its share of the DCP directory ``checkpoints/step_N/``. A
+    file write that fails stops every rank with one message (``CheckpointWriteError``); older
+    checkpoints are kept."""
+    extra = {
+        "loader": loader.state_dict(),
+        "rng": gather_objects(rng_state(dist.device)),
+        "config": config,
+        "tokens": state.tokens,
+        "best_val_loss": state.best_val_loss,
+        "last_val_loss": state.last_val_loss,  # for the summary of a run killed before it
+        "last_train_loss": state.last_train_loss,
+        "elapsed_s": elapsed(),
+        "skipped_steps": state.skipped_steps,
+    }
+    if dcp_saver is not None:
+        states = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        side = {"format_version": FORMAT_VERSION, "step": state.step, **extra}
+        prune = (lambda _: prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
+        dcp_saver.save(checkpoint_dir(out_dir), state.step, states, side, prune)
+        return
+    t0, error = time.perf_counter(), None
+    if dist.is_main:
+        payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
+        try:
+            path = save_checkpoint(out_dir, state.step, payload, keep)
+            log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)
+        except CheckpointWriteError as exc:
+            error = str(exc)
+    error = broadcast_object(error)  # also the barrier: no rank runs ahead of the write
+    if error:
+        raise SystemExit(error)

@@ -1,6 +1,6 @@
 """One training run in its directory: its counters, the directory chosen and checked before any
-file is written, the run files and logger opened, its whole state saved and restored, and the
-summary written at the end.
+file is written, the run files and logger opened, and the summary written at the end (its state
+is saved and restored by ``trainer.checkpoint``).
 
 The directory's name comes from the entry point (train.py reads Hydra's output directory and
 overrides); everything here takes plain values.
@@ -10,18 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from runtime.distributed import DistInfo, broadcast_object, gather_objects
+from runtime.distributed import DistInfo, broadcast_object
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
-from trainer.dcp_checkpoint import DcpCheckpointer
 from trainer.logs import MetricsLogger, init_wandb, truncate_metrics
 from trainer.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
 
@@ -63,72 +58,6 @@ def prepare_out_dir(
     if resume_path is None and resume == "auto" and (out_dir / "metrics.jsonl").exists():
         log.warning("%s holds a run stopped before its first checkpoint: starting it over", out_dir)
     return out_dir, resume_path
-
-
-def restore_training_state(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
-    state: RunState, dist: DistInfo, fall_back: bool = False,
-) -> Path:  # fmt: skip
-    """Load the checkpoint at ``path`` into the model, optimizer, loader (its data position),
-    the counters and this rank's RNG streams (when the world size is the one that saved it).
-    With ``fall_back`` (resume=auto) an unreadable checkpoint gives way to the previous one;
-    returns the path loaded."""
-    path, c = ckpt.load_with_fallback(path, fall_back=fall_back)
-    ckpt.load_model_state(model, c["model"], str(path))
-    optimizer.load_state_dict(c["optimizer"])
-    loader.load_state_dict(c["loader"])
-    state.step, state.tokens = c["step"], c.get("tokens", 0)
-    state.best_val_loss = c.get("best_val_loss")
-    state.last_val_loss, state.last_train_loss = c.get("last_val_loss"), c.get("last_train_loss")
-    state.elapsed_s = c.get("elapsed_s", 0.0)
-    state.skipped_steps = c.get("skipped_steps", 0)
-    if len(c["rng"]) == dist.world_size:
-        ckpt.set_rng_state(c["rng"][dist.rank], dist.device)
-    else:
-        n = len(c["rng"])
-        log.warning("checkpoint has RNG states of %d ranks, not %d: reseeding", n, dist.world_size)
-    log.info("resumed from %s at step %d (%s tokens)", path, state.step, f"{state.tokens:,}")
-    return path
-
-
-def save_training_state(
-    out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
-    state: RunState, *, config: dict, dist: DistInfo, keep: int, elapsed: Callable[[], float],
-    dcp_saver: DcpCheckpointer | None = None,
-) -> None:  # fmt: skip
-    """Every rank's RNG state is gathered (a collective: every rank calls this), then rank 0
-    writes everything a resume needs as ``checkpoints/step_N.pt``, atomically; with
-    ``dcp_saver``, every rank writes its share of the DCP directory ``checkpoints/step_N/``. A
-    file write that fails stops every rank with one message (``CheckpointWriteError``); older
-    checkpoints are kept."""
-    extra = {
-        "loader": loader.state_dict(),
-        "rng": gather_objects(ckpt.rng_state(dist.device)),
-        "config": config,
-        "tokens": state.tokens,
-        "best_val_loss": state.best_val_loss,
-        "last_val_loss": state.last_val_loss,  # for the summary of a run killed before it
-        "last_train_loss": state.last_train_loss,
-        "elapsed_s": elapsed(),
-        "skipped_steps": state.skipped_steps,
-    }
-    if dcp_saver is not None:
-        states = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        side = {"format_version": ckpt.FORMAT_VERSION, "step": state.step, **extra}
-        prune = (lambda _: ckpt.prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
-        dcp_saver.save(ckpt.checkpoint_dir(out_dir), state.step, states, side, prune)
-        return
-    t0, error = time.perf_counter(), None
-    if dist.is_main:
-        payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
-        try:
-            path = ckpt.save_checkpoint(out_dir, state.step, payload, keep)
-            log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)
-        except ckpt.CheckpointWriteError as exc:
-            error = str(exc)
-    error = broadcast_object(error)  # also the barrier: no rank runs ahead of the write
-    if error:
-        raise SystemExit(error)
 
 
 def finished_summary(out_dir: Path, step: int, max_steps: int) -> dict | None:

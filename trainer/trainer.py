@@ -1,0 +1,209 @@
+"""The Trainer: everything one training run holds (model, optimizer, data position, counters,
+policies) and one optimizer step over it. The loop over steps, and what happens between them
+(logging, evaluation, checkpoints), is train.py's ``run``.
+
+One step: set the lr from the schedule, (exact MARS: the next batch's gradient at the current
+weights, kept as the next step's reference), forward/backward over the micro-batches (DDP syncs
+gradients on the last one only), clip the global grad norm, step the optimizer unless the
+non-finite policy skips it.
+
+Tools (bench/) build the same Trainer with their own batches (``batches=``) and no run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import optim
+from data import TokenLoader, shard_files, val_batches
+from model import GPT
+from runtime.device import autocast, resolve_dtype
+from runtime.distributed import DistInfo
+from runtime.seeding import seed_everything
+from trainer import checkpoint as ckpt
+from trainer.config import TrainConfig, grad_accum_steps
+from trainer.dcp_checkpoint import DcpCheckpointer
+from trainer.evaluation import validation_loss
+from trainer.logs import MetricsLogger
+from trainer.meter import log_val_loss
+from trainer.nonfinite import NonFiniteGuard
+from trainer.preemption import PreemptionGuard
+from trainer.run import RunState, finished_summary, open_run
+
+log = logging.getLogger("train")
+
+
+def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
+    """Accumulate ``scale * loss`` gradients over ``batches``; DDP syncs on the last one only.
+
+    Returns the mean loss over ``batches`` as a tensor (no host synchronisation)."""
+    total = torch.zeros((), device=dist.device)
+    for i, (x, y) in enumerate(batches):
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync()
+        with sync:
+            with autocast(dist.device, dtype):
+                _, loss = model(x, y)
+            (loss * scale).backward()
+        total += loss.detach()
+    return total / len(batches)
+
+
+class Trainer:
+    """One run's parts and its step (module docstring). ``batches`` replaces the token loader
+    (anything with ``next_batch``, ``peek_batch``, ``state_dict``, ``load_state_dict``): the
+    benchmarks train on random tokens without data files or a run directory."""
+
+    def __init__(
+        self, cfg: TrainConfig, dist: DistInfo, *, out_dir: Path | None = None,
+        config_dict: dict | None = None, batches: Any = None,
+    ) -> None:  # fmt: skip
+        self.cfg, self.dist = cfg, dist
+        self.out_dir, self.config_dict = out_dir, config_dict or {}
+        self.accum = grad_accum_steps(cfg, dist.world_size)
+        self.dtype = resolve_dtype(cfg.dtype, dist.device)
+        seed_everything(cfg.seed)  # identical initial weights on every rank
+        self.raw_model = GPT(cfg.model).to(dist.device)
+        self.raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
+        self.raw_model.activation_checkpointing = cfg.activation_checkpointing
+        self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
+        optim.set_initial_lr(self.optimizer)
+        self.val_files: list = []
+        self.loader = batches if batches is not None else self._token_loader()
+        seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
+        self.state = RunState()
+        guard_dir = out_dir if out_dir is not None else Path(".")
+        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, guard_dir, cfg.batch_tokens)
+        self.logger: MetricsLogger | None = None  # opened by build_trainer
+        self.finished: dict | None = None  # the summary, when an earlier session finished the run
+        self.preemption = PreemptionGuard()  # SIGTERM/SIGUSR1: stop, checkpoint, requeue
+        self.stopped_by = ""  # the signal that stopped the run early
+        self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
+        self.eval_model: torch.nn.Module = self.raw_model
+        self.session_start = time.perf_counter()
+        self.dcp_saver = (
+            DcpCheckpointer(
+                asynchronous=cfg.async_checkpoint, rank=dist.rank, world_size=dist.world_size
+            )
+            if cfg.checkpoint_format == "dcp"
+            else None
+        )
+
+    def _token_loader(self) -> TokenLoader:
+        cfg, dist = self.cfg, self.dist
+        train_files, self.val_files = shard_files(cfg.data)
+        return TokenLoader(
+            train_files,
+            batch_size=cfg.micro_batch_size,
+            seq_len=cfg.sequence_length,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            seed=cfg.seed,
+            device=dist.device,
+            sampling=cfg.data.sampling,
+        )
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds since the run began, summed over its sessions."""
+        return round(self.state.elapsed_s + time.perf_counter() - self.session_start, 3)
+
+    def wrap(self) -> None:
+        """torch.compile (optional), then DDP when there are several processes."""
+        model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
+        self.eval_model = model
+        if self.dist.distributed:
+            cuda = self.dist.device.type == "cuda"
+            model = DDP(model, device_ids=[self.dist.local_rank] if cuda else None)
+        self.model = model
+
+    def restore(self, path: Path) -> Path:
+        """Load ``path`` (resume=auto: or the newest readable older one); returns the one used."""
+        parts = (self.raw_model, self.optimizer, self.loader)
+        fall_back = self.cfg.resume == "auto"
+        return ckpt.restore_training_state(path, *parts, self.state, self.dist, fall_back)
+
+    def save(self) -> None:
+        parts = (self.raw_model, self.optimizer, self.loader)
+        ckpt.save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
+                                 dist=self.dist, keep=self.cfg.keep_checkpoints,
+                                 elapsed=self.elapsed, dcp_saver=self.dcp_saver)  # fmt: skip
+
+    def evaluate(self) -> float:
+        cfg, dist = self.cfg, self.dist
+        batches = val_batches(
+            self.val_files,
+            batch_size=cfg.micro_batch_size,
+            seq_len=cfg.sequence_length,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            max_tokens=cfg.eval_tokens,
+            device=dist.device,
+        )
+        loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
+        log_val_loss(loss, self.state, self.logger, self.elapsed())
+        return loss
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimizer step; returns (loss, grad norm) as tensors and the lr used. A step with
+        a non-finite loss or gradient is skipped or stops the run (trainer/nonfinite.py)."""
+        cfg = self.cfg
+        lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
+        batches = [self.loader.next_batch() for _ in range(self.accum)]
+        scale = cfg.grad_scale / self.accum
+        ref_norm = self.reference_grad(scale)
+        loss = forward_backward(self.model, batches, self.dist, self.dtype, scale)
+        grad_norm = self.clip_grads()
+        if self.guard.allows_step(loss, grad_norm, ref_norm, self.logger):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.step += 1
+        self.state.tokens += cfg.batch_tokens
+        return loss, grad_norm, lr
+
+    def clip_grads(self) -> torch.Tensor:
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        return torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+
+    def reference_grad(self, scale: float) -> torch.Tensor | None:
+        """Exact MARS through optim.reference_pass (a no-op for other optimizers): the gradient
+        of the *next* step's batches at the current weights, clipped like the real one, kept by
+        the optimizer as the next step's reference. Returns its norm (None when no pass ran)."""
+        norms = []
+
+        def ahead() -> None:
+            batches = [self.loader.peek_batch(i) for i in range(self.accum)]
+            forward_backward(self.model, batches, self.dist, self.dtype, scale)
+            norms.append(self.clip_grads())
+
+        optim.reference_pass(self.optimizer, ahead)
+        return norms[0] if norms else None
+
+
+def build_trainer(
+    cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path, resume_path: Path | None
+) -> Trainer:
+    """A ready Trainer: model, optimizer and loader built, the checkpoint restored, the run files
+    and the logger open, the model compiled and DDP-wrapped. A run that an earlier session
+    finished is only restored, with its summary in ``trainer.finished``: nothing is written."""
+    trainer = Trainer(cfg, dist, out_dir=out_dir, config_dict=config_dict)
+    if resume_path is not None:
+        resume_path = trainer.restore(resume_path)
+    trainer.finished = finished_summary(out_dir, trainer.state.step, cfg.max_steps)
+    if trainer.finished is None:
+        trainer.logger = open_run(cfg, config_dict, dist, out_dir, resume_path, trainer.state.step)
+        trainer.wrap()
+        log.info("model %s: %.2fM parameters | optimizer %s | %d process(es) on %s, %s | batch %s "
+                 "tokens = %d seqs x %d tokens x %d micro-steps x %d processes | out_dir %s",
+                 cfg.model.name, trainer.raw_model.num_params() / 1e6, cfg.optimizer.name,
+                 dist.world_size, dist.device, str(trainer.dtype).removeprefix("torch."),
+                 f"{cfg.batch_tokens:,}", cfg.micro_batch_size, cfg.sequence_length,
+                 trainer.accum, dist.world_size, out_dir)  # fmt: skip
+    return trainer
