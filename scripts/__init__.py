@@ -1,10 +1,14 @@
-"""Thin launchers and tools. The Python ones run from the repository root as modules, which puts
-the root on the import path without any editing of ``sys.path``:
+"""Thin launchers: no training logic here, only commands that start or feed the parts above.
 
-    python -m scripts.get_eval_data        python -m scripts.sample runs/NAME
-    python -m scripts.export_hf RUN OUT    python -m report runs/owt --out reports/owt
-    python -m bench.train_step     python -m bench.optim    python -m bench.data
+    scripts/paper_owt.sh, paper_fineweb.sh, paper_mars_m.sh   a published table's runs (launch.py)
+    scripts/repro_cpu.sh                                      the small-scale CPU reproduction
+    python -m scripts.get_eval_data                           cache the downstream tasks' data
+    python -m scripts.sample runs/NAME                        text from a checkpoint
+    python -m scripts.export_hf RUN OUT                       a Hugging Face GPT-2 directory
+    python -m scripts.convert_checkpoint RUN/checkpoints/step_N   a DCP checkpoint as one file
 
-``launch.py`` (behind the ``paper_*.sh`` wrappers) and ``report.py`` import nothing of the project
-and also run as files.
+The Python ones run from the repository root as modules, which puts the root on the import path
+without any editing of ``sys.path``. ``launch.py`` imports nothing of the project (it reads
+``configs/``) and also runs as a file. The report is ``python -m report`` (``report/``), the
+benchmarks ``python -m bench.NAME`` (``bench/``).
 """
