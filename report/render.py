@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from evals import tasks as et
 from report.analysis import PAPER_BUDGETS, format_tokens
-from report.runs import TASK_NAMES, TASKS, order_key, size_name
+from report.runs import order_key, size_name
 
 NOT_REACHED = "*"
 
@@ -94,21 +95,36 @@ def render_published(t: dict[str, Any]) -> str:
     return f"**{t['title']}**, from {t['source']}\n\n" + table(headers, rows)
 
 
+def downstream_note() -> str:
+    """How the downstream table is made, from the task metadata of ``evals/tasks.py``."""
+
+    def columns(names: list[str]) -> str:
+        return ", ".join(et.TASKS[t].column for t in names)
+
+    averaged = et.paper_average_tasks()
+    others = [t for t in et.TASKS if t not in averaged]
+    by_metric = {m: [t for t in et.TASKS if et.TASKS[t].metric == m] for m in ("acc_norm", "acc")}
+    text = (
+        f"Zero-shot accuracy in percent: acc_norm for {columns(by_metric['acc_norm'])}; acc for "
+        f"{columns(by_metric['acc'])}. Avg is the paper's: the unweighted mean of its "
+        f"{len(averaged)} tasks ({columns(averaged)}), only when all of them exist"
+    )
+    text += f"; {columns(others)} are shown but not averaged. " if others else ". "
+    return text + (
+        "lm-eval results win over eval.py's where a run has both; eval.py scores some tasks on "
+        "validation splits where the paper used test splits."
+    )
+
+
 def render_downstream(section: dict[str, Any]) -> str:
     """One (dataset, size): our rows, then the published rows marked (paper)."""
-    headers = ["optimizer", *(TASK_NAMES[t] for t in TASKS), "Avg", "source"]
+    headers = ["optimizer", *(t.column for t in et.TASKS.values()), "Avg", "source"]
     rows = []
     for row in section["rows"]:
         name = row["optimizer"] + (" (paper)" if row["paper"] else "")
-        scores = [fmt(row["scores"].get(t), 2) for t in TASKS]
+        scores = [fmt(row["scores"].get(t), 2) for t in et.TASKS]
         rows.append([name, *scores, fmt(row["avg"], 2), row["source"]])
-    text = table(headers, rows)
-    return text + (
-        "\n\n- Zero-shot accuracy in percent: acc_norm for ARC-E, ARC-C, HellaSwag, OBQA, PIQA, "
-        "SciQ; acc for BoolQ, WG, MMLU. Avg (unweighted) only when all nine exist. lm-eval "
-        "results win over eval.py's where a run has both; eval.py scores some tasks on "
-        "validation splits where the paper used test splits."
-    )
+    return table(headers, rows) + "\n\n- " + downstream_note()
 
 
 def render_speedup(s: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from evals import tasks as et
 from report import analysis as ana
 from report import figures as figs
 from report import runs as rr
@@ -95,7 +96,7 @@ def downstream_row(variants: list[ana.Variant]) -> dict[str, Any] | None:
         if not runs:
             continue
         scores = {}
-        for task in rr.TASKS:
+        for task in et.TASKS:
             values = [r.downstream.scores[task] for r in runs if task in r.downstream.scores]
             if values:
                 scores[task] = 100 * statistics.fmean(values)
@@ -104,7 +105,7 @@ def downstream_row(variants: list[ana.Variant]) -> dict[str, Any] | None:
             "optimizer": v.label,
             "variant": v.describe(),
             "scores": scores,
-            "avg": statistics.fmean(scores.values()) if len(scores) == len(rr.TASKS) else None,
+            "avg": et.paper_average(scores),
             "n_runs": len(runs),
             "source": "; ".join(sources),
             "paper": False,
@@ -189,14 +190,14 @@ def downstream_sections(
         if not rows and pub is None:
             continue
         for p in (pub or {}).get("rows", []):
-            scores = {t: float(p["scores"][t]) for t in rr.TASKS if t in p["scores"]}
+            scores = {t: float(p["scores"][t]) for t in et.TASKS if t in p["scores"]}
             rows.append(
                 {
                     "optimizer": p.get("paper_name", p["label"]),
                     "label": p["label"],
                     "variant": "",
                     "scores": scores,
-                    "avg": p["scores"].get("avg"),
+                    "avg": p["scores"].get("avg", et.paper_average(scores)),
                     "n_runs": 0,
                     "source": pub["id"],
                     "paper": True,
@@ -221,9 +222,7 @@ def extra_lm_rows(files: list[Path], warnings: list[str]) -> list[dict[str, Any]
                     "scores": scores,
                     "n_runs": 1,
                     "source": f"lm-eval {rel(f)}",
-                    "avg": statistics.fmean(scores.values())
-                    if len(scores) == len(rr.TASKS)
-                    else None,
+                    "avg": et.paper_average(scores),
                     "paper": False,
                 }
             )

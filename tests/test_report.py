@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evals.tasks import TASKS, paper_average
 from report import cli as report
 from report.analysis import Published, first_reach
-from report.runs import TASKS, optimizer_label
+from report.runs import optimizer_label
 
 ROOT = Path(__file__).resolve().parent.parent
 # 100 steps of 491.52M tokens = 49.152B tokens: the paper's 100k steps, in 100 records.
@@ -78,7 +79,7 @@ def write_eval_py(run: Path, step: int, scores: dict[str, float]) -> None:
     """eval.py's eval/step_N.json with the given fractions as each task's reported metric."""
     results = {}
     for task, value in scores.items():
-        metric = "acc" if task in ("boolq", "winogrande", "mmlu") else "acc_norm"
+        metric = TASKS[task].metric
         other = "acc_norm" if metric == "acc" else "acc"
         results[task] = {
             "n": 100,
@@ -98,7 +99,7 @@ def write_lm_eval(path: Path, scores: dict[str, float], pretrained: str = "x") -
     """An lm-eval-harness results file (acc,none / acc_norm,none; MMLU with a subject entry)."""
     results = {}
     for task, value in scores.items():
-        metric = "acc" if task in ("boolq", "winogrande", "mmlu") else "acc_norm"
+        metric = TASKS[task].metric
         results[task] = {f"{metric},none": value, "acc_stderr,none": 0.01, "alias": task}
     results["mmlu_anatomy"] = {"acc,none": 0.99}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -300,6 +301,34 @@ def test_downstream_eval_py_lm_eval_and_avg(tmp_path):
     assert "lm-eval (1 tasks)" in rows["AdamW"]["source"]
 
 
+def test_a_tenth_task_keeps_the_papers_average(tmp_path, monkeypatch):
+    """A task registered in evals/tasks.py outside the paper's average gets a column; the Avg of
+    our rows and of the published rows stays the mean of the nine."""
+    import evals.tasks as et
+
+    nine = {t: 0.5 for t in TASKS}
+    extra = et.Task("lambada", "LAMBADA", et.boolq, "acc", "test", "test", "x", False)
+    monkeypatch.setitem(et.TASKS, "lambada", extra)
+    runs = tmp_path / "runs"
+    adamw = make_run(runs, "adamw", linear(3.9, 0.01), data="fineweb-edu-100b")
+    write_eval_py(adamw, 100, nine)  # the nine only: lambada not evaluated
+    mars = make_run(runs, "mars", linear(3.8, 0.01), optimizer="mars-adamw", data="fineweb-edu")
+    write_lm_eval(mars / "eval" / "results_1.json", {**nine, "lambada": 0.9})
+    rep, md, out = run_report(tmp_path, runs)
+    rows = {(r["optimizer"], r["paper"]): r for r in rep["downstream"][0]["rows"]}
+    assert rows[("AdamW", False)]["avg"] == pytest.approx(50.0)
+    assert rows[("MARS-approx", False)]["avg"] == pytest.approx(50.0)  # lambada not averaged
+    assert rows[("MARS-approx", False)]["scores"]["lambada"] == pytest.approx(90.0)
+    assert rows[("AdamW", True)]["avg"] == 45.72 and rows[("MARS-AdamW", True)]["avg"] == 45.93
+    assert "| SciQ | LAMBADA | Avg | source |" in md
+    assert (
+        "| AdamW (paper) | 51.43 | 26.54 | 55.78 | 36.26 | 30.60 | 64.53 | 50.36 | 24.49 | "
+        "71.50 | – | 45.72 |" in md
+    )
+    assert "LAMBADA are shown but not averaged" in md
+    assert "lambada" in (out / "downstream.csv").read_text().splitlines()[0]
+
+
 def test_published_downstream_without_our_evals(tmp_path):
     runs = tmp_path / "runs"
     make_run(runs, "xl", linear(3.9, 0.01), model="gpt2-xl", data="fineweb-edu", steps=20)
@@ -319,7 +348,7 @@ def test_published_yaml_is_consistent():
     assert pub.val_loss("FineWeb-Edu", "xl", "Moonlight", "50B")["value"] == 2.393
     for size in ("small", "xl"):
         for row in pub.downstream("FineWeb-Edu", size)["rows"]:
-            mean = statistics.fmean(row["scores"][t] for t in TASKS)
+            mean = paper_average(row["scores"])
             assert math.isclose(mean, row["scores"]["avg"], abs_tol=0.011), row["label"]
 
 
