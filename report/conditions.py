@@ -99,7 +99,7 @@ def time_caveats(runs: list[tuple[str, str, Any, Conditions]]) -> list[str]:
         if c.world_size is not None:
             sizes.setdefault(c.world_size, []).append(name)
     if len(sizes) > 1:
-        procs = "; ".join(f"{n}: {', '.join(names)}" for n, names in sorted(sizes.items()))
+        procs = "; ".join(f"{n} proc.: {', '.join(names)}" for n, names in sorted(sizes.items()))
         out.append(f"runs made with different numbers of processes ({procs})")
     out += _throughput_caveats(runs)
     return out

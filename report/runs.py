@@ -46,24 +46,10 @@ LABEL_ORDER = (
 # Top-level config keys that do not change what a run computes (plus data.dir: where the shards
 # live on this machine, not what they are). Runs differing only in these and the seed are seeds
 # of one variant.
-BOOKKEEPING_KEYS = frozenset(
-    {
-        "out_dir",
-        "name",
-        "wandb",
-        "progress",
-        "device",
-        "compile",
-        "log_every",
-        "ckpt_every",
-        "keep_checkpoints",
-        "resume",
-        "eval_every",
-        "micro_batch_size",
-        "seed",
-        "data.dir",
-    }
-)
+BOOKKEEPING_KEYS = frozenset({
+    "out_dir", "name", "wandb", "progress", "device", "compile", "log_every", "ckpt_every",
+    "keep_checkpoints", "resume", "eval_every", "micro_batch_size", "seed", "data.dir",
+})  # fmt: skip
 
 
 def dataset_label(name: str) -> str:
