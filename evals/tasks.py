@@ -24,6 +24,10 @@ the length in characters of the choice string *without* the leading space, as lm
 (``docs/reproduction.md``, "4.6 Downstream evaluation"): acc_norm where the task defines it, acc
 otherwise.
 MMLU is the mean over all 14,042 test questions (lm-eval's size-weighted group average).
+
+This module is the one place the task list lives: each :class:`Task` names its table column, its
+reported metric and whether it is in the paper's "Avg" (``in_paper_average``); ``python -m
+report`` reads them from here, so importing it must stay light (no torch).
 """
 
 from __future__ import annotations
