@@ -534,3 +534,10 @@ def test_cli_subprocess(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("# Smoke")
     assert (out / "val_loss_sotu_tiny_tokens.png").stat().st_size > 0
+
+
+def test_report_and_task_metadata_import_without_torch():
+    """The report reads task metadata from evals/tasks.py; that chain must not pull in torch."""
+    code = "import sys, report.cli, evals.tasks; sys.exit('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr or "importing the report imported torch"
