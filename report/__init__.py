@@ -1,6 +1,8 @@
 """The papers' tables and figures from run directories: ``python -m report RUN... --out DIR``.
 
-``runs`` reads run directories, ``analysis`` computes budgets, curves and speedups against the
-published values (docs/published.yaml), ``sections`` assembles the report, ``render`` writes its
-Markdown and ``figures`` its plots; ``cli`` is the command line.
+``runs`` reads run directories (task metadata from ``evals/tasks.py``), ``conditions`` where and
+how fast each ran, ``published`` the published values (docs/published.yaml), ``analysis``
+computes variants, seeds, budgets, curves and speedups, ``sections`` assembles the report,
+``render`` writes its Markdown and ``figures`` its plots; ``cli`` is the command line.
+See docs/report.md.
 """

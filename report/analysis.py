@@ -1,94 +1,33 @@
-"""The numbers of ``python -m report``: published values, variants, budgets, curves and speedups.
+"""The numbers of ``python -m report``: variants, seeds, budgets, curves and speedups.
 
 Runs of one (dataset, model size, optimizer label) whose configs differ only in the seed and
 bookkeeping keys are seeds of one *variant*; runs differing in anything else (an lr sweep) are
 different variants, and a table cell uses the variant with the lowest mean best validation loss.
+Runs are seeds by their seed value: runs sharing one (a rerun, or the same seed on another number
+of processes) are one seed, whose value is the mean of theirs, and the report says so.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
+from report.published import Published
 from report.runs import Run, order_key
 
 PAPER_BUDGETS = {"5B": 5e9, "20B": 20e9, "50B": 50e9}
 # A run within this fraction of a budget has reached it (the paper's "50B" is 49.15B tokens).
 REACH_TOLERANCE = 0.02
+# A cell whose last evaluation lies more than this fraction of the budget before it is marked:
+# its value is the loss then, not at the budget.
+EVAL_GAP = 0.1
 AUTO_FRACTIONS = (0.1, 0.4, 1.0)
-
-
-# ---- published numbers (docs/published.yaml) ----------------------------------------------
-
-
-@dataclass
-class Published:
-    """The published tables: ``kind`` val_loss (label -> size -> budget -> loss) or downstream."""
-
-    tables: list[dict[str, Any]]
-
-    @classmethod
-    def load(cls, path: Path) -> Published:
-        """Read and check ``path``; a malformed file is a ValueError naming what is wrong."""
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"cannot read the published results {path}: {exc}") from None
-        tables = (data or {}).get("tables") if isinstance(data, dict) else None
-        if not isinstance(tables, list):
-            raise ValueError(f"{path}: expected a top-level 'tables' list")
-        for i, t in enumerate(tables):
-            need = ("id", "kind", "source", "dataset") + (
-                ("values",) if t.get("kind") == "val_loss" else ("size", "rows")
-            )
-            missing = [k for k in need if k not in t]
-            if missing or t["kind"] not in ("val_loss", "downstream"):
-                raise ValueError(
-                    f"{path}: table {i} ({t.get('id', '?')}) needs kind val_loss or downstream "
-                    f"and keys {list(need)}; missing {missing}"
-                )
-        return cls(tables)
-
-    def of_kind(self, kind: str, dataset: str) -> list[dict[str, Any]]:
-        return [t for t in self.tables if t["kind"] == kind and t["dataset"] == dataset]
-
-    def val_loss(self, dataset: str, size: str, label: str, budget: str) -> dict | None:
-        """``{value, approximate, source}`` for one cell; exact tables win over plot readings."""
-        hits = []
-        for t in self.of_kind("val_loss", dataset):
-            value = ((t["values"].get(label) or {}).get(size) or {}).get(budget)
-            if value is not None:
-                hits.append(
-                    {
-                        "value": float(value),
-                        "approximate": bool(t.get("approximate")),
-                        "source": t["id"],
-                    }
-                )
-        return min(hits, key=lambda h: h["approximate"], default=None)
-
-    def downstream(self, dataset: str, size: str) -> dict[str, Any] | None:
-        return next((t for t in self.of_kind("downstream", dataset) if t["size"] == size), None)
-
-    def paper_cells(self, dataset: str) -> dict[tuple[str, str], list[str]]:
-        """(size, label) -> ids of the tables with that run (reference rows excluded)."""
-        cells: dict[tuple[str, str], list[str]] = {}
-        for t in self.tables:
-            if t["dataset"] != dataset:
-                continue
-            if t["kind"] == "val_loss":
-                pairs = [(s, lab) for lab, sizes in t["values"].items() for s in sizes]
-            else:
-                pairs = [(t["size"], r["label"]) for r in t["rows"] if not r.get("reference")]
-            for pair in pairs:
-                cells.setdefault(pair, []).append(t["id"])
-        return cells
 
 
 # ---- variants ---------------------------------------------------------------------------------
@@ -105,9 +44,31 @@ class Variant:
     keys: dict[str, Any] = field(default_factory=dict)  # values of keys differing between variants
     chosen: bool = False
 
+    def by_seed(self) -> dict[str, list[Run]]:
+        """Seed value -> its runs; several runs of one seed (e.g. on 1 and on 2 processes) are
+        replicas of one seed, not several seeds."""
+        out: dict[str, list[Run]] = {}
+        for r in self.runs:
+            out.setdefault(str(r.seed), []).append(r)
+        return out
+
+    @property
+    def seeds(self) -> list[Any]:
+        """The distinct seed values, in run order."""
+        return [rs[0].seed for rs in self.by_seed().values()]
+
+    def per_seed(self, value: Callable[[Run], float | None]) -> list[float]:
+        """Per seed the mean of ``value`` over its runs that have one (seeds with none left out)."""
+        out = []
+        for rs in self.by_seed().values():
+            values = [v for v in map(value, rs) if v is not None]
+            if values:
+                out.append(statistics.fmean(values))
+        return out
+
     @property
     def bests(self) -> list[float]:
-        return [b for b in (r.best_val_loss for r in self.runs) if b is not None]
+        return self.per_seed(lambda r: r.best_val_loss)
 
     @property
     def best_mean(self) -> float | None:
@@ -146,12 +107,7 @@ def group_variants(
         for v in variants:
             v.keys = {k: v.runs[0].variant_items.get(k, "<absent>") for k in differing}
             v.runs.sort(key=lambda r: (str(r.seed), str(r.path)))
-            seeds = [r.seed for r in v.runs]
-            if len(set(map(str, seeds))) < len(seeds):
-                warnings.append(
-                    f"{' '.join(key)} {v.describe()}: several runs share a seed "
-                    f"({seeds}); each is counted as a seed"
-                )
+            warnings.extend(shared_seed_notes(key, v))
         variants.sort(key=lambda v: (v.best_mean is None, v.best_mean or 0.0, -len(v.runs)))
         variants[0].chosen = True
         out[key] = variants
@@ -165,6 +121,22 @@ def group_variants(
             ),
         )
     )
+
+
+def shared_seed_notes(key: tuple[str, str, str], variant: Variant) -> list[str]:
+    """One line per seed that several runs of ``variant`` share: they count as one seed."""
+    out = []
+    for seed, rs in variant.by_seed().items():
+        if len(rs) < 2:
+            continue
+        sizes = {r.conditions.world_size for r in rs}
+        procs = ", ".join(f"{r.path.name} ({r.conditions.world_size or '?'} proc.)" for r in rs)
+        why = "different numbers of processes" if len(sizes) > 1 else "a rerun?"
+        out.append(
+            f"{' '.join(key)} {variant.describe()}: runs {procs} share seed {seed} ({why}); "
+            "counted as one seed, the mean of the runs"
+        )
+    return out
 
 
 # ---- budgets and table cells --------------------------------------------------------------
@@ -235,8 +207,13 @@ def reached(run: Run, budget: Budget) -> bool:
 
 
 def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict[str, Any]:
-    """One table cell: mean (± std) over seeds of the best loss within the budget."""
-    bests = [b for b in (r.best_within(budget.tokens) for r in variant.runs) if b is not None]
+    """One table cell: mean (± std) over seeds of the best loss within the budget.
+
+    Evaluations after step 0 only (``Run.trained_evals``); ``early`` marks a reached budget whose
+    last evaluation came more than EVAL_GAP of it before (the value is the loss then).
+    """
+    bests = variant.per_seed(lambda r: r.best_within(budget.tokens))
+    last = [t for t in (r.last_eval_within(budget.tokens) for r in variant.runs) if t is not None]
     cell: dict[str, Any] = {
         "size": variant.size,
         "budget": budget.label,
@@ -245,11 +222,15 @@ def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict
         "std": statistics.stdev(bests) if len(bests) > 1 else None,
         "n_seeds": len(bests),
         "reached": all(reached(r, budget) for r in variant.runs),
+        "eval_tokens": min(last, default=None),
+        "early": False,
         "paper": None,
         "paper_approximate": None,
         "paper_source": None,
         "diff": None,
     }
+    if budget.tokens is not None and last and cell["reached"]:
+        cell["early"] = min(last) < (1 - EVAL_GAP) * budget.tokens
     pub = budget.paper and published.val_loss(
         variant.dataset, variant.size, variant.label, budget.paper
     )
@@ -282,28 +263,37 @@ def seed_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndar
     return {"x": grid, "mean": ys.mean(axis=0), "lo": ys.min(axis=0), "hi": ys.max(axis=0)}
 
 
+def per_seed_curve(
+    variant: Variant, points: Callable[[Run], tuple[np.ndarray, np.ndarray] | None]
+) -> dict[str, np.ndarray] | None:
+    """``seed_curve`` over seeds, each seed's curve the mean of its runs' ``points``."""
+    curves = []
+    for rs in variant.by_seed().values():
+        replicas = [c for c in map(points, rs) if c is not None]
+        if (mean := seed_curve(replicas)) is not None:
+            curves.append((mean["x"], mean["mean"]))
+    return seed_curve(curves)
+
+
 def token_curve(variant: Variant) -> dict[str, np.ndarray] | None:
     """The seed-mean validation curve against tokens (``seed_curve``)."""
-    return seed_curve(
-        [
-            (np.array([p.tokens for p in r.evals]), np.array([p.loss for p in r.evals]))
-            for r in variant.runs
-        ]
+    return per_seed_curve(
+        variant,
+        lambda r: (np.array([p.tokens for p in r.evals]), np.array([p.loss for p in r.evals])),
     )
 
 
 def time_curve(variant: Variant) -> tuple[dict[str, np.ndarray] | None, list[Run]]:
     """The curve against wall-clock seconds, and the runs left out for lacking ``elapsed_s``."""
-    timed, untimed = [], []
-    for r in variant.runs:
-        points = [p for p in r.evals if p.elapsed_s is not None]
-        if r.evals and len(points) < len(r.evals):
-            untimed.append(r)
-        elif points:
-            timed.append(
-                (np.array([p.elapsed_s for p in points]), np.array([p.loss for p in points]))
-            )
-    return seed_curve(timed), untimed
+    untimed = [r for r in variant.runs if any(p.elapsed_s is None for p in r.evals)]
+    left_out = {id(r) for r in untimed}
+
+    def points(r: Run) -> tuple[np.ndarray, np.ndarray] | None:
+        if id(r) in left_out or not r.evals:
+            return None
+        return np.array([p.elapsed_s for p in r.evals]), np.array([p.loss for p in r.evals])
+
+    return per_seed_curve(variant, points), untimed
 
 
 def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | None:

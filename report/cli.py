@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from evals import tasks as et
 from report import analysis as ana
 from report import runs as rr
 from report.render import render
@@ -138,7 +139,7 @@ def write_csvs(report: dict[str, Any], out: Path) -> None:
         return  # no downstream result of ours
     with open(out / "downstream.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["dataset", "size", "optimizer", "paper", *rr.TASKS, "avg", "source"])
+        w.writerow(["dataset", "size", "optimizer", "paper", *et.TASKS, "avg", "source"])
         for sec in report["downstream"]:
             for r in sec["rows"]:
                 w.writerow(
@@ -147,7 +148,7 @@ def write_csvs(report: dict[str, Any], out: Path) -> None:
                         sec["size"],
                         r["optimizer"],
                         r["paper"],
-                        *(r["scores"].get(t) for t in rr.TASKS),
+                        *(r["scores"].get(t) for t in et.TASKS),
                         r["avg"],
                         r["source"],
                     ]

@@ -23,6 +23,9 @@ COLORS = {
     "MARS-M (γ=0.01)": "tab:olive",
     "MARS-M-exact": "tab:cyan",
 }
+# A curve's first point is left above the axis only when showing it would make the axis more than
+# this many times the range of every other point (see ``y_limits``).
+STRETCH = 3.0
 SPARE = ("tab:pink", "tab:gray", "black", "gold", "navy", "teal")
 
 
@@ -49,26 +52,37 @@ def time_axis(max_seconds: float) -> tuple[float, str]:
     return 1.0, "wall-clock seconds"
 
 
-def focus_ylim(series: list[dict]) -> tuple[float, float]:
-    """Y-limits around the interesting range: from the lowest value up to where the curves are
-    after the first 10% of the x range (the step-0 loss and the first drop do not count)."""
-    lows = [float(np.min(s["lo"])) for s in series]
-    x_max = max(float(np.max(s["x"])) for s in series)
-    highs = []
-    for s in series:
-        later = s["x"] >= 0.1 * x_max * (1 - 1e-9)
-        values = s["hi"][later] if later.any() else s["hi"]
-        if len(values) > 1 and not later.any():
-            values = values[1:]
-        highs.append(float(np.max(values)))
-    low, high = min(lows), max(highs)
+def y_limits(series: list[dict]) -> tuple[float, float, list[str]]:
+    """Y-limits that show every point (band included), and the points left above them.
+
+    The only points ever cut are step-0 evaluations (the untrained model's ~10.9; a series with
+    ``step0`` true starts with one), and only when they would stretch the axis to more than
+    ``STRETCH`` times the range of all other points, which would flatten the differences that
+    matter. The cut points are returned as text for the caption.
+    """
+    rest_lo = [float(np.min(s["lo"][1:])) for s in series if len(s["x"]) > 1]
+    rest_hi = [float(np.max(s["hi"][1:])) for s in series if len(s["x"]) > 1]
+    cut: set[int] = set()
+    if rest_lo:
+        low, high = min(rest_lo), max(rest_hi)
+        span = max(high - low, 0.02)
+        cut = {
+            i
+            for i, s in enumerate(series)
+            if s.get("step0") and float(s["hi"][0]) - low > STRETCH * span
+        }
+    kept = [s for i, s in enumerate(series) if i not in cut]
+    low = min(rest_lo + [float(s["lo"][0]) for s in kept])
+    high = max(rest_hi + [float(s["hi"][0]) for s in kept])
     span = high - low if high > low else 0.02
-    return low - 0.05 * span, high + 0.05 * span
+    notes = [f"{series[i]['label']} {float(series[i]['hi'][0]):.2f}" for i in sorted(cut)]
+    return low - 0.05 * span, high + 0.05 * span, notes
 
 
-def plot_val_loss(series: list[dict], *, xlabel: str, title: str, path: Path) -> None:
+def plot_val_loss(series: list[dict], *, xlabel: str, title: str, path: Path) -> str | None:
     """One PNG: per series (``label``, ``x``, ``mean``, ``lo``, ``hi``, ``n_seeds``, optional
-    ``unfinished``) the seed mean as a line and the min-max over seeds as a shaded band."""
+    ``unfinished`` and ``step0``) the seed mean as a line with a marker on each evaluation and the min-max over
+    seeds as a shaded band. Returns the caption naming the points above the axis, if any."""
     if not series:
         raise ValueError(f"no curves to plot for {path.name}")
     fig = Figure(figsize=(7.0, 4.5), dpi=120)
@@ -81,17 +95,23 @@ def plot_val_loss(series: list[dict], *, xlabel: str, title: str, path: Path) ->
             ["unfinished"] if s.get("unfinished") else []
         )
         name = s["label"] + (f" ({', '.join(notes)})" if notes else "")
-        ax.plot(s["x"], s["mean"], color=color, linewidth=1.6, label=name)
+        ax.plot(s["x"], s["mean"], color=color, linewidth=1.6, marker="o", markersize=3, label=name)
         if s["n_seeds"] > 1:
             ax.fill_between(s["x"], s["lo"], s["hi"], color=color, alpha=0.2, linewidth=0)
-    ax.set_ylim(*focus_ylim(series))
+    low, high, cut = y_limits(series)
+    ax.set_ylim(low, high)
+    caption = None
+    if cut:
+        caption = "step-0 loss above the axis (not shown): " + ", ".join(cut)
+        fig.text(0.01, 0.01, caption, fontsize=7, color="dimgray")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation loss")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03 if cut else 0, 1, 1))
     fig.savefig(path, format="png")
+    return caption
 
 
 def scaled(curve: dict[str, np.ndarray], divisor: float) -> dict[str, np.ndarray]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from report.analysis import PAPER_BUDGETS, format_tokens
-from report.runs import TASK_NAMES, TASKS, order_key, size_name
+from evals import tasks as et
+from report.analysis import EVAL_GAP, PAPER_BUDGETS, format_tokens
+from report.runs import order_key, size_name
 
 NOT_REACHED = "*"
+EARLY = "†"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -34,6 +36,8 @@ def cell_text(cell: dict[str, Any] | None) -> str:
         text += f" ± {cell['std']:.3f}"
     if cell["mean"] is not None and not cell["reached"]:
         text += NOT_REACHED
+    elif cell["mean"] is not None and cell.get("early"):
+        text += EARLY
     if cell["paper"] is not None:
         approx = "≈" if cell["paper_approximate"] else ""
         diff = f", {cell['diff']:+.3f}" if cell["diff"] is not None else ""
@@ -57,8 +61,15 @@ def render_val_loss(section: dict[str, Any]) -> str:
         "Best (lowest) validation loss among the evaluations at or below each column's token "
         "budget; the mean over seeds, ± the sample standard deviation when there are several.",
         f"`{NOT_REACHED}` not reached yet: the run has not trained through that budget (it is "
-        "unfinished or shorter); the value is its best so far. `–`: no evaluation yet.",
+        "unfinished or shorter); the value is its best so far. `–`: no evaluation after step 0 "
+        "at or below the budget (the step-0 loss, of the untrained model, is never a budget's).",
     ]
+    if any(c.get("early") for r in section["rows"] for c in r["cells"]):
+        notes.append(
+            f"`{EARLY}` the last evaluation at or below the budget is more than "
+            f"{EVAL_GAP:.0%} of it before the budget: the value is the loss then, not at the "
+            "budget (evaluate more often to fill the column)."
+        )
     if whole:
         paper = (
             "; the paper's 50B is 100k steps of 491,520 tokens = 49.15B" if whole == ["50B"] else ""
@@ -94,21 +105,36 @@ def render_published(t: dict[str, Any]) -> str:
     return f"**{t['title']}**, from {t['source']}\n\n" + table(headers, rows)
 
 
+def downstream_note() -> str:
+    """How the downstream table is made, from the task metadata of ``evals/tasks.py``."""
+
+    def columns(names: list[str]) -> str:
+        return ", ".join(et.TASKS[t].column for t in names)
+
+    averaged = et.paper_average_tasks()
+    others = [t for t in et.TASKS if t not in averaged]
+    by_metric = {m: [t for t in et.TASKS if et.TASKS[t].metric == m] for m in ("acc_norm", "acc")}
+    text = (
+        f"Zero-shot accuracy in percent: acc_norm for {columns(by_metric['acc_norm'])}; acc for "
+        f"{columns(by_metric['acc'])}. Avg is the paper's: the unweighted mean of its "
+        f"{len(averaged)} tasks ({columns(averaged)}), only when all of them exist"
+    )
+    text += f"; {columns(others)} are shown but not averaged. " if others else ". "
+    return text + (
+        "lm-eval results win over eval.py's where a run has both; eval.py scores some tasks on "
+        "validation splits where the paper used test splits."
+    )
+
+
 def render_downstream(section: dict[str, Any]) -> str:
     """One (dataset, size): our rows, then the published rows marked (paper)."""
-    headers = ["optimizer", *(TASK_NAMES[t] for t in TASKS), "Avg", "source"]
+    headers = ["optimizer", *(t.column for t in et.TASKS.values()), "Avg", "source"]
     rows = []
     for row in section["rows"]:
         name = row["optimizer"] + (" (paper)" if row["paper"] else "")
-        scores = [fmt(row["scores"].get(t), 2) for t in TASKS]
+        scores = [fmt(row["scores"].get(t), 2) for t in et.TASKS]
         rows.append([name, *scores, fmt(row["avg"], 2), row["source"]])
-    text = table(headers, rows)
-    return text + (
-        "\n\n- Zero-shot accuracy in percent: acc_norm for ARC-E, ARC-C, HellaSwag, OBQA, PIQA, "
-        "SciQ; acc for BoolQ, WG, MMLU. Avg (unweighted) only when all nine exist. lm-eval "
-        "results win over eval.py's where a run has both; eval.py scores some tasks on "
-        "validation splits where the paper used test splits."
-    )
+    return table(headers, rows) + "\n\n- " + downstream_note()
 
 
 def render_speedup(s: dict[str, Any]) -> str:
@@ -171,6 +197,8 @@ def render_runs(runs: list[dict[str, Any]]) -> str:
         "optimizer",
         "variant",
         "seed",
+        "procs",
+        "tok/s",
         "steps",
         "tokens",
         "best val loss",
@@ -184,6 +212,8 @@ def render_runs(runs: list[dict[str, Any]]) -> str:
             r["optimizer"],
             r["variant"],
             r["seed"],
+            r.get("world_size") or "?",
+            "–" if r.get("tokens_per_s") is None else f"{r['tokens_per_s']:,.0f}",
             f"{r['steps']}/{r['max_steps']}",
             format_tokens(r["tokens"]),
             fmt(r["best_val_loss"]),
@@ -208,6 +238,14 @@ def render_status(report: dict[str, Any]) -> str:
         for m in report["missing"]
     ] or ["None."]
     return "\n".join(out)
+
+
+def render_figure(f: dict[str, Any]) -> str:
+    """One figure's line: file, what it shows, the points above its axis, its caveats."""
+    text = f"- `{f['file']}`: {f['what']}" + (f"; {f['caption']}" if f.get("caption") else "")
+    for caveat in f.get("caveats") or []:
+        text += f"\n  - **Caution, the times may not compare:** {caveat}."
+    return text
 
 
 def render(report: dict[str, Any]) -> str:
@@ -246,7 +284,7 @@ def render(report: dict[str, Any]) -> str:
             out += ["", f"### {s['dataset']} {size_name(s['size'])}", ""]
             out += [render_speedup(s) if s.get("rows") is not None else s["note"]]
     if report["figures"]:
-        out += ["", "## Figures", ""] + [f"- `{f['file']}`: {f['what']}" for f in report["figures"]]
+        out += ["", "## Figures", ""] + [render_figure(f) for f in report["figures"]]
     out += ["", "## Runs", "", render_runs(runs), "", render_status(report)]
     if report["warnings"]:
         out += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]

@@ -2,7 +2,8 @@
 
 A run directory holds ``config.yaml`` and ``metrics.jsonl`` (and, once its session ended,
 ``summary.json``; after evaluation, ``eval/step_N.json`` from eval.py and/or lm-eval-harness's
-``eval/**/results_*.json``). Everything here is read-only and tolerant: a run still being written
+``eval/**/results_*.json``; ``meta.jsonl`` says where it ran, see ``report/conditions.py``). The
+downstream tasks, their columns and metrics are ``evals/tasks.py``'s. Everything here is read-only and tolerant: a run still being written
 (a truncated last metrics line) or a half-broken one yields what it has, and problems are
 collected as warning strings for the report instead of being raised or printed.
 """
@@ -18,13 +19,8 @@ from typing import Any
 
 import yaml
 
-# The nine zero-shot tasks of the paper's downstream tables, in its column order.
-TASKS = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "winogrande")
-TASKS += ("mmlu", "sciq")
-COLUMNS = ("ARC-E", "ARC-C", "BoolQ", "HellaSwag", "OBQA", "PIQA", "WG", "MMLU", "SciQ")
-TASK_NAMES = dict(zip(TASKS, COLUMNS, strict=True))
-# The metric the paper reports per task (acc_norm where lm-eval defines it, acc otherwise).
-TASK_METRIC = {t: "acc" if t in ("boolq", "winogrande", "mmlu") else "acc_norm" for t in TASKS}
+from evals import tasks as et
+from report.conditions import Conditions, read_conditions
 
 DATASET_NAMES = {
     "openwebtext": "OpenWebText",
@@ -50,24 +46,10 @@ LABEL_ORDER = (
 # Top-level config keys that do not change what a run computes (plus data.dir: where the shards
 # live on this machine, not what they are). Runs differing only in these and the seed are seeds
 # of one variant.
-BOOKKEEPING_KEYS = frozenset(
-    {
-        "out_dir",
-        "name",
-        "wandb",
-        "progress",
-        "device",
-        "compile",
-        "log_every",
-        "ckpt_every",
-        "keep_checkpoints",
-        "resume",
-        "eval_every",
-        "micro_batch_size",
-        "seed",
-        "data.dir",
-    }
-)
+BOOKKEEPING_KEYS = frozenset({
+    "out_dir", "name", "wandb", "progress", "device", "compile", "log_every", "ckpt_every",
+    "keep_checkpoints", "resume", "eval_every", "micro_batch_size", "seed", "data.dir",
+})  # fmt: skip
 
 
 def dataset_label(name: str) -> str:
@@ -175,6 +157,7 @@ class Run:
     tokens: float = 0.0  # likewise tokens
     downstream: Downstream | None = None
     warnings: list[str] = field(default_factory=list)
+    conditions: Conditions = field(default_factory=Conditions)
 
     @property
     def dataset(self) -> str:
@@ -221,12 +204,20 @@ class Run:
 
     @property
     def best_val_loss(self) -> float | None:
-        return min((p.loss for p in self.evals), default=None)
+        return self.best_within(None)
+
+    def trained_evals(self, tokens: float | None) -> list[EvalPoint]:
+        """The evals after step 0 at <= ``tokens`` tokens (None: all). The step-0 eval is the
+        untrained model's loss: it is never the loss "at" a budget, however early the budget."""
+        return [p for p in self.evals if p.step > 0 and (tokens is None or p.tokens <= tokens)]
 
     def best_within(self, tokens: float | None) -> float | None:
-        """Best validation loss among evals at <= ``tokens`` tokens (None: all of them)."""
-        losses = [p.loss for p in self.evals if tokens is None or p.tokens <= tokens]
-        return min(losses, default=None)
+        """Best validation loss among ``trained_evals(tokens)``; None when there is none."""
+        return min((p.loss for p in self.trained_evals(tokens)), default=None)
+
+    def last_eval_within(self, tokens: float | None) -> float | None:
+        """Tokens of the last of ``trained_evals(tokens)``; None when there is none."""
+        return max((p.tokens for p in self.trained_evals(tokens)), default=None)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -300,17 +291,17 @@ def eval_py_scores(run_dir: Path, warnings: list[str]) -> Downstream | None:
         return None
     out = Downstream()
     for task, entry in (data.get("results") or {}).items():
-        if task not in TASKS or not isinstance(entry, dict):
+        if task not in et.TASKS or not isinstance(entry, dict):
             continue
-        value = to_float(entry.get(entry.get("metric", TASK_METRIC[task])))
+        value = to_float(entry.get(entry.get("metric", et.TASKS[task].metric)))
         if value is None:
             continue
         out.scores[task] = value
         out.sources[task] = f"eval.py step {step}"
         if entry.get("split") and entry.get("split") != entry.get("paper_split"):
-            out.notes.append(f"{TASK_NAMES[task]} on {entry['split']}")
+            out.notes.append(f"{et.TASKS[task].column} on {entry['split']}")
         if entry.get("limit") is not None:
-            out.notes.append(f"{TASK_NAMES[task]} limit={entry['limit']}")
+            out.notes.append(f"{et.TASKS[task].column} limit={entry['limit']}")
     return out if out.scores else None
 
 
@@ -329,11 +320,11 @@ def lm_eval_scores(path: Path, warnings: list[str]) -> dict[str, float]:
             warnings.append(f"{path}: no 'results' mapping; not an lm-eval results file")
         return {}
     scores = {}
-    for task in TASKS:
+    for task, meta in et.TASKS.items():
         entry = results.get(task)
         if not isinstance(entry, dict):
             continue
-        metric = TASK_METRIC[task]
+        metric = meta.metric
         value = to_float(entry.get(f"{metric},none", entry.get(metric)))
         if value is not None:
             scores[task] = value
@@ -364,7 +355,7 @@ def merge_downstream(eval_py: Downstream | None, lm_eval: dict[str, float]) -> D
     for task, value in lm_eval.items():
         out.scores[task] = value
         out.sources[task] = "lm-eval"
-    replaced = tuple(TASK_NAMES[t] + " " for t in lm_eval)  # drop notes on replaced tasks
+    replaced = tuple(et.TASKS[t].column + " " for t in lm_eval)  # drop notes on replaced tasks
     out.notes = [n for n in out.notes if not n.startswith(replaced)]
     return out if out.scores else None
 
@@ -389,6 +380,7 @@ def load_run(path: Path, lm_files: list[Path], warnings: list[str]) -> Run | Non
     if (path / "summary.json").is_file():
         summary = _read_json(path / "summary.json", own)
     run = Run(path, config, len(records), eval_points(records, path, own), summary, warnings=own)
+    run.conditions = read_conditions(path, records, summary)
     steps = [int(r["step"]) for r in records if isinstance(r.get("step"), int | float)]
     tokens = [to_float(r.get("tokens")) or 0.0 for r in records]
     run.steps = max(steps + [int(to_float((summary or {}).get("steps")) or 0)], default=0)

@@ -8,7 +8,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from evals import tasks as et
 from report import analysis as ana
+from report import conditions as rcond
 from report import figures as figs
 from report import runs as rr
 
@@ -32,7 +34,7 @@ def variant_rows(groups: Groups) -> list[dict[str, Any]]:
             "optimizer": v.label,
             "variant": v.describe(),
             "keys": v.keys,
-            "seeds": [r.seed for r in v.runs],
+            "seeds": v.seeds,  # distinct: runs sharing a seed are one seed
             "runs": [rel(r.path) for r in v.runs],
             "best_mean": v.best_mean,
             "best_std": v.best_std,
@@ -56,6 +58,9 @@ def run_rows(runs: list[rr.Run], variant_of: dict[Path, ana.Variant]) -> list[di
                 "optimizer": r.label,
                 "variant": variant_of[r.path].describe(),
                 "seed": r.seed,
+                "world_size": r.conditions.world_size,
+                "machine": r.conditions.machine(),
+                "tokens_per_s": r.conditions.tokens_per_s,
                 "steps": r.steps,
                 "max_steps": r.max_steps,
                 "tokens": r.tokens,
@@ -95,7 +100,7 @@ def downstream_row(variants: list[ana.Variant]) -> dict[str, Any] | None:
         if not runs:
             continue
         scores = {}
-        for task in rr.TASKS:
+        for task in et.TASKS:
             values = [r.downstream.scores[task] for r in runs if task in r.downstream.scores]
             if values:
                 scores[task] = 100 * statistics.fmean(values)
@@ -104,7 +109,7 @@ def downstream_row(variants: list[ana.Variant]) -> dict[str, Any] | None:
             "optimizer": v.label,
             "variant": v.describe(),
             "scores": scores,
-            "avg": statistics.fmean(scores.values()) if len(scores) == len(rr.TASKS) else None,
+            "avg": et.paper_average(scores),
             "n_runs": len(runs),
             "source": "; ".join(sources),
             "paper": False,
@@ -189,14 +194,14 @@ def downstream_sections(
         if not rows and pub is None:
             continue
         for p in (pub or {}).get("rows", []):
-            scores = {t: float(p["scores"][t]) for t in rr.TASKS if t in p["scores"]}
+            scores = {t: float(p["scores"][t]) for t in et.TASKS if t in p["scores"]}
             rows.append(
                 {
                     "optimizer": p.get("paper_name", p["label"]),
                     "label": p["label"],
                     "variant": "",
                     "scores": scores,
-                    "avg": p["scores"].get("avg"),
+                    "avg": p["scores"].get("avg", et.paper_average(scores)),
                     "n_runs": 0,
                     "source": pub["id"],
                     "paper": True,
@@ -221,9 +226,7 @@ def extra_lm_rows(files: list[Path], warnings: list[str]) -> list[dict[str, Any]
                     "scores": scores,
                     "n_runs": 1,
                     "source": f"lm-eval {rel(f)}",
-                    "avg": statistics.fmean(scores.values())
-                    if len(scores) == len(rr.TASKS)
-                    else None,
+                    "avg": et.paper_average(scores),
                     "paper": False,
                 }
             )
@@ -247,13 +250,19 @@ def figure_series(chosen: list[ana.Variant], title: str, warnings: list[str]) ->
     """The curves of one figure pair: (against tokens, against wall-clock seconds)."""
     tok, timed, untimed = [], [], []
     for v in chosen:
-        base = {"label": v.label, "unfinished": not all(r.finished for r in v.runs)}
+        base = {
+            "label": v.label,
+            "unfinished": not all(r.finished for r in v.runs),
+            "step0": all(r.evals and r.evals[0].step == 0 for r in v.runs),
+        }
         if (c := ana.token_curve(v)) is not None:
-            tok.append({**base, "n_seeds": len(v.runs), **c})
+            tok.append({**base, "n_seeds": len(v.seeds), **c})
         c, left_out = ana.time_curve(v)
         untimed += left_out
+        left = {id(r) for r in left_out}
+        timed_seeds = {str(r.seed) for r in v.runs if id(r) not in left}
         if c is not None:
-            timed.append({**base, "n_seeds": len(v.runs) - len(left_out), **c})
+            timed.append({**base, "n_seeds": len(timed_seeds), **c})
     if tok and not timed:
         warnings.append(f"time figure {title} not drawn: no run has elapsed_s in its metrics")
     else:
@@ -264,8 +273,20 @@ def figure_series(chosen: list[ana.Variant], title: str, warnings: list[str]) ->
     return tok, timed
 
 
+def time_caveats(chosen: list[ana.Variant]) -> list[str]:
+    """Why the wall-clock figure of ``chosen`` may compare machines rather than optimizers."""
+    return rcond.time_caveats(
+        [
+            (f"{v.label} {r.path.name}", r.model, r.config.get("batch_tokens"), r.conditions)
+            for v in chosen
+            for r in v.runs
+        ]
+    )
+
+
 def figures(groups: Groups, out: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """Two PNGs per (dataset, size): validation loss against tokens and against hours."""
+    """Two PNGs per (dataset, size): validation loss against tokens and against hours; each
+    entry says which points lie above the axis and, for time, why the times may not compare."""
     made = []
     for dataset, size in dict.fromkeys(k[:2] for k in groups):
         chosen = [vs[0] for k, vs in groups.items() if k[:2] == (dataset, size)]
@@ -278,16 +299,27 @@ def figures(groups: Groups, out: Path, warnings: list[str]) -> list[dict[str, An
         plots = []
         if tok:
             div, xlabel = figs.token_axis(max(float(s["x"].max()) for s in tok))
-            plots.append(("tokens", tok, div, xlabel))
+            plots.append(("tokens", tok, div, xlabel, []))
         if timed:
             div, xlabel = figs.time_axis(max(float(s["x"].max()) for s in timed))
-            plots.append(("time", timed, div, xlabel))
-        for kind, series, div, xlabel in plots:
+            caveats = time_caveats(chosen)
+            warnings.extend(f"time figure {title}: {c}" for c in caveats)
+            plots.append(("time", timed, div, xlabel, caveats))
+        for kind, series, div, xlabel, caveats in plots:
             name = f"val_loss_{slug}_{kind}.png"
             scaled = [figs.scaled(s, div) for s in series]
-            figs.plot_val_loss(scaled, xlabel=xlabel, title=title, path=out / name)
+            caption = figs.plot_val_loss(scaled, xlabel=xlabel, title=title, path=out / name)
             what = f"{title}: validation loss against {xlabel.split(' (')[0]}"
-            made.append({"dataset": dataset, "size": size, "file": name, "what": what})
+            made.append(
+                {
+                    "dataset": dataset,
+                    "size": size,
+                    "file": name,
+                    "what": what,
+                    "caption": caption,
+                    "caveats": caveats,
+                }
+            )
     return made
 
 

@@ -5,12 +5,14 @@
     python -m scripts.sample out/hf-gpt2 --prompt "Hello" --temperature 0     # greedy, HF directory
 
 CHECKPOINT is a step_N.pt file, a run directory (its newest checkpoint) or a Hugging Face GPT-2
-directory. Each sample is printed after a separator line.
+directory. Each sample is printed after a separator line. Temperature 0 (greedy decoding) has
+one continuation: it is printed once, with a note when more samples were asked for.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from evals.loading import load_model
 from model.sampling import sample_text
@@ -30,6 +32,13 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16")
     args = ap.parse_args(argv)
+    if args.temperature == 0 and args.num_samples > 1:
+        print(
+            f"note: --temperature 0 is greedy decoding, so all {args.num_samples} samples would "
+            "be the same text; printing it once (use a temperature > 0 for different samples)",
+            file=sys.stderr,
+        )
+        args.num_samples = 1
     try:
         device = pick_device(args.device, 0)
         loaded = load_model(args.checkpoint, device)

@@ -153,6 +153,16 @@ def test_sampling_is_seeded_and_greedy_is_argmax(tiny_run, capsys):
 
     texts = sample_main([str(tiny_run), "--prompt", "Hi", "-n", "1", "--max-new-tokens", "4"])
     assert capsys.readouterr().out.count("Hi") == 1 and len(texts) == 1
+    # Greedy decoding has one continuation: asked for 3, the script prints it once and says why.
+    assert (
+        sample_text(model, "Hi", num_samples=3, max_new_tokens=3, temperature=0)
+        == [sample_text(model, "Hi", max_new_tokens=3, temperature=0)[0]] * 3
+    )
+    args = [str(tiny_run), "--prompt", "Hi", "--max-new-tokens", "4", "--temperature", "0"]
+    texts = sample_main([*args, "-n", "3"])
+    out, err = capsys.readouterr()
+    assert len(texts) == 1 and out.count("Hi") == 1 and out.count("-" * 40) == 1
+    assert "greedy decoding, so all 3 samples would be the same text" in err
 
 
 @pytest.mark.slow

@@ -158,6 +158,25 @@ def test_table_row_in_paper_format():
     assert row == "| x | – | – | – | 31.25 | – | – | – | – | – | – |"
 
 
+def test_task_metadata_and_the_papers_average(monkeypatch):
+    assert [T.TASKS[t].column for t in T.paper_average_tasks()] == [
+        "ARC-E", "ARC-C", "BoolQ", "HellaSwag", "OBQA", "PIQA", "WG", "MMLU", "SciQ",
+    ]  # fmt: skip
+    assert {t for t, task in T.TASKS.items() if task.metric == "acc"} == {
+        "boolq", "winogrande", "mmlu",
+    }  # fmt: skip
+    nine = {t: 0.5 for t in T.TASKS}
+    assert T.paper_average(nine) == 0.5
+    assert T.paper_average({**nine, "sciq": None}) is None
+    # A tenth task outside the paper's average: a new column, the average of the nine stays.
+    extra = T.Task("lambada", "LAMBADA", T.boolq, "acc", "test", "test", "x", False)
+    monkeypatch.setitem(T.TASKS, "lambada", extra)
+    assert T.paper_average(nine) == 0.5
+    header, _, row = T.table({t: {"acc": 0.5, "acc_norm": 0.5} for t in nine}, "m").splitlines()
+    assert header.endswith("| SciQ | LAMBADA | Avg |")
+    assert row.endswith("| 50.00 | – | 50.00 |")
+
+
 def _tiny_gpt(block_size=16):
     torch.manual_seed(0)
     return GPT(GPTConfig(block_size=block_size, n_layer=2, n_head=2, n_embd=16)).eval()

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from evals.tasks import TASKS, paper_average
 from report import cli as report
 from report.analysis import Published, first_reach
-from report.runs import TASKS, optimizer_label
+from report.runs import optimizer_label
 
 ROOT = Path(__file__).resolve().parent.parent
 # 100 steps of 491.52M tokens = 49.152B tokens: the paper's 100k steps, in 100 records.
@@ -37,9 +38,12 @@ def make_run(
     opt: dict | None = None,
     elapsed: bool = True,
     truncate_last: bool = False,
+    meta: dict | None = None,
+    tokens_per_s: float | None = None,
 ) -> Path:
     """A run directory: config.yaml, metrics.jsonl with ``curve(step)`` as val_loss every
-    ``eval_every`` steps, and summary.json when it ran all ``max_steps``."""
+    ``eval_every`` steps (and ``tokens_per_s`` on train records), meta.jsonl from ``meta``, and
+    summary.json when it ran all ``max_steps``."""
     run = root / name
     run.mkdir(parents=True)
     steps = max_steps if steps is None else steps
@@ -61,13 +65,16 @@ def make_run(
         if elapsed:
             rec["elapsed_s"] = 36.0 * step
         if step:
-            lines.append(json.dumps({**rec, "train_loss": 3.0, "lr": 1e-3}))
+            speed = {} if tokens_per_s is None else {"tokens_per_s": tokens_per_s}
+            lines.append(json.dumps({**rec, "train_loss": 3.0, "lr": 1e-3, **speed}))
         if step % eval_every == 0 and curve(step) is not None:
             lines.append(json.dumps({**rec, "val_loss": curve(step), "val_ppl": 1.0}))
     text = "\n".join(lines) + "\n"
     if truncate_last:
         text += '{"step": 999, "tokens": 12'
     (run / "metrics.jsonl").write_text(text)
+    if meta is not None:
+        (run / "meta.jsonl").write_text(json.dumps({"started": "2026-01-01", **meta}) + "\n")
     if steps >= max_steps:
         summary = {"steps": steps, "tokens": steps * batch_tokens, "model": model}
         (run / "summary.json").write_text(json.dumps(summary))
@@ -78,7 +85,7 @@ def write_eval_py(run: Path, step: int, scores: dict[str, float]) -> None:
     """eval.py's eval/step_N.json with the given fractions as each task's reported metric."""
     results = {}
     for task, value in scores.items():
-        metric = "acc" if task in ("boolq", "winogrande", "mmlu") else "acc_norm"
+        metric = TASKS[task].metric
         other = "acc_norm" if metric == "acc" else "acc"
         results[task] = {
             "n": 100,
@@ -98,7 +105,7 @@ def write_lm_eval(path: Path, scores: dict[str, float], pretrained: str = "x") -
     """An lm-eval-harness results file (acc,none / acc_norm,none; MMLU with a subject entry)."""
     results = {}
     for task, value in scores.items():
-        metric = "acc" if task in ("boolq", "winogrande", "mmlu") else "acc_norm"
+        metric = TASKS[task].metric
         results[task] = {f"{metric},none": value, "acc_stderr,none": 0.01, "alias": task}
     results["mmlu_anatomy"] = {"acc,none": 0.99}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,6 +250,127 @@ def test_speedup_known_ratios(tmp_path):
     assert rep["speedup"][0]["baseline"] == "MARS-approx"
 
 
+def step0_curve(start: float = 4.0, slope: float = 0.005):
+    """10.9 at step 0 (the untrained model), then ``start - slope * step``."""
+    return lambda step: 10.9 if step == 0 else start - slope * step
+
+
+def test_budget_columns_never_read_the_step0_loss(tmp_path):
+    runs = tmp_path / "runs"
+    for name in ("adamw", "muon"):  # evals at steps 0, 25, 50, 75, 100 of 2,048 tokens
+        make_run(
+            runs, name, step0_curve(), optimizer=name, model="tiny", data="sotu",
+            batch_tokens=2048, eval_every=25,
+        )  # fmt: skip
+    rep, md, _ = run_report(tmp_path, runs)
+    labels = [b["label"] for b in rep["val_loss"][0]["budgets"]]
+    for optimizer in ("AdamW", "Muon"):
+        first, middle, whole = (cells(rep, "sotu", optimizer)[("tiny", b)] for b in labels)
+        assert first["mean"] is None  # 10% = step 10: only the step-0 eval lies below it
+        assert middle["mean"] == pytest.approx(3.875)  # 40% = step 40: the step-25 eval ...
+        assert middle["early"] and middle["eval_tokens"] == 25 * 2048  # ... marked as early
+        assert whole["mean"] == pytest.approx(3.5) and not whole["early"]
+    assert "10.900" not in md and "| AdamW |  | 3.875† | 3.500 |" not in md
+    assert "| AdamW | – | 3.875† | 3.500 |" in md
+    assert "never a budget's" in md and "`†` the last evaluation" in md
+    assert all(r["best_val_loss"] == pytest.approx(3.5) for r in rep["runs"])
+
+
+def test_figure_limits_show_every_point_and_markers(tmp_path, monkeypatch):
+    import numpy as np
+
+    from report import figures as figs
+
+    x = np.array([0.0, 25.0, 50.0, 75.0, 100.0])
+
+    def series(label, y, step0):
+        y = np.array(y)
+        return {"label": label, "x": x, "mean": y, "lo": y, "hi": y, "n_seeds": 1, "step0": step0}
+
+    # A short curve whose first points drop fast: every point is inside the axis.
+    low, high, cut = figs.y_limits([series("A", [4.6, 3.9, 3.6, 3.5, 3.45], False)])
+    assert low < 3.45 and high > 4.6 and cut == []
+    # A step-0 eval (10.9) next to curves around 3.5 is left above the axis, and said so.
+    fast = series("AdamW", [10.9, 3.9, 3.6, 3.5, 3.45], True)
+    slow = series("Muon", [10.95, 4.2, 3.8, 3.6, 3.5], True)
+    low, high, cut = figs.y_limits([fast, slow])
+    assert low < 3.45 and 4.2 < high < 10.9 and cut == ["AdamW 10.90", "Muon 10.95"]
+    drawn = []
+
+    class Recording(figs.Figure):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            drawn.append(self)
+
+    monkeypatch.setattr(figs, "Figure", Recording)
+    caption = figs.plot_val_loss([fast, slow], xlabel="x", title="t", path=tmp_path / "f.png")
+    assert caption == "step-0 loss above the axis (not shown): AdamW 10.90, Muon 10.95"
+    (ax,) = drawn[0].axes
+    assert [line.get_marker() for line in ax.lines] == ["o", "o"]
+    # In the report: the caption beside the figure.
+    runs = tmp_path / "runs"
+    make_run(runs, "adamw", step0_curve(), model="tiny", data="sotu", batch_tokens=2048)
+    rep, md, _ = run_report(tmp_path, runs)
+    assert rep["figures"][0]["caption"] == "step-0 loss above the axis (not shown): AdamW 10.90"
+    assert "step-0 loss above the axis (not shown): AdamW 10.90" in md
+
+
+def test_time_figure_warns_about_machines_and_throughput(tmp_path):
+    runs = tmp_path / "runs"
+    common = dict(model="tiny", data="sotu", batch_tokens=2048)
+    make_run(
+        runs, "adamw", linear(4.0, 0.01), tokens_per_s=1000.0,
+        meta={"host": "loaded-box", "device": "cuda:0", "world_size": 1}, **common,
+    )  # fmt: skip
+    make_run(
+        runs, "mars", linear(4.0, 0.01), optimizer="mars-adamw", tokens_per_s=2400.0,
+        meta={"host": "idle-box", "device": "cuda:0", "world_size": 1}, **common,
+    )  # fmt: skip
+    rep, md, _ = run_report(tmp_path, runs)
+    time_fig = next(f for f in rep["figures"] if f["file"].endswith("_time.png"))
+    caveats = "\n".join(time_fig["caveats"])
+    assert "different machines" in caveats and "loaded-box/cuda" in caveats
+    assert "tokens/s differ 2.4x" in caveats and "AdamW adamw 1,000" in caveats
+    assert not next(f for f in rep["figures"] if f["file"].endswith("_tokens.png"))["caveats"]
+    assert "Caution, the times may not compare:** tokens/s differ 2.4x" in md
+    assert any(
+        "time figure sotu tiny: runs made on different machines" in w for w in rep["warnings"]
+    )
+    assert {r["tokens_per_s"] for r in rep["runs"]} == {1000.0, 2400.0}
+    # Same machine, throughput within 1.3x: no caution.
+    again = tmp_path / "again"
+    for name, opt, speed in (("adamw", "adamw", 1000.0), ("mars", "mars-adamw", 1200.0)):
+        make_run(
+            again, name, linear(4.0, 0.01), optimizer=opt, tokens_per_s=speed,
+            meta={"host": "box", "device": "cuda:0", "world_size": 1}, **common,
+        )  # fmt: skip
+    rep, md, _ = run_report(tmp_path / "b", again)
+    assert all(not f["caveats"] for f in rep["figures"]) and "Caution" not in md
+
+
+def test_runs_sharing_a_seed_are_one_seed(tmp_path):
+    runs = tmp_path / "runs"
+    common = dict(model="tiny", data="sotu", batch_tokens=2048)
+    for name, seed, procs, offset in (("s0-1proc", 0, 1, 0.0), ("s0-2proc", 0, 2, 0.002)):
+        make_run(
+            runs, name, linear(4.0, 0.01, offset), seed=seed,
+            meta={"host": "h", "device": "cpu", "world_size": procs}, **common,
+        )  # fmt: skip
+    make_run(runs, "s1", linear(4.0, 0.01, 0.02), seed=1, **common)
+    rep, md, _ = run_report(tmp_path, runs)
+    (variant,) = rep["variants"]
+    assert variant["seeds"] == [0, 1]
+    whole = cells(rep, "sotu", "AdamW")[("tiny", "0.205M")]
+    assert whole["n_seeds"] == 2  # not 3
+    assert whole["mean"] == pytest.approx((3.001 + 3.02) / 2)  # seed 0: the mean of its runs
+    assert whole["std"] == pytest.approx(statistics.stdev([3.001, 3.02]))
+    (note,) = [w for w in rep["warnings"] if "share seed" in w]
+    assert "s0-1proc (1 proc.), s0-2proc (2 proc.) share seed 0" in note
+    assert "different numbers of processes" in note and "counted as one seed" in note
+    assert "| 0, 1 |" in md
+    assert {r["world_size"] for r in rep["runs"] if r["seed"] == 0} == {1, 2}
+
+
 def test_first_reach_interpolates():
     import numpy as np
 
@@ -300,6 +428,34 @@ def test_downstream_eval_py_lm_eval_and_avg(tmp_path):
     assert "lm-eval (1 tasks)" in rows["AdamW"]["source"]
 
 
+def test_a_tenth_task_keeps_the_papers_average(tmp_path, monkeypatch):
+    """A task registered in evals/tasks.py outside the paper's average gets a column; the Avg of
+    our rows and of the published rows stays the mean of the nine."""
+    import evals.tasks as et
+
+    nine = {t: 0.5 for t in TASKS}
+    extra = et.Task("lambada", "LAMBADA", et.boolq, "acc", "test", "test", "x", False)
+    monkeypatch.setitem(et.TASKS, "lambada", extra)
+    runs = tmp_path / "runs"
+    adamw = make_run(runs, "adamw", linear(3.9, 0.01), data="fineweb-edu-100b")
+    write_eval_py(adamw, 100, nine)  # the nine only: lambada not evaluated
+    mars = make_run(runs, "mars", linear(3.8, 0.01), optimizer="mars-adamw", data="fineweb-edu")
+    write_lm_eval(mars / "eval" / "results_1.json", {**nine, "lambada": 0.9})
+    rep, md, out = run_report(tmp_path, runs)
+    rows = {(r["optimizer"], r["paper"]): r for r in rep["downstream"][0]["rows"]}
+    assert rows[("AdamW", False)]["avg"] == pytest.approx(50.0)
+    assert rows[("MARS-approx", False)]["avg"] == pytest.approx(50.0)  # lambada not averaged
+    assert rows[("MARS-approx", False)]["scores"]["lambada"] == pytest.approx(90.0)
+    assert rows[("AdamW", True)]["avg"] == 45.72 and rows[("MARS-AdamW", True)]["avg"] == 45.93
+    assert "| SciQ | LAMBADA | Avg | source |" in md
+    assert (
+        "| AdamW (paper) | 51.43 | 26.54 | 55.78 | 36.26 | 30.60 | 64.53 | 50.36 | 24.49 | "
+        "71.50 | – | 45.72 |" in md
+    )
+    assert "LAMBADA are shown but not averaged" in md
+    assert "lambada" in (out / "downstream.csv").read_text().splitlines()[0]
+
+
 def test_published_downstream_without_our_evals(tmp_path):
     runs = tmp_path / "runs"
     make_run(runs, "xl", linear(3.9, 0.01), model="gpt2-xl", data="fineweb-edu", steps=20)
@@ -319,7 +475,7 @@ def test_published_yaml_is_consistent():
     assert pub.val_loss("FineWeb-Edu", "xl", "Moonlight", "50B")["value"] == 2.393
     for size in ("small", "xl"):
         for row in pub.downstream("FineWeb-Edu", size)["rows"]:
-            mean = statistics.fmean(row["scores"][t] for t in TASKS)
+            mean = paper_average(row["scores"])
             assert math.isclose(mean, row["scores"]["avg"], abs_tol=0.011), row["label"]
 
 
@@ -378,3 +534,10 @@ def test_cli_subprocess(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("# Smoke")
     assert (out / "val_loss_sotu_tiny_tokens.png").stat().st_size > 0
+
+
+def test_report_and_task_metadata_import_without_torch():
+    """The report reads task metadata from evals/tasks.py; that chain must not pull in torch."""
+    code = "import sys, report.cli, evals.tasks; sys.exit('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr or "importing the report imported torch"
