@@ -53,9 +53,10 @@ def _entries(values: dict) -> list[tuple[str, str | None]]:
         if entry == "_self_":
             out.append(("self", None))
         elif isinstance(entry, str):
-            out.append(("config", entry))
+            if not entry.lstrip("/").startswith("schema/"):  # structured configs: train.py's
+                out.append(("config", entry))
         else:
-            (key, option), = entry.items()
+            ((key, option),) = entry.items()
             group = key.removeprefix("override").strip().strip("/")
             if not group.startswith("hydra") and group != "base_config":
                 out.append((f"group:{group}", option))
@@ -95,13 +96,12 @@ def load_config(path: str) -> dict[str, Any]:
             if kind == "self":
                 _merge(out, own if (top or is_global) else {})
             elif kind == "config":
-                visit(_resolve(p, target), False)
+                visit(_resolve(p, target), top)  # same package as the file that lists it
             elif kind[6:] not in done:
                 group = kind[6:]
                 done.add(group)
-                option, option_global = _read(f"{group}/{choices[group]}")
-                option = {k: v for k, v in option.items() if k != "defaults"}
-                _merge(out, option if option_global else {group: option})
+                option = load_config(f"{group}/{choices[group]}")
+                _merge(out, option if _read(f"{group}/{choices[group]}")[1] else {group: option})
 
     visit(path, True)
     return out

@@ -10,8 +10,8 @@ import platform
 import re
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -26,7 +26,9 @@ SHARED = {"gpt2-small": "small", "gpt2-medium": "medium", "gpt2-large": "large",
 def model_config(name: str) -> GPTConfig:
     """configs/model/<name>.yaml as a GPTConfig; one clear line for an unknown name."""
     if name not in config_names("model"):
-        raise SystemExit(f"unknown model {name!r}; valid models: {', '.join(config_names('model'))}")
+        raise SystemExit(
+            f"unknown model {name!r}; valid models: {', '.join(config_names('model'))}"
+        )
     return GPTConfig(**load_config(f"model/{name}"))
 
 

@@ -17,7 +17,7 @@ peak (torch.cuda.max_memory_allocated) beside the estimate on a GPU.
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -97,6 +97,11 @@ def print_table(args, opts) -> None:
                   f"{plain.total / GIB:>11.1f}")  # fmt: skip
 
 
+def _estimator(cfg: GPTConfig, kw: dict) -> Callable[[int], object]:
+    """micro-batch -> bench.memory_model.MemoryEstimate."""
+    return lambda b: estimate_memory(cfg, micro_batch=b, **kw)
+
+
 def print_picks(args, opts, memory_gib: float) -> None:
     """The largest divisor of PER_RANK sequences that fits, per model (worst optimizer listed)."""
     from bench.memory_model import fitting_micro_batch
@@ -108,9 +113,7 @@ def print_picks(args, opts, memory_gib: float) -> None:
         worst = max((meta_state_bytes(cfg, o)[0], label) for label, o in opts)
         kw = {**estimate_kwargs(args), "state_bytes": worst[0]}
 
-        def est(b: int):
-            return estimate_memory(cfg, micro_batch=b, **kw)
-
+        est = _estimator(cfg, kw)
         b = fitting_micro_batch(cands, memory_gib, est)
         got = f"{b} ({est(b).total / GIB:.1f} GiB)" if b else "none fits"
         print(f"  {name:<12} {worst[1]:<20} micro-batch {got}")
