@@ -2,11 +2,14 @@
 pieces, and bench.gpu_check's plan and CPU mode."""
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from bench.configs import load_config
+from helpers import ROOT
 
 
 def test_load_config_composes_experiments():
@@ -55,3 +58,36 @@ def test_bucket_cap_keeps_a_block_per_piece():
     many = count_ddp_pieces(cfg, 1.0)  # DDP's first-bucket size; a block holds 6.75 MiB
     ours = count_ddp_pieces(cfg, ddp_bucket_cap_mb(GPT(cfg)))
     assert many > cfg.n_layer >= ours >= 1, (many, ours)
+
+
+def test_gpu_check_dry_run_lists_every_step():
+    proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for step in ("gpu-tests", "train-small", "xl", "optim-fused", "newton-schulz", "checkpoint"):
+        assert f"{step} (" in proc.stdout
+    assert "--models gpt2-xl --optimizers adamw mars-adamw --micro-batch" in proc.stdout
+
+
+def test_gpu_check_records_failures_and_goes_on(tmp_path):
+    from bench import gpu_check
+
+    steps = [
+        gpu_check.Step("fails", "exit 3", [sys.executable, "-c", "import sys; sys.exit(3)"], 30),
+        gpu_check.Step("slow", "sleeps", [sys.executable, "-c", "import time; time.sleep(30)"], 1),
+        gpu_check.Step("fine", "prints", [sys.executable, "-c", "print('tokens/s 1')"], 30),
+    ]
+    results = [gpu_check.run_step(s, s.limit_s) for s in steps]
+    assert [r["status"] for r in results] == ["failed", "timed out after 1 s", "ok"]
+    text = gpu_check.report(results, "device: cpu")
+    assert "| fails | failed |" in text and "tokens/s 1" in text and "torch " in text
+
+
+def test_gpu_check_cpu_mode(tmp_path):
+    out = tmp_path / "report.md"
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--cpu", "--only",
+                           "xl-estimate", "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = out.read_text()
+    assert "device: cpu" in text and "| xl-estimate | ok |" in text and "activations" in text
