@@ -5,6 +5,6 @@ the root on the import path without any editing of ``sys.path``:
     python -m scripts.export_hf RUN OUT    python -m report runs/owt --out reports/owt
     python -m bench.train_step     python -m bench.optim    python -m bench.data
 
-``launch.py`` (behind the ``paper_*.sh`` wrappers) and ``report.py`` import nothing of the project
-and also run as files.
+``python -m scripts.launch`` (behind the ``paper_*.sh`` wrappers) reads its runs and sizes from
+configs/ through ``bench.configs`` and ``bench.memory_model``.
 """
