@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 import optim
 from bench.data import device_line
-from model import GPT, GPTConfig
+from bench.harness import model_config
+from model import GPT
 from runtime.distributed import barrier, destroy, init_distributed
 from trainer import checkpoint as ckpt
 from trainer.dcp_checkpoint import DcpCheckpointer, split_tensors
@@ -35,8 +35,7 @@ FORMATS = ("file", "dcp", "dcp-async")
 
 
 def build(model_name: str, optimizer: str, device: torch.device):
-    spec = yaml.safe_load((ROOT / "configs" / "model" / f"{model_name}.yaml").read_text())
-    model = GPT(GPTConfig(**{k: v for k, v in spec.items() if not str(k).startswith("_")}))
+    model = GPT(model_config(model_name))
     model.to(device)
     cls = optim.get_spec(optimizer).config_cls
     opt = optim.build_optimizer(model, cls())

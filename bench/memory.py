@@ -1,42 +1,34 @@
-"""Optimizer state per parameter, and ESTIMATED peak training memory per model and optimizer.
+"""Optimizer state per parameter (measured) and peak training memory per model and optimizer
+(bench.memory_model, part by part), and the micro-batch the launcher picks for a GPU.
 
-    python -m bench.memory                        # GPT-2 small..XL, every optimizer
-    python -m bench.memory --models tiny gpt2-small --micro-batch 1 --seq-len 256
+    python -m bench.memory                        # GPT-2 small..XL, every optimizer, paper batch
+    python -m bench.memory --parts --models gpt2-xl --optimizers mars-adamw --micro-batch 5
+    python -m bench.memory --pick 80              # the largest micro-batch that fits 80 GB
+    python -m bench.memory --models tiny gpt2-small --micro-batch 1 --seq-len 256 --ddp
 
 State bytes per parameter are measured, not estimated: each optimizer takes one step on the model
 built on the meta device (shapes only, no memory), and its state tensors are summed (each tensor
-once). tests/test_memory.py checks this equals the state of a real step.
-
-The peak training memory beside it is an ESTIMATE for one GPU with bf16 autocast and flash
-attention, at the papers' micro-batch (configs/shared/*.yaml) and 1024 tokens:
-
-    fp32 weights 4N + fp32 grads 4N + optimizer state
-    + activations: 34 x n_embd x n_layer bytes per token (Korthikanti et al. 2022, table 2,
-      without the attention-score term that flash attention removes); with activation
-      checkpointing 4 x n_embd x n_layer (the fp32 block inputs) + one block's 34 x n_embd
-    + the loss: plain, 10 bytes per token per vocabulary entry (bf16 logits, their fp32 copy,
-      the fp32 log-softmax gradient); chunked (loss_chunk_tokens), 10 bytes per vocabulary entry
-      for one chunk of tokens, plus the fp32 gradients of the head (vocab x n_embd x 4) and of the
-      hidden states (tokens x n_embd x 4)
-
-It leaves out the CUDA context and allocator fragmentation (a few GiB in nvidia-smi), and
-torch.compile's fusions (which lower the activations). bench/train.py measures the real
-peak (torch.cuda.max_memory_allocated) on a GPU.
+once); tests/test_memory.py checks this equals the state of a real step. The rest of the peak is
+bench/memory_model.py's model; its activation term is checked against the bytes autograd saves
+(``saved_activation_bytes``, saved-tensor hooks on the CPU) and bench/train.py prints the real
+peak (torch.cuda.max_memory_allocated) beside the estimate on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 
 import optim
+from bench.harness import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
+from bench.memory_model import GIB, describe, estimate_memory
 from bench.optim import state_bytes
-from bench.train import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
 from model import GPT, GPTConfig
 from trainer.config import TrainConfig
 
-GIB = 2**30
+PER_RANK = 60  # 480 sequences per step over 8 GPUs: the launcher's default candidates
 
 
 def state_bytes_after_step(model: torch.nn.Module, opt_cfg) -> int:
@@ -57,17 +49,74 @@ def meta_state_bytes(cfg: GPTConfig, opt_cfg) -> tuple[int, int]:
     return state_bytes_after_step(model, opt_cfg), model.num_params()
 
 
-def estimate_peak_bytes(
-    cfg: GPTConfig, *, params: int, state: int, tokens: int, chunk: int, checkpointing: bool
-) -> int:
-    """The module docstring's estimate of peak training memory (bytes) of one micro-batch."""
-    C, L, V = cfg.n_embd, cfg.n_layer, cfg.vocab_size
-    acts = (4 * C * L + 34 * C) * tokens if checkpointing else 34 * C * L * tokens
-    if chunk > 0:
-        loss = 10 * V * min(chunk, tokens) + 4 * V * C + 4 * tokens * C
-    else:
-        loss = 10 * V * tokens
-    return 8 * params + state + acts + loss
+def saved_activation_bytes(fn: Callable[[], object], params) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn`` runs, parameters excluded.
+
+    Autocast's bf16 weight copies are saved too; difference two token counts to drop them.
+    """
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def print_parts(name: str, mb: int, label: str, opt_cfg, args) -> None:
+    cfg = model_config(name)
+    state, _ = meta_state_bytes(cfg, opt_cfg)
+    est = estimate_memory(cfg, state_bytes=state, micro_batch=mb, **estimate_kwargs(args))
+    print(f"{name}, micro-batch {mb}, {label}:\n{describe(est)}")
+
+
+def estimate_kwargs(args) -> dict:
+    return dict(seq_len=args.seq_len, loss_chunk_tokens=args.loss_chunk_tokens,
+                activation_checkpointing=args.activation_checkpointing, ddp=args.ddp,
+                gradient_as_bucket_view=args.bucket_view)  # fmt: skip
+
+
+def print_table(args, opts) -> None:
+    print(f"{'model':<12}{'micro-batch':>12} {'optimizer':<20}{'state B/param':>14}"
+          f"{'state GiB':>10}{'allocated':>10}{'total':>8}{'plain loss':>11}")  # fmt: skip
+    for name in args.models:
+        cfg = model_config(name)
+        mb = args.micro_batch or paper_micro_batch(name)
+        for label, opt_cfg in opts:
+            state, n = meta_state_bytes(cfg, opt_cfg)
+            kw = {**estimate_kwargs(args), "state_bytes": state, "micro_batch": mb}
+            est = estimate_memory(cfg, **kw)
+            plain = estimate_memory(cfg, **{**kw, "loss_chunk_tokens": 0})
+            print(f"{name:<12}{mb:>12} {label:<20}{state / n:>14.2f}{state / GIB:>10.2f}"
+                  f"{est.allocated / GIB:>10.1f}{est.total / GIB:>8.1f}"
+                  f"{plain.total / GIB:>11.1f}")  # fmt: skip
+
+
+def _estimator(cfg: GPTConfig, kw: dict) -> Callable[[int], object]:
+    """micro-batch -> bench.memory_model.MemoryEstimate."""
+    return lambda b: estimate_memory(cfg, micro_batch=b, **kw)
+
+
+def print_picks(args, opts, memory_gib: float) -> None:
+    """The largest divisor of PER_RANK sequences that fits, per model (worst optimizer listed)."""
+    from bench.memory_model import fitting_micro_batch
+
+    cands = [d for d in range(1, PER_RANK + 1) if PER_RANK % d == 0]
+    print(f"the largest micro-batch dividing {PER_RANK} that fits {memory_gib:g} GiB (total)")
+    for name in args.models:
+        cfg = model_config(name)
+        worst = max((meta_state_bytes(cfg, o)[0], label) for label, o in opts)
+        kw = {**estimate_kwargs(args), "state_bytes": worst[0]}
+
+        est = _estimator(cfg, kw)
+        b = fitting_micro_batch(cands, memory_gib, est)
+        got = f"{b} ({est(b).total / GIB:.1f} GiB)" if b else "none fits"
+        print(f"  {name:<12} {worst[1]:<20} micro-batch {got}")
 
 
 def main() -> None:
@@ -78,25 +127,25 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=None, help="default: block_size")
     ap.add_argument("--loss-chunk-tokens", type=int, default=TrainConfig.loss_chunk_tokens)
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--ddp", action="store_true", help="several ranks: count DDP's buckets")
+    ap.add_argument("--bucket-view", action=argparse.BooleanOptionalAction, default=True,
+                    help="DDP gradient_as_bucket_view (default: on)")  # fmt: skip
+    ap.add_argument("--parts", action="store_true", help="print every part of each estimate")
+    ap.add_argument("--pick", type=float, metavar="GIB", help="the micro-batch that fits GIB")
     args = ap.parse_args()
     opts = optimizer_variants(args.optimizers or optim.available(), exact=True)
-    print(f"loss_chunk_tokens {args.loss_chunk_tokens} (and 0: plain), activation checkpointing "
-          f"{args.activation_checkpointing}; peak memory: ESTIMATES (bf16, flash attention)")  # fmt: skip
-    print(f"{'model':<12}{'micro-batch':>12} {'optimizer':<22}{'state B/param':>14}"
-          f"{'state GiB':>10}{'peak est. GiB':>15}{'plain loss':>11}")  # fmt: skip
-    for name in args.models:
-        cfg = model_config(name)
-        mb = args.micro_batch or paper_micro_batch(name)
-        tokens = mb * (args.seq_len or cfg.block_size)
-        for label, opt_cfg in opts:
-            state, n = meta_state_bytes(cfg, opt_cfg)
-            est = dict(
-                params=n, state=state, tokens=tokens, checkpointing=args.activation_checkpointing
-            )
-            chunked = estimate_peak_bytes(cfg, chunk=args.loss_chunk_tokens, **est)
-            plain = estimate_peak_bytes(cfg, chunk=0, **est)
-            print(f"{name:<12}{mb:>12} {label:<22}{state / n:>14.2f}{state / GIB:>10.2f}"
-                  f"{chunked / GIB:>15.1f}{plain / GIB:>11.1f}")  # fmt: skip
+    print(f"loss_chunk_tokens {args.loss_chunk_tokens} (plain loss: 0), activation checkpointing "
+          f"{args.activation_checkpointing}, DDP {args.ddp} (bucket view {args.bucket_view}); "
+          "memory: ESTIMATES (bench/memory_model.py), GiB")  # fmt: skip
+    if args.pick:
+        print_picks(args, opts, args.pick)
+    elif args.parts:
+        for name in args.models:
+            for label, opt_cfg in opts:
+                mb = args.micro_batch or paper_micro_batch(name)
+                print_parts(name, mb, label, opt_cfg, args)
+    else:
+        print_table(args, opts)
 
 
 if __name__ == "__main__":

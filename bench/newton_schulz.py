@@ -27,21 +27,18 @@ import argparse
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
-import yaml
 
 import optim.preconditioners as precond
+from bench.configs import load_config
 from optim import MARS_M, Muon
 from optim.newton_schulz import orthogonalise
 from runtime.distributed import pick_device
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def model_spec(name: str) -> dict:
-    return yaml.safe_load((ROOT / "configs" / "model" / f"{name}.yaml").read_text())
+    return load_config(f"model/{name}")
 
 
 def block_shapes(spec: dict, layers: int) -> list[tuple[int, int]]:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 import optim
+from bench.configs import load_config
 from model import GPT, GPTConfig
 from runtime.device import resolve_dtype
 from runtime.distributed import DistInfo, pick_device
@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_yaml(group: str, name: str) -> dict:
-    path = ROOT / "configs" / group / f"{name}.yaml"
-    if not path.exists():
-        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise SystemExit(f"unknown {group} {name!r}; valid: {', '.join(names)}")
-    return {k: v for k, v in yaml.safe_load(path.read_text()).items() if k != "defaults"}
+    """configs/<group>/<name>.yaml (bench.configs); one clear line for an unknown name."""
+    try:
+        return load_config(f"{group}/{name}")
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def time_round(step, steps: int, device: torch.device) -> float:

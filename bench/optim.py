@@ -16,16 +16,13 @@ import dataclasses
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
-import yaml
 
 import optim
-from model import GPT, GPTConfig
+from bench.harness import model_config
+from model import GPT
 from runtime.distributed import pick_device
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def state_bytes(opt: torch.optim.Optimizer) -> int:
@@ -67,9 +64,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     device = pick_device(args.device, 0)
-    spec = yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text())
-    spec = {k: v for k, v in spec.items() if not str(k).startswith("_")}
-    model = GPT(GPTConfig(**spec)).to(device)
+    model = GPT(model_config(args.model)).to(device)
     n = sum(p.numel() for p in model.parameters())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(f"device: {device} ({name or platform.machine()}), torch {torch.__version__}")

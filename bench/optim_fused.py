@@ -20,17 +20,15 @@ import argparse
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
-import yaml
 
 import optim
 import optim.fused
-from model import GPT, GPTConfig
+from bench.harness import model_config
+from model import GPT
 from runtime.distributed import pick_device
 
-ROOT = Path(__file__).resolve().parent.parent
 # tensors a fused step reads + writes per parameter: p, g, state (and g_ref, plus the norm pass
 # re-reading g and g_ref for the per-tensor clip)
 PASSES = {"adamw": 7, "mars-adamw": 11, "mars-adamw-exact": 10, "mars-lion": 9, "lion": 5}
@@ -102,8 +100,7 @@ def main() -> None:
     device = pick_device(args.device, 0)
     if args.grouping != "auto":
         optim.fused.GROUPING[device.type] = args.grouping
-    spec = yaml.safe_load((ROOT / "configs" / "model" / f"{args.model}.yaml").read_text())
-    model = GPT(GPTConfig(**{k: v for k, v in spec.items() if not str(k).startswith("_")}))
+    model = GPT(model_config(args.model))
     params = [p for p in model.to(device).parameters()]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3

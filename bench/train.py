@@ -17,8 +17,11 @@ Prints tokens/s (best step after --warmup), MFU (model FLOPs of the trained toke
 over the device's bf16 peak; exact modes do a second forward/backward that is not counted),
 peak memory (CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS above the RSS before the case
 was built: exact for the first case of a process, a lower bound for the others, since the
-tuned allocator keeps freed memory)  and each optimizer's slowdown against AdamW of
-the same model and settings. With --nanogpt PATH (a nanoGPT checkout), nanoGPT's model.py GPT
+tuned allocator keeps freed memory) beside bench.memory_model's estimate of the allocated peak,
+each optimizer's slowdown against AdamW of the same model and settings, the first step's time
+(with compile: the compile) and the case's graphs, graph breaks and recompilations. Every case
+starts from ``torch._dynamo.reset()``: each compiles its own static graphs, as in its own process
+(without it a second model size recompiles the model dynamic and the fused step's cache fills). With --nanogpt PATH (a nanoGPT checkout), nanoGPT's model.py GPT
 and its training-loop step (AdamW, clip 1.0) run on the same model and batch, for comparison.
 On the CPU the cases are interleaved over --rounds rounds (the machine's noise hits all alike).
 """
@@ -26,41 +29,30 @@ On the CPU the cases are interleaved over --rounds rounds (the machine's noise h
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import importlib.util
-import platform
-import time
 from pathlib import Path
 
 import torch
-import yaml
 
 import optim
-from model import GPT, GPTConfig
+from bench.harness import (  # noqa: F401 (model_config, paper_micro_batch: bench's API here too)
+    GPU_MODELS,
+    best_time,
+    compile_counters,
+    device_line,
+    model_config,
+    optimizer_variants,
+    paper_micro_batch,
+    reset_compiled,
+    time_call,
+)
+from bench.memory_model import estimate_memory
+from model import GPT
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
 from trainer.config import TrainConfig
 from trainer.trainer import Trainer
-
-ROOT = Path(__file__).resolve().parent.parent
-GPU_MODELS = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
-SHARED = {"gpt2-small": "small", "gpt2-medium": "medium", "gpt2-large": "large", "gpt2-xl": "xl"}
-
-
-def model_config(name: str) -> GPTConfig:
-    path = ROOT / "configs" / "model" / f"{name}.yaml"
-    if not path.exists():
-        names = sorted(p.stem for p in path.parent.glob("*.yaml"))
-        raise SystemExit(f"unknown model {name!r}; valid models: {', '.join(names)}")
-    spec = yaml.safe_load(path.read_text())
-    return GPTConfig(**{k: v for k, v in spec.items() if not str(k).startswith("_")})
-
-
-def paper_micro_batch(name: str) -> int:
-    """The official runs' micro-batch per GPU (configs/shared/<size>.yaml), else 2 (the demo's)."""
-    shared = ROOT / "configs" / "shared" / f"{SHARED.get(name, '')}.yaml"
-    return yaml.safe_load(shared.read_text())["micro_batch_size"] if shared.is_file() else 2
 
 
 class RandomBatches:
@@ -122,17 +114,6 @@ class NanoGPTStep:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def optimizer_variants(names: list[str], exact: bool) -> list[tuple[str, object]]:
-    """(label, optimizer config) for each name, plus its exact mode where it has one."""
-    out = []
-    for name in names:
-        cls = optim.get_spec(name).config_cls
-        out.append((name, cls()))
-        if exact and "mode" in {f.name for f in dataclasses.fields(cls)}:
-            out.append((f"{name} exact", cls(mode="exact")))
-    return out
-
-
 class Memory:
     """Peak memory of a case: CUDA allocator peak, or on the CPU the peak RSS above a baseline."""
 
@@ -160,16 +141,7 @@ def _proc_kib(key: str) -> int:
 
 def time_steps(trainer, steps: int, device: torch.device) -> float:
     """Best wall-clock seconds of ``steps`` training steps."""
-    best = float("inf")
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        trainer.train_step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return best_time(trainer.train_step, device, steps)
 
 
 def parse_args() -> argparse.Namespace:
@@ -229,17 +201,23 @@ def make_runner(case: dict, args, dist: DistInfo):
 
 
 def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
-    """Build (or reuse) the case's trainer, warm up, time; fills tokens/s and peak memory."""
+    """Build (or reuse) the case's trainer, warm up, time; fills tokens/s, peak memory, the
+    compile time (the first step) and the compile counters. Each build starts from
+    ``reset_compiled``: every measurement compiles its own graphs, as a fresh process would."""
     if case.get("oom"):
         return
     try:
         if "runner" not in case:
+            reset_compiled()
             mem = Memory(dist.device)
             case["runner"] = make_runner(case, args, dist)
-            for _ in range(args.warmup):
+            first = case["runner"].train_step
+            case["first_step_s"] = time_call(first, dist.device) if args.warmup else None
+            for _ in range(args.warmup - 1):
                 case["runner"].train_step()
             best = time_steps(case["runner"], args.steps, dist.device)
             case["peak"] = mem.peak_bytes()  # the first round's: build, warm-up and timed steps
+            case["counters"] = compile_counters()
         else:
             best = time_steps(case["runner"], args.steps, dist.device)
     except torch.OutOfMemoryError:
@@ -255,10 +233,26 @@ def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
             torch.cuda.empty_cache()
 
 
+def estimate_bytes(case: dict, device: torch.device) -> int:
+    """bench.memory_model's allocated peak for the case (one process: no DDP buckets)."""
+    from bench.memory import meta_state_bytes
+
+    cfg = case["cfg"]
+    state, _ = meta_state_bytes(cfg.model, cfg.optimizer)
+    low = cfg.dtype in ("bfloat16", "float16") or (cfg.dtype == "auto" and device.type == "cuda")
+    est = estimate_memory(cfg.model, state_bytes=state, micro_batch=cfg.micro_batch_size,
+                          seq_len=cfg.sequence_length, loss_chunk_tokens=cfg.loss_chunk_tokens,
+                          activation_checkpointing=cfg.activation_checkpointing,
+                          low_precision=low, cuda=device.type == "cuda")  # fmt: skip
+    return est.allocated
+
+
 def print_table(cases: list[dict], device: torch.device) -> None:
+    """tokens/s, MFU, the peak against bench.memory_model's estimate, the first step (the
+    compile, with --compile), and the case's graphs / graph breaks / recompilations."""
     peak = peak_flops(device)
     print(f"{'model':<12}{'chunk':>6} {'optimizer':<22}{'tokens/s':>12}{'MFU':>7}{'peak mem':>11}"
-          f"{'vs adamw':>10}")  # fmt: skip
+          f"{'estimate':>10}{'vs adamw':>10}{'1st step':>10}  graphs/breaks/recompiles")  # fmt: skip
     for c in cases:
         if c.get("oom"):
             print(f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{'out of memory':>30}")
@@ -268,8 +262,12 @@ def print_table(cases: list[dict], device: torch.device) -> None:
         vs = f"{100 * (base['tok_s'] / c['tok_s'] - 1):+.1f}%" if base and "tok_s" in base else "-"
         mfu = f"{100 * c['fpt'] * c['tok_s'] / peak:.1f}%" if peak else "-"
         mem = f"{c['peak'] / 2**30:.2f} GiB"
+        est = f"{c['estimate'] / 2**30:.2f}" if c.get("estimate") else "-"
+        first = f"{c['first_step_s']:.1f} s" if c.get("first_step_s") is not None else "-"
+        n = c.get("counters", {})
+        counts = f"{n.get('graphs', 0)}/{n.get('graph_breaks', 0)}/{n.get('recompiles', 0)}"
         print(f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{c['tok_s']:>12,.0f}{mfu:>7}"
-              f"{mem:>11}{vs:>10}")  # fmt: skip
+              f"{mem:>11}{est:>10}{vs:>10}{first:>10}  {counts}")  # fmt: skip
 
 
 def main() -> None:
@@ -282,9 +280,11 @@ def main() -> None:
     dist = DistInfo(0, 0, 1, device)
     configure_backends(device)  # as training: TF32 on CUDA, glibc's allocator tuned on the CPU
     cases = build_cases(args, device)
-    name = torch.cuda.get_device_name(device) if not cpu else platform.processor()
-    print(f"device: {device} ({name or platform.machine()}), {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, dtype {args.dtype}, compile {cases[0]['cfg'].compile}, "
+    if cases[0]["cfg"].compile:
+        args.rounds = 1  # each case compiles after a reset: a kept case would recompile
+    for c in cases:
+        c["estimate"] = estimate_bytes(c, device) if not c["opt"].startswith("nanoGPT") else None
+    print(f"{device_line(device)}, dtype {args.dtype}, compile {cases[0]['cfg'].compile}, "
           f"activation checkpointing {args.activation_checkpointing}")  # fmt: skip
     for c in cases[:1]:
         print(

@@ -14,19 +14,16 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from pathlib import Path
 
 import torch
-import yaml
 
 import optim
-from model import GPT, GPTConfig
+from bench.harness import model_config
+from model import GPT
 from runtime.device import peak_flops, resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, pick_device
 from trainer.config import TrainConfig
 from trainer.trainer import forward_backward
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
@@ -41,11 +38,7 @@ def main() -> None:
     ap.add_argument("--loss-chunk-tokens", type=int, default=TrainConfig.loss_chunk_tokens)
     args = ap.parse_args()
 
-    preset = ROOT / "configs" / "model" / f"{args.model}.yaml"
-    if not preset.exists():
-        names = sorted(p.stem for p in preset.parent.glob("*.yaml"))
-        raise SystemExit(f"unknown model {args.model!r}; valid models: {', '.join(names)}")
-    cfg = GPTConfig(**yaml.safe_load(preset.read_text()))
+    cfg = model_config(args.model)
     device = pick_device(args.device, 0)
     dist = DistInfo(0, 0, 1, device)
     dtype = resolve_dtype("auto", device)

@@ -8,7 +8,8 @@
     python -m scripts.convert_checkpoint RUN/checkpoints/step_N   a DCP checkpoint as one file
 
 The Python ones run from the repository root as modules, which puts the root on the import path
-without any editing of ``sys.path``. ``launch.py`` imports nothing of the project (it reads
-``configs/``) and also runs as a file. The report is ``python -m report`` (``report/``), the
-benchmarks ``python -m bench.NAME`` (``bench/``).
+without any editing of ``sys.path``. ``python -m scripts.launch`` (behind the ``paper_*.sh``
+wrappers) reads its runs and sizes from configs/ through ``bench.configs`` and
+``bench.memory_model``. The report is ``python -m report`` (``report/``), the benchmarks
+``python -m bench.NAME`` (``bench/``).
 """

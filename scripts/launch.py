@@ -16,121 +16,42 @@ with owt/fineweb: trained once).
 With several nodes the runs directory must be on a filesystem every node sees. With --slurm the
 command waits for the jobs; the jobs go on if it is stopped.
 
-The micro-batch, unless --micro-batch is given, is the largest divisor of the per-rank sequences
-that estimate_memory_gib says fits the GPU. THE ESTIMATE IS UNTESTED ON GPUS: if a run runs out of
-memory, pass --micro-batch with a smaller divisor (the global batch and the update stay the same).
+The runs of a table are the experiment files of its datasets' directories (configs/experiment/owt/,
+configs/experiment/fineweb-edu/) for its optimizers; their model sizes, global batch and micro-batch
+come from those files (bench.configs composes them). The micro-batch, unless --micro-batch is
+given, is the largest divisor of the per-rank sequences whose memory (bench/memory_model.py: the
+model, the worst optimizer state of the size's runs, the loss path, DDP's buckets, the CUDA
+context) fits the GPU; without a GPU or --gpu-mem, the official one or the largest divisor below
+it. If a run still runs out of memory, pass --micro-batch with a smaller divisor (the global batch
+and the update stay the same). Run it as `python -m scripts.launch` from the repository root.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
+import re
 import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
+from bench.configs import ROOT
+from bench.memory_model import GIB, fitting_micro_batch
+from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the tests' too)
+    BUCKET_VIEW,
+    TABLES,
+    LaunchError,
+    Run,
+    divisors,
+    estimator,
+    table_runs,
+)
+from trainer.checkpoint import latest_checkpoint
 
-ROOT = Path(__file__).resolve().parent.parent
-TABLES = ("owt", "fineweb", "mars-m")
-GLOBAL_SEQS = 480  # sequences per optimizer step (491,520 tokens), official
-SEQ_LEN, VOCAB = 1024, 50304
-GIB = 2**30
-HEADROOM = 0.85  # fraction of the GPU memory the estimate may fill
 DRY_RUN_GPUS = 8  # the official GPU count, assumed by --dry-run when no GPU is visible
 SLURM_MINUTES = 1440  # a common per-job limit; a run cut by it resumes when resubmitted
-
-
-class LaunchError(Exception):
-    """Bad input: reported as one line and a non-zero exit."""
-
-
-@dataclass(frozen=True)
-class ModelSize:
-    params: float
-    n_layer: int
-    n_embd: int
-    official_micro_batch: int  # per GPU, on the official 8 GPUs
-
-
-SIZES = {
-    "small": ModelSize(124.4e6, 12, 768, 15),
-    "medium": ModelSize(354.6e6, 24, 1024, 15),
-    "large": ModelSize(773.6e6, 36, 1280, 5),
-    "xl": ModelSize(1556.8e6, 48, 1600, 5),
-}
-
-
-@dataclass(frozen=True)
-class Run:
-    experiment: str  # configs/experiment/<experiment>.yaml
-    suffix: str = ""  # a variant of the experiment: appended to its name and out_dir
-    overrides: tuple[str, ...] = ()  # the variant's overrides
-
-    @property
-    def name(self) -> str:
-        return self.experiment + self.suffix
-
-    @property
-    def size(self) -> str:
-        return self.experiment.split("/")[1].split("-")[0]
-
-
-def _grid(dataset: str, sizes: str, optimizers: str) -> list[str]:
-    return [f"{dataset}/{s}-{o}" for s in sizes.split() for o in optimizers.split()]
-
-
-def table_runs(table: str) -> list[Run]:
-    """The runs of a table, in launch order."""
-    if table == "owt":
-        names = _grid("owt", "small medium large", "adamw muon mars-adamw")
-        return [Run(n) for n in [*names, "owt/small-mars-adamw-exact"]]
-    if table == "fineweb":
-        return [Run(n) for n in _grid("fineweb-edu", "small xl", "adamw mars-adamw")]
-    if table == "mars-m":
-        names = _grid("owt", "small medium large", "adamw moonlight mars-m")
-        names += _grid("fineweb-edu", "small xl", "adamw moonlight mars-m")
-        runs = []
-        for n in names:
-            runs.append(Run(n))
-            if n.endswith("-mars-m"):  # the MARS-M plots show gamma 0.025 (config) and 0.01
-                runs.append(Run(n, "-gamma0.01", ("optimizer.gamma=0.01",)))
-        return runs
-    raise LaunchError(f"unknown table {table!r}; valid tables: {', '.join(TABLES)}")
-
-
-def estimate_memory_gib(size: ModelSize, micro_batch: int) -> float:
-    """Rough peak GPU memory (GiB) of one rank training `size` on `micro_batch` sequences.
-
-    UNTESTED ON GPUS; --micro-batch overrides it. fixed = params x (4 B fp32 weights + 4 B grads
-    + 16 B optimizer state, the worst case: MARS exact's two moments and two gradient copies)
-    + 2 GiB (CUDA context, allocator slack, buffers). Per sequence: bf16 activations with flash
-    attention, about 34 x n_embd x seq x n_layer bytes, plus the logits, vocab x seq x 10 bytes
-    (bf16 logits, an fp32 copy for the loss and its gradient).
-    """
-    fixed = size.params * (4 + 4 + 16) + 2 * GIB
-    per_seq = 34 * size.n_embd * SEQ_LEN * size.n_layer + VOCAB * SEQ_LEN * 10
-    return (fixed + micro_batch * per_seq) / GIB
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def fitting_micro_batch(size: ModelSize, per_rank: int, mem_gib: float) -> int:
-    """The largest divisor of `per_rank` whose estimate fits HEADROOM of the memory (else 1)."""
-    fits = [b for b in divisors(per_rank) if estimate_memory_gib(size, b) <= HEADROOM * mem_gib]
-    return max(fits, default=1)
-
-
-def visible_gpus() -> int:
-    import torch  # imported only when needed: it is slow to import
-
-    return torch.cuda.device_count()
 
 
 def gpu_memory_gib() -> float | None:
@@ -142,8 +63,14 @@ def gpu_memory_gib() -> float | None:
     return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
-def choose_micro_batch(size: ModelSize, per_rank: int, args: argparse.Namespace) -> tuple[int, str]:
-    """The micro-batch of one model size, and why."""
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def choose_micro_batch(runs: list[Run], per_rank: int, args) -> tuple[int, str]:
+    """The micro-batch of one model size's runs, and why."""
     if args.micro_batch is not None:
         if per_rank % args.micro_batch:
             raise LaunchError(
@@ -153,45 +80,54 @@ def choose_micro_batch(size: ModelSize, per_rank: int, args: argparse.Namespace)
         return args.micro_batch, "--micro-batch"
     mem = args.gpu_mem if args.gpu_mem is not None else gpu_memory_gib()
     if mem is None:
-        b = max(d for d in divisors(per_rank) if d <= size.official_micro_batch)
+        official = runs[0].config["micro_batch_size"]
+        b = max(d for d in divisors(per_rank) if d <= official)
         return b, "the official one or below: no GPU visible, no --gpu-mem"
-    b = fitting_micro_batch(size, per_rank, mem)
-    est = estimate_memory_gib(size, b)
-    warn = "; over the budget even at 1, expect out-of-memory" if est > HEADROOM * mem else ""
-    return b, f"estimated {est:.0f} GiB of {mem:.0f} GiB{warn}"
+    est = estimator(runs, args.gpus * args.nodes)
+    b = fitting_micro_batch(divisors(per_rank), mem, est)
+    warn = "" if b else "; over the GPU's memory even at 1, expect out-of-memory"
+    b = b or 1
+    return b, f"estimated {est(b).total / GIB:.1f} GiB of {mem:.1f} GiB{warn}"
 
 
 def plan_micro_batches(runs: list[Run], args: argparse.Namespace) -> dict[str, int]:
     """The micro-batch of each model size in `runs` (printed with the reason)."""
     world = args.gpus * args.nodes
-    if GLOBAL_SEQS % world:
-        raise LaunchError(
-            f"{GLOBAL_SEQS} sequences per step do not split evenly over {world} GPUs "
-            f"({args.gpus} per node x {args.nodes} node(s)); the total GPU count must divide "
-            f"{GLOBAL_SEQS}: {', '.join(map(str, divisors(GLOBAL_SEQS)))}"
-        )
-    per_rank = GLOBAL_SEQS // world
-    sizes = dict.fromkeys(r.size for r in runs)
-    chosen = {size: choose_micro_batch(SIZES[size], per_rank, args) for size in sizes}
+    by_size: dict[str, list[Run]] = {}
+    for r in runs:
+        by_size.setdefault(r.size, []).append(r)
+    chosen, per_rank = {}, 0
+    for size, group in by_size.items():
+        cfg = group[0].config
+        seqs = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"])
+        if seqs % world:
+            raise LaunchError(
+                f"{seqs} sequences per step do not split evenly over {world} GPUs "
+                f"({args.gpus} per node x {args.nodes} node(s)); the total GPU count must divide "
+                f"{seqs}: {', '.join(map(str, divisors(seqs)))}"
+            )
+        per_rank = seqs // world
+        chosen[size] = (*choose_micro_batch(group, per_rank, args), per_rank)
     print(f"{args.gpus} GPUs x {args.nodes} node(s): {per_rank} sequences per rank per step")
-    for size, (b, why) in chosen.items():
-        print(f"  {size}: micro-batch {b} of {per_rank} per-rank sequences ({why}), "
-              f"gradient accumulation {per_rank // b}")  # fmt: skip
-    return {size: b for size, (b, _) in chosen.items()}
+    for size, (b, why, per) in chosen.items():
+        print(f"  {size}: micro-batch {b} of {per} per-rank sequences ({why}), "
+              f"gradient accumulation {per // b}")  # fmt: skip
+    return {size: b for size, (b, _, _) in chosen.items()}
 
 
 def _read_int(path: Path, key: str) -> int | None:
     """`key` of a JSON or YAML mapping file; None when absent or unreadable (not known)."""
+    import yaml  # JSON is YAML
+
     try:
-        text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        return int(data[key])
+        return int(yaml.safe_load(path.read_text())[key])
     except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
         return None
 
 
 def run_state(out_dir: Path, max_steps: int | None = None) -> tuple[bool, str]:
-    """(finished, description) of the run in `out_dir`; `max_steps` overrides config.yaml's."""
+    """(finished, description) of the run in `out_dir`; `max_steps` overrides config.yaml's.
+    The newest checkpoint is trainer.checkpoint's: step_N.pt files and DCP step_N/ directories."""
     if not out_dir.exists():
         return False, "new"
     steps = _read_int(out_dir / "summary.json", "steps")
@@ -199,11 +135,11 @@ def run_state(out_dir: Path, max_steps: int | None = None) -> tuple[bool, str]:
         max_steps = _read_int(out_dir / "config.yaml", "max_steps")
     if steps is not None and max_steps is not None and steps >= max_steps:
         return True, f"finished: {steps}/{max_steps} steps"
-    ckpts = [p.stem.removeprefix("step_") for p in out_dir.glob("checkpoints/step_*.pt")]
-    newest = max((int(s) for s in ckpts if s.isdigit()), default=None)
+    newest = latest_checkpoint(out_dir)
     if newest is None:
         return False, "started, no checkpoint: starts from step 0"
-    return False, f"interrupted: resumes from its checkpoint at step {newest}"
+    step = re.match(r"step_(\d+)", newest.name).group(1)
+    return False, f"interrupted: resumes from its checkpoint at step {step}"
 
 
 def _override_value(extra: list[str], key: str) -> str | None:
@@ -289,9 +225,7 @@ OPTIONS = [  # (flag, argparse keywords); the help says where the default comes 
     ("--slurm-partition", dict(metavar="P", help="Slurm partition (with --slurm)")),
     ("--slurm-time", dict(type=int, metavar="MINUTES", help=f"per job (default {SLURM_MINUTES})")),
 ]
-MEM_HELP = (
-    "GiB per GPU for the micro-batch estimate (default GPU 0's); the estimate is UNTESTED ON GPUS"
-)
+MEM_HELP = "GiB per GPU for the memory model (default: GPU 0's memory)"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -301,7 +235,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1 :]
     ap = _Parser(
-        prog="launch.py",
+        prog="python -m scripts.launch",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s --table {owt,fineweb,mars-m} [options] [-- hydra overrides...]",
@@ -383,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps = extra_max_steps(extra)
         micro = plan_micro_batches(runs, args)
     except LaunchError as e:
-        print(f"launch.py: error: {e}", file=sys.stderr)
+        print(f"launch: error: {e}", file=sys.stderr)
         return 2
     runs_dir = Path.cwd() / args.runs_dir if args.runs_dir else ROOT / "runs" / "paper"
     shown_dir = display_path(runs_dir.resolve())
@@ -425,7 +359,7 @@ def execute(commands: list, dry_run: bool) -> int:
             rc = wait(proc)
             if rc != 0:
                 print(
-                    f"launch.py: {what} failed (exit code {rc}); re-running this script skips "
+                    f"launch: {what} failed (exit code {rc}); re-running this script skips "
                     "the finished runs and resumes the others from their newest checkpoints",
                     file=sys.stderr,
                 )

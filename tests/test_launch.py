@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -12,19 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from scripts import launch
+
 ROOT = Path(__file__).resolve().parent.parent
 GLOBAL_TOKENS = 491_520
 
 
-def _load_launch():
-    spec = importlib.util.spec_from_file_location("launch", ROOT / "scripts" / "launch.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["launch"] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
-
-launch = _load_launch()
 RUN_COUNTS = {"owt": 10, "fineweb": 4, "mars-m": 20}
 
 
@@ -65,9 +57,9 @@ def micro_by_size(cmds) -> dict[str, int]:
 
 
 CASES = {  # (gpus per node, nodes): micro-batch without a GPU; with --gpu-mem 80
-    (1, 1): ({"small": 15, "medium": 15, "large": 5}, {"small": 80, "medium": 40, "large": 24}),
-    (8, 1): ({"small": 15, "medium": 15, "large": 5}, {"small": 60, "medium": 30, "large": 20}),
-    (8, 2): ({"small": 15, "medium": 15, "large": 5}, {"small": 30, "medium": 30, "large": 15}),
+    (1, 1): ({"small": 15, "medium": 15, "large": 5}, {"small": 160, "medium": 60, "large": 32}),
+    (8, 1): ({"small": 15, "medium": 15, "large": 5}, {"small": 60, "medium": 60, "large": 30}),
+    (8, 2): ({"small": 15, "medium": 15, "large": 5}, {"small": 30, "medium": 30, "large": 30}),
 }
 
 
@@ -246,17 +238,50 @@ def test_only_selects_runs(capsys):
     ]  # fmt: skip
 
 
-def test_micro_batch_estimate():
-    sizes = [launch.SIZES[s] for s in ("small", "medium", "large", "xl")]
-    for mem in (16, 24, 40, 80, 141):
-        for per_rank in launch.divisors(480):
-            chosen = [launch.fitting_micro_batch(s, per_rank, mem) for s in sizes]
-            assert all(per_rank % b == 0 for b in chosen)
-            assert chosen == sorted(chosen, reverse=True)  # larger model, no larger micro-batch
-    assert [launch.fitting_micro_batch(s, 480, 80) for s in sizes] == [80, 40, 24, 10]
-    estimates = [launch.estimate_memory_gib(s, 8) for s in sizes]
-    assert estimates == sorted(estimates)
-    assert launch.estimate_memory_gib(sizes[0], 16) > launch.estimate_memory_gib(sizes[0], 8)
+def test_micro_batch_from_the_memory_model():
+    """The launcher's pick is bench.memory_model's: the largest divisor whose full estimate (DDP
+    buckets, bf16 copies, context, margin) fits; larger models get no larger micro-batch."""
+    from bench.memory_model import GIB
+
+    runs = launch.table_runs("fineweb") + launch.table_runs("owt")
+    by_size = {}
+    for r in runs:
+        by_size.setdefault(r.size, []).append(r)
+    order = ["gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl"]
+    for mem in (40, 79.2, 141):
+        picks = []
+        for size in order:
+            est = launch.estimator(by_size[size], world=8)
+            b = launch.fitting_micro_batch(launch.divisors(60), mem, est)
+            assert b is None or est(b).total <= mem * GIB
+            bigger = [d for d in launch.divisors(60) if b and d > b]
+            assert not bigger or est(bigger[0]).total > mem * GIB
+            picks.append(b or 0)
+        assert picks == sorted(picks, reverse=True)
+    xl = launch.estimator(by_size["gpt2-xl"], world=8)
+    assert xl(10).ddp_buckets == (0 if launch.BUCKET_VIEW else xl(10).weights)
+    assert xl(10).total > xl(5).total > 55 * GIB  # MARS-AdamW's state, full count
+
+
+def test_dcp_checkpoints_count_for_resuming(tmp_path):
+    run = tmp_path / "run"
+    write_run(run, steps=None)
+    dcp = run / "checkpoints" / "step_3000"
+    dcp.mkdir(parents=True)
+    for name in (".metadata", "train_state.pt"):
+        (dcp / name).write_bytes(b"")
+    done, state = launch.run_state(run)
+    assert not done and state == "interrupted: resumes from its checkpoint at step 3000"
+
+
+def test_runs_and_sizes_come_from_the_configs():
+    runs = launch.table_runs("fineweb")
+    assert [r.experiment for r in runs] == [
+        "fineweb-edu/small-adamw", "fineweb-edu/small-mars-adamw",
+        "fineweb-edu/xl-adamw", "fineweb-edu/xl-mars-adamw",
+    ]  # fmt: skip
+    assert [r.size for r in runs] == ["gpt2-small"] * 2 + ["gpt2-xl"] * 2
+    assert not hasattr(launch, "SIZES") and not hasattr(launch, "GLOBAL_SEQS")
 
 
 def test_shell_script_from_repo_root():

@@ -22,7 +22,7 @@ ALLOWED = {
     "evals": {"data", "model", "runtime", "trainer.checkpoint", "trainer.dcp_checkpoint"},
     "report": {"evals.tasks"},  # reads run directories; task metadata from evals/
     "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
-    "scripts": {"data", "model", "optim", "runtime", "trainer", "evals"},
+    "scripts": {"bench", "data", "model", "optim", "runtime", "trainer", "evals"},
 }
 
 

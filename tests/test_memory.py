@@ -1,13 +1,22 @@
-"""bench/memory.py and bench/train.py: the state measured on the meta device equals
-a real step's, and the benchmark's trainer runs train.py's step."""
+"""bench/memory.py and bench/memory_model.py: the state measured on the meta device equals a real
+step's, the memory model's parts equal what autograd saves on the CPU, and the DDP bucket cap."""
 
 import pytest
 import torch
 
 import optim
-from bench.memory import estimate_peak_bytes, meta_state_bytes, state_bytes_after_step
-from bench.train import optimizer_variants
+from bench.harness import model_config, optimizer_variants
+from bench.memory import meta_state_bytes, saved_activation_bytes, state_bytes_after_step
+from bench.memory_model import (
+    GIB,
+    activation_bytes,
+    block_activation_bytes_per_token,
+    ddp_bucket_cap_mb,
+    estimate_memory,
+    loss_bytes,
+)
 from model import GPT, GPTConfig
+from model.gpt import Block
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)
 
@@ -19,10 +28,102 @@ def test_meta_state_bytes_equal_real_ones(label, opt_cfg):
     assert meta_state_bytes(cfg, opt_cfg) == (real, GPT(cfg).num_params())
 
 
-def test_chunked_loss_estimate_is_smaller_for_long_batches():
-    cfg = GPTConfig()
-    kw = dict(params=124_000_000, state=0, tokens=16 * 1024, checkpointing=False)
-    assert estimate_peak_bytes(cfg, chunk=4096, **kw) < estimate_peak_bytes(cfg, chunk=0, **kw)
+def _saved(module, x_of, tokens, low_precision, params):
+    def run():
+        x = x_of(tokens)
+        if low_precision:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return module(x)
+        return module(x)
+
+    return saved_activation_bytes(run, params)
+
+
+@pytest.mark.parametrize("low_precision", [False, True])
+def test_block_activations_match_saved_tensors(low_precision):
+    cfg = GPTConfig(block_size=64, vocab_size=64, n_layer=1, n_head=4, n_embd=64)
+    block = Block(cfg, 0).train()
+    params = list(block.parameters())
+
+    def x_of(batch):
+        return torch.randn(batch, 64, 64, requires_grad=True)
+
+    # two token counts: their difference drops autocast's weight copies (saved, not per token)
+    per_64_tokens = _saved(block, x_of, 2, low_precision, params) - _saved(
+        block, x_of, 1, low_precision, params
+    )
+    assert per_64_tokens == 64 * block_activation_bytes_per_token(cfg, low_precision=low_precision)
+
+
+@pytest.mark.parametrize("chunk", [0, 32])
+@pytest.mark.parametrize("low_precision", [False, True])
+def test_model_activations_and_saved_loss_match(chunk, low_precision):
+    cfg = GPTConfig(block_size=64, vocab_size=128, n_layer=2, n_head=4, n_embd=64)
+    model = GPT(cfg).train()
+    model.loss_chunk_tokens = chunk
+
+    def x_of(batch):
+        idx = torch.randint(0, 128, (batch, 64))
+        return idx
+
+    def fwd(idx):
+        return model(idx, idx)
+
+    per_64 = _saved(fwd, x_of, 2, low_precision, model.parameters()) - _saved(
+        fwd, x_of, 1, low_precision, model.parameters()
+    )
+    acts = activation_bytes(cfg, 64, low_precision=low_precision, checkpointing=False)
+    # what the loss keeps per token between forward and backward: the chunked path its dL/dh
+    # (fp32), the plain one lm_head's input and the fp32 log-probabilities
+    a = 2 if low_precision else 4
+    kept = 4 * 64 if chunk else a * 64 + 4 * 128
+    assert per_64 == acts + 64 * kept
+    if not chunk:  # the model's plain-loss peak adds the backward's two fp32 gradients
+        assert loss_bytes(cfg, 64, chunk=0, low_precision=low_precision) == 64 * (kept + 8 * 128)
+
+
+def test_checkpointing_keeps_only_block_inputs():
+    cfg = GPTConfig(block_size=64, vocab_size=128, n_layer=3, n_head=4, n_embd=64)
+    model = GPT(cfg).train()
+    model.activation_checkpointing = True
+    model.loss_chunk_tokens = 32
+
+    def per(batch):
+        idx = torch.randint(0, 128, (batch, 64))
+        return saved_activation_bytes(lambda: model(idx, idx), model.parameters())
+
+    kept = per(2) - per(1)  # blocks' inputs + embedding/ln_f + the loss's dL/dh, per 64 tokens
+    full = activation_bytes(cfg, 64, low_precision=False, checkpointing=True)
+    one_block = 64 * block_activation_bytes_per_token(cfg, low_precision=False)
+    assert kept == full - one_block + 64 * 4 * 64  # the recomputed block lives in backward only
+
+
+def test_estimate_parts_and_bucket_view():
+    cfg = model_config("gpt2-xl")
+    state, n = meta_state_bytes(cfg, optim.get_spec("mars-adamw").config_cls())
+    kw = dict(state_bytes=state, micro_batch=5, ddp=True)
+    copy = estimate_memory(cfg, gradient_as_bucket_view=False, **kw)
+    view = estimate_memory(cfg, gradient_as_bucket_view=True, **kw)
+    assert copy.ddp_buckets == 4 * n and view.ddp_buckets == 0
+    assert copy.weights == copy.grads == 4 * n and copy.optimizer_state == state
+    assert 2 * 1.4e9 < copy.bf16_weights <= 2 * n
+    assert copy.total > copy.allocated > view.allocated
+    chunked, plain = copy.loss, estimate_memory(cfg, loss_chunk_tokens=0, **kw).loss
+    assert chunked < plain
+    ckpt = estimate_memory(cfg, activation_checkpointing=True, **kw)
+    assert ckpt.activations < copy.activations / 5
+    assert 50 * GIB < copy.total < 80 * GIB  # the XL run at the papers' 5 fits one 80 GB GPU
+
+
+@pytest.mark.parametrize("name", ["tiny", "gpt2-small", "gpt2-xl"])
+def test_ddp_bucket_cap_holds_a_block(name):
+    with torch.device("meta"):
+        model = GPT(model_config(name))
+    block_bytes = sum(4 * p.numel() for p in model.transformer.h[0].parameters())
+    cap = ddp_bucket_cap_mb(model)
+    assert cap * 2**20 >= block_bytes and cap >= 25
+    with pytest.raises(ValueError, match="no transformer Block"):
+        ddp_bucket_cap_mb(torch.nn.Linear(2, 2))
 
 
 def test_bench_trainer_runs_the_training_step():

@@ -1,0 +1,194 @@
+"""The project's one memory model: peak GPU memory of one training rank, part by part.
+
+Used by the launcher (scripts/launch.py, the micro-batch that fits), by ``python -m bench.memory``
+(the tables of docs/performance.md) and by ``python -m bench.train`` (the estimate beside the
+measured peak). Every part is named, so a printout shows where the memory goes:
+
+    weights            fp32 master weights, 4 B/param
+    grads              fp32 gradients, 4 B/param
+    ddp_buckets        DDP's flat gradient buckets, 4 B/param with several ranks and
+                       gradient_as_bucket_view=False (torch's default); 0 with True (the .grad
+                       tensors are then views into the buckets) or one process
+    optimizer_state    the optimizer's state, measured on the meta device (bench.memory)
+    bf16_weights       autocast's low-precision copies of the matmul weights, 2 B per matrix
+                       parameter, kept for the backward pass
+    activations        the tensors autograd saves, per token per block (below); with activation
+                       checkpointing only each block's fp32 input plus one block's worth
+    loss               chunked: the saved fp32 dL/dh (4 n_embd/token), the fp32 dL/dW buffer
+                       (4 V n_embd) and one chunk's logits in flight (8 V per chunk token: bf16
+                       logits, fp32 log-probabilities turned into the gradient, its bf16 copy);
+                       plain: 12 V bytes per token at the backward's peak (fp32 log-softmax saved,
+                       its incoming gradient and its output gradient)
+    step_temporaries   the optimizer step's temporaries, one fp32 tensor per parameter (the foreach
+                       paths); the step runs after the activations are freed, so the peak holds the
+                       larger of (activations + loss) and these
+    cuda_context       CUDA context, cuBLAS workspaces and NCCL buffers: outside the allocator, in
+                       nvidia-smi's figure but not in torch.cuda.max_memory_allocated
+    fragmentation      a margin for the caching allocator's unused pieces of its blocks
+
+Activations of one pre-LN block per token, with ``a`` bytes per activation element (2 under
+bf16 autocast, 4 in fp32), C = n_embd, H = n_head (measured with saved-tensor hooks,
+tests/test_memory.py): the two LayerNorm inputs in fp32 (the residual stream stays fp32), 8 C;
+c_attn's input, q/k/v, the attention output (which c_proj's input shares: the flash kernels return
+it in (B, T, H, D) layout, so the transpose's .contiguous() copies nothing), c_fc's input, the GELU
+input and c_proj's input: (1 + 3 + 1 + 1 + 4 + 4) C = 14 C elements; the LayerNorms' mean and
+rstd, 16 B; the attention's fp32 log-sum-exp, 4 H B. Under bf16 that is 36 C + 16 + 4 H bytes
+(Korthikanti et al.'s 34 C counts the residual stream in bf16); with dropout > 0 (no paper run)
+the model adds the 2 C one-byte masks, an approximation. torch.compile's fusions save somewhat less: the model is an upper bound there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from model import GPT, GPTConfig
+
+GIB = 2**30
+MIB = 2**20
+CUDA_CONTEXT_BYTES = int(1.5 * GIB)  # context ~0.5 GiB on an H100 + cuBLAS workspace + NCCL
+FRAGMENTATION = 0.10  # of the allocator's peak
+DDP_DEFAULT_BUCKET_MB = 25.0  # torch's bucket_cap_mb
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes of each part (module docstring) of one rank's peak training memory."""
+
+    weights: int
+    grads: int
+    ddp_buckets: int
+    optimizer_state: int
+    bf16_weights: int
+    activations: int
+    loss: int
+    step_temporaries: int
+    cuda_context: int
+    fragmentation: int
+
+    @property
+    def allocated(self) -> int:
+        """What torch.cuda.max_memory_allocated should report (no context, no fragmentation)."""
+        static = self.weights + self.grads + self.ddp_buckets + self.optimizer_state
+        return static + self.bf16_weights + max(self.activations + self.loss, self.step_temporaries)
+
+    @property
+    def total(self) -> int:
+        """The GPU memory the run needs (nvidia-smi's view): allocated + context + margin."""
+        return self.allocated + self.cuda_context + self.fragmentation
+
+    def parts(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def block_activation_bytes_per_token(cfg: GPTConfig, *, low_precision: bool) -> int:
+    """Bytes one block saves for its backward pass per token (module docstring)."""
+    a = 2 if low_precision else 4
+    masks = 2 * cfg.n_embd if cfg.dropout > 0 else 0
+    return cfg.n_embd * (8 + 14 * a) + 16 + 4 * cfg.n_head + masks
+
+
+def activation_bytes(
+    cfg: GPTConfig, tokens: int, *, low_precision: bool, checkpointing: bool
+) -> int:
+    """Saved activations of the blocks, the embedding and the final LayerNorm for ``tokens``."""
+    block = block_activation_bytes_per_token(cfg, low_precision=low_precision)
+    if checkpointing:  # each block's fp32 input kept; one block recomputed at a time
+        per_token = 4 * cfg.n_embd * cfg.n_layer + block
+    else:
+        per_token = block * cfg.n_layer
+    embed_and_ln_f = 8 + 4 * cfg.n_embd + 8  # int64 token ids; ln_f's fp32 input and stats
+    return tokens * (per_token + embed_and_ln_f)
+
+
+def loss_bytes(cfg: GPTConfig, tokens: int, *, chunk: int, low_precision: bool) -> int:
+    """The loss path's memory at the backward's peak (module docstring)."""
+    V, C = cfg.vocab_size, cfg.n_embd
+    if chunk > 0:
+        return 4 * C * tokens + 4 * V * C + 8 * V * min(chunk, tokens)
+    head_input = (2 if low_precision else 4) * C  # lm_head's saved (autocast-cast) input
+    return tokens * (head_input + 12 * V)
+
+
+def matrix_params(model: torch.nn.Module) -> int:
+    """Elements of the distinct 2-D weights (the ones autocast copies to bf16)."""
+    return sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+
+
+def estimate_memory(
+    cfg: GPTConfig,
+    *,
+    state_bytes: int,
+    micro_batch: int,
+    seq_len: int | None = None,
+    loss_chunk_tokens: int = 4096,
+    activation_checkpointing: bool = False,
+    low_precision: bool = True,
+    ddp: bool = False,
+    gradient_as_bucket_view: bool = True,
+    cuda: bool = True,
+) -> MemoryEstimate:
+    """Peak memory of one rank training ``cfg`` with ``micro_batch`` sequences of ``seq_len``.
+
+    ``state_bytes`` is the optimizer's state (``bench.memory.meta_state_bytes``);
+    ``low_precision`` is bf16/fp16 autocast; ``ddp`` means several ranks (DDP buckets exist);
+    ``cuda`` adds the CUDA context and the allocator margin.
+    """
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    n = model.num_params()
+    tokens = micro_batch * (seq_len or cfg.block_size)
+    parts = dict(
+        weights=4 * n,
+        grads=4 * n,
+        ddp_buckets=4 * n if ddp and not gradient_as_bucket_view else 0,
+        optimizer_state=state_bytes,
+        bf16_weights=2 * matrix_params(model) if low_precision else 0,
+        activations=activation_bytes(
+            cfg, tokens, low_precision=low_precision, checkpointing=activation_checkpointing
+        ),
+        loss=loss_bytes(cfg, tokens, chunk=loss_chunk_tokens, low_precision=low_precision),
+        step_temporaries=4 * n,
+        cuda_context=0,
+        fragmentation=0,
+    )
+    est = MemoryEstimate(**parts)
+    if not cuda:
+        return est
+    margin = int(FRAGMENTATION * est.allocated)
+    return dataclasses.replace(est, cuda_context=CUDA_CONTEXT_BYTES, fragmentation=margin)
+
+
+def fitting_micro_batch(candidates: list[int], memory_gib: float, estimate) -> int | None:
+    """The largest of ``candidates`` whose ``estimate(micro_batch).total`` fits ``memory_gib``;
+    None when none fits."""
+    fits = [b for b in candidates if estimate(b).total <= memory_gib * GIB]
+    return max(fits, default=None)
+
+
+def ddp_bucket_cap_mb(model: torch.nn.Module) -> float:
+    """A DDP ``bucket_cap_mb`` holding at least one transformer block's gradients.
+
+    torch.compile under DDP (DDPOptimizer) cuts the graph at bucket boundaries; with torch's
+    25 MB a GPT-2 block (12 n_embd^2 fp32 gradients, 27 MiB for small, 117 MiB for XL) spans
+    several buckets and the model falls into many small graphs. A cap of the largest block's
+    gradient bytes (rounded up to a whole MiB, never below torch's 25) keeps each piece at least a
+    block. Works on meta-device models.
+    """
+    blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no transformer Block modules")
+    largest = max(sum(p.numel() * 4 for p in b.parameters()) for b in blocks)
+    return float(max(DDP_DEFAULT_BUCKET_MB, math.ceil(largest / MIB)))
+
+
+def describe(est: MemoryEstimate) -> str:
+    """One line per part, GiB."""
+    rows = [f"  {k:<18}{v / GIB:8.2f} GiB" for k, v in est.parts().items()]
+    rows.append(f"  {'allocated peak':<18}{est.allocated / GIB:8.2f} GiB")
+    rows.append(f"  {'total':<18}{est.total / GIB:8.2f} GiB")
+    return "\n".join(rows)

@@ -1,0 +1,113 @@
+"""The paper tables' runs, read from configs/experiment/<dataset>/, and their memory estimate
+(bench/memory_model.py) for scripts/launch.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from bench.configs import config_names, load_config
+from bench.memory_model import estimate_memory
+from trainer.config import TrainConfig
+
+# table: (experiment directories, optimizers in launch order); the runs are the files there
+TABLES = {
+    "owt": (("owt",), ("adamw", "muon", "mars-adamw", "mars-adamw-exact")),
+    "fineweb": (("fineweb-edu",), ("adamw", "mars-adamw")),
+    "mars-m": (("owt", "fineweb-edu"), ("adamw", "moonlight", "mars-m")),
+}
+MARS_M_GAMMAS = ("0.01",)  # the MARS-M plots show gamma 0.025 (the configs') and 0.01
+# train.py's DDP: gradient_as_bucket_view, when the Trainer's config has the knob, else torch's
+BUCKET_VIEW = getattr(TrainConfig, "gradient_as_bucket_view", False)
+
+
+class LaunchError(Exception):
+    """Bad input: reported as one line and a non-zero exit."""
+
+
+@dataclass(frozen=True)
+class Run:
+    experiment: str  # configs/experiment/<experiment>.yaml
+    suffix: str = ""  # a variant of the experiment: appended to its name and out_dir
+    overrides: tuple[str, ...] = ()  # the variant's overrides
+
+    @property
+    def name(self) -> str:
+        return self.experiment + self.suffix
+
+    @property
+    def config(self) -> dict:
+        return _experiment(self.experiment)
+
+    @property
+    def size(self) -> str:
+        """The run's model preset (configs/model/<size>.yaml)."""
+        return self.config["model"]["name"]
+
+
+@functools.cache
+def _experiment(name: str) -> dict:
+    return load_config(f"experiment/{name}")
+
+
+@functools.cache
+def _params(model: str) -> int:
+    import torch
+
+    from model import GPT, GPTConfig
+
+    with torch.device("meta"):
+        return GPT(GPTConfig(**load_config(f"model/{model}"))).num_params()
+
+
+def table_runs(table: str) -> list[Run]:
+    """The runs of a table, in launch order: dataset, model size, the table's optimizer order."""
+    if table not in TABLES:
+        raise LaunchError(f"unknown table {table!r}; valid tables: {', '.join(TABLES)}")
+    dirs, optimizers = TABLES[table]
+    runs = []
+    for d in dirs:
+        found = []
+        for stem in config_names(f"experiment/{d}"):
+            label = stem.split("-", 1)[1] if "-" in stem else ""
+            if label in optimizers:
+                run = Run(f"{d}/{stem}")
+                found.append((_params(run.size), optimizers.index(label), run))
+        for _, _, run in sorted(found, key=lambda t: t[:2]):
+            runs.append(run)
+            if table == "mars-m" and run.experiment.endswith("-mars-m"):
+                runs += [Run(run.experiment, f"-gamma{g}", (f"optimizer.gamma={g}",))
+                         for g in MARS_M_GAMMAS]  # fmt: skip
+    return runs
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@functools.cache
+def _state_bytes(experiment: str) -> int:
+    """The run's optimizer state, measured on the meta device (bench.memory)."""
+    import optim
+    from bench.harness import model_config
+    from bench.memory import meta_state_bytes
+
+    opt = dict(_experiment(experiment)["optimizer"])
+    cls = optim.get_spec(opt.pop("name")).config_cls
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in opt.items() if k in fields}
+    return meta_state_bytes(model_config(_experiment(experiment)["model"]["name"]), cls(**kw))[0]
+
+
+def estimator(runs: list[Run], world: int):
+    """micro-batch -> MemoryEstimate for these runs of one size (the largest optimizer state)."""
+    from bench.harness import model_config
+
+    cfg = runs[0].config
+    kw = dict(state_bytes=max(_state_bytes(r.experiment) for r in runs),
+              seq_len=cfg.get("seq_len"), ddp=world > 1, gradient_as_bucket_view=BUCKET_VIEW,
+              loss_chunk_tokens=cfg.get("loss_chunk_tokens", TrainConfig.loss_chunk_tokens),
+              activation_checkpointing=cfg.get("activation_checkpointing", False))  # fmt: skip
+    model = model_config(cfg["model"]["name"])
+    return lambda b: estimate_memory(model, micro_batch=b, **kw)
