@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -90,6 +91,8 @@ def check_group_keys(group: dict, allowed: Iterable[str], where: str) -> None:
 
 def _at_least(bound: float, strict: bool) -> Validator:
     def check(value: Any, key: str) -> None:
+        if not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number, got {value}")
         if not (value > bound if strict else value >= bound):
             raise ValueError(f"{key} must be {'>' if strict else '>='} {bound:g}, got {value}")
 
