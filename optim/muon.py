@@ -53,6 +53,10 @@ class MuonFamily(VarianceReduced):
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,
                  foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
+        for g in groups:
+            if not g["params"]:  # dropped, yet its values are checked (Muon(adamw_betas=...))
+                for key, value in g.items():
+                    check_option(key, value)
         groups = [g for g in groups if g["params"]]
         for g in groups:
             _check_group(g)
