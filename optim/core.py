@@ -10,7 +10,10 @@ For each tensor of a param group, with ``kappa = gamma * beta1 / (1 - beta1)``:
     d = preconditioner.direction(u)    optim/preconditioners.py (Adam, Sign, Newton-Schulz)
     p = p - lr * (wd * p + d)          decoupled weight decay and the step
 
-The group names its momentum form (``momentum_form``) and preconditioner (``preconditioner``).
+The group names its momentum form (``momentum_form``) and preconditioner (``preconditioner``):
+its typed rule (optim/rule.py), checked when the group is added (known keys only, each value by
+its one validator, optim/options.py). The core counts ``state["step"]`` for every tensor, whatever
+the momentum, so any preconditioner may read it.
 Two routing rules, both of the official code: with ``split_1d`` (MARS, ``optimize_1d=False``)
 tensors that are not 2-D take AdamW on the raw gradient with ``betas_1d``, ``weight_decay_1d``
 and lr ``lr * lr_1d_factor``; a tensor the preconditioner does not handle (Newton-Schulz: not

@@ -14,9 +14,11 @@ Per tensor on the MARS branch (2-D tensors; every tensor with ``optimize_1d=True
 Other tensors (``optimize_1d=False``) take AdamW on the raw gradient with ``betas_1d``,
 ``weight_decay_1d`` (whatever their group's weight_decay) and lr ``lr * lr_1d / lr_init`` (so the
 schedule scales it too). This is the official code (AGI-Arena/MARS ``mars.py``); the class takes
-its constructor keywords, so ``from optim import MARS`` is a drop-in. It builds param groups for
-the core (optim/core.py): momentum ``ema``, preconditioner ``adam`` / ``sign`` /
-``newton-schulz``. Differences from the official code:
+its constructor keywords, so ``from optim import MARS`` is a drop-in: a thin adapter that spells
+``mars_rule`` (the typed rule every MARS instance shares, optim/rule.py) as param groups for the
+core (optim/core.py): momentum ``ema``, preconditioner ``adam`` / ``sign`` / ``newton-schulz`` by
+``mars_type``. The registry builds MARS configs with ``build_mars`` (optim/builders.py), which
+takes any registered preconditioner (docs/adding-an-optimizer.md), not only these three. Differences from the official code:
 
 - knobs where ports disagree, defaulting to the official behaviour: ``clip`` (``tensor``,
   ``global``, ``none``), ``second_moment`` (``c``: v from the clipped c as the code; ``g``: from
