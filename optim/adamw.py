@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 
 from optim.groups import decay_groups
+from optim.options import check_fields
 from optim.registry import register
 
 
@@ -25,14 +26,7 @@ class AdamWConfig:
     fused: bool | None = None  # None: fused on CUDA, foreach otherwise
 
     def __post_init__(self) -> None:
-        if self.lr < 0:
-            raise ValueError(f"optimizer.lr must be >= 0, got {self.lr}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"optimizer.betas must be two numbers in [0, 1), got {self.betas}")
-        if self.eps <= 0:
-            raise ValueError(f"optimizer.eps must be > 0, got {self.eps}")
-        if self.weight_decay < 0:
-            raise ValueError(f"optimizer.weight_decay must be >= 0, got {self.weight_decay}")
+        check_fields(self, "optimizer.")
 
 
 @register("adamw", AdamWConfig, "torch AdamW, decoupled weight decay on block matrices")

@@ -9,19 +9,22 @@ Routing (which tensors each update rule gets) uses the parameter kinds of optim/
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 
-from optim.functional import CLIP_SCOPES, check_betas, check_choice, check_common
+from optim.core import VarianceReduced
 from optim.groups import classify_parameters, decay_groups
 from optim.lion import Lion
-from optim.mars import FIRST_STEPS, MARS
+from optim.mars import mars_rule
 from optim.muon import MuonFamily, adamw_group, muon_group
-from optim.preconditioners import SECOND_MOMENTS
+from optim.options import check_fields, choice
+from optim.preconditioners import PRECONDITIONERS
 from optim.registry import register
+from optim.rule import Rule
 
-MODES = ("approx", "exact")
+PREFIX = "optimizer."  # config errors name the full key (optimizer.lr)
 
 
 @dataclass
@@ -46,15 +49,22 @@ class MarsConfig:
     foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
+    preconditioner: ClassVar[str] = "adam"  # a registered preconditioner (optim/preconditioners)
+    fixed_options: ClassVar[dict] = {}  # its options that are not config fields
+
     def __post_init__(self) -> None:
-        check_common(self.lr, self.eps, self.weight_decay, self.betas)
-        check_betas(self.betas_1d, "optimizer.betas_1d")
-        check_choice(self.mode, MODES, "optimizer.mode")
-        check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
-        check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
-        for key in ("gamma", "lr_1d", "weight_decay_1d"):
-            if getattr(self, key) < 0:
-                raise ValueError(f"optimizer.{key} must be >= 0, got {getattr(self, key)}")
+        check_fields(self, PREFIX)
+        self.rule()  # the rule's own checks (every value is valid by now)
+
+    def rule(self) -> Rule:
+        """The MARS rule of this config: its preconditioner's options are the fields it has."""
+        options_cls = PRECONDITIONERS[self.preconditioner].Options
+        names = {f.name for f in fields(options_cls)} & {f.name for f in fields(self)}
+        options = options_cls(**{n: getattr(self, n) for n in names}, **self.fixed_options)
+        return mars_rule(self.preconditioner, options, gamma=self.gamma, clip=self.clip,
+                         first_step=self.first_step, optimize_1d=self.optimize_1d, lr=self.lr,
+                         lr_1d=self.lr_1d, betas_1d=self.betas_1d,
+                         weight_decay_1d=self.weight_decay_1d)  # fmt: skip
 
 
 @dataclass
@@ -64,10 +74,6 @@ class MarsAdamWConfig(MarsConfig):
     amsgrad: bool = False
     second_moment: str = "c"  # c: v from the clipped c (official code) | g: raw gradient (paper)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_choice(self.second_moment, SECOND_MOMENTS, "optimizer.second_moment")
-
 
 @dataclass
 class MarsLionConfig(MarsConfig):
@@ -76,6 +82,8 @@ class MarsLionConfig(MarsConfig):
 
     name: str = "mars-lion"
     lr: float = 2e-4
+
+    preconditioner: ClassVar[str] = "sign"
 
 
 @dataclass
@@ -90,44 +98,34 @@ class MarsShampooConfig(MarsConfig):
     ns_dtype: str = "bfloat16"  # Newton-Schulz precision ("param": as p)
     ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_ns(self.ns_steps, self.ns_dtype)
-
-
-def check_ns(ns_steps: int, ns_dtype: str) -> None:
-    """Reject a Newton-Schulz step count below 1 or an unknown dtype, naming the value."""
-    if ns_steps < 1:
-        raise ValueError(f"optimizer.ns_steps must be >= 1, got {ns_steps}")
-    if ns_dtype != "param" and not isinstance(getattr(torch, ns_dtype, None), torch.dtype):
-        raise ValueError(f"optimizer.ns_dtype {ns_dtype!r}: use 'param', 'bfloat16', 'float32'")
+    preconditioner: ClassVar[str] = "newton-schulz"
+    fixed_options: ClassVar[dict] = {"ns_debias": True}  # NS5(m / (1 - beta1)), as the official
 
 
 def forward(cfg, *skip: str) -> dict:
     """The config's fields as keyword arguments (lists as tuples), less ``name`` and ``skip``."""
     out = {}
     for f in fields(cfg):
-        if f.name in ("name", *skip):
-            continue
-        value = getattr(cfg, f.name)
-        out[f.name] = tuple(value) if isinstance(value, list) else value
+        if f.name not in ("name", *skip):
+            value = getattr(cfg, f.name)
+            out[f.name] = tuple(value) if isinstance(value, list) else value
     return out
 
 
-def _build_mars(model: nn.Module, cfg: MarsConfig) -> torch.optim.Optimizer:
-    """Every field goes to ``MARS`` (the group's weight decay through the param groups)."""
-    return MARS(
-        decay_groups(model, cfg.weight_decay, cfg.decay_kinds),
-        is_approx=cfg.mode == "approx",
-        mars_type=cfg.name,
-        **forward(cfg, "mode", "weight_decay", "decay_kinds"),
-    )
+def build_mars(model: nn.Module, cfg: MarsConfig) -> torch.optim.Optimizer:
+    """Any MARS config: its rule (``cfg.rule()``) on the core, decay on ``decay_kinds``."""
+    # eps in every group: the non-2-D tensors' Adam reads it whatever the preconditioner
+    defaults = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+                    **{"eps": cfg.eps, **cfg.rule().group_keys()})  # fmt: skip
+    return VarianceReduced(decay_groups(model, cfg.weight_decay, cfg.decay_kinds), defaults,
+                           is_approx=cfg.mode == "approx", foreach=cfg.foreach,
+                           fused=cfg.fused)  # fmt: skip
 
 
-register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(_build_mars)
-register("mars-lion", MarsLionConfig, "MARS with the sign (Lion) update")(_build_mars)
+register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(build_mars)
+register("mars-lion", MarsLionConfig, "MARS with the sign (Lion) update")(build_mars)
 register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonalisation")(
-    _build_mars
+    build_mars
 )
 
 
@@ -148,10 +146,7 @@ class MuonLikeConfig:
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
-        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
-        check_ns(self.ns_steps, self.ns_dtype)
-        if not 0.0 < self.momentum < 1.0:
-            raise ValueError(f"optimizer.momentum must be in (0, 1), got {self.momentum}")
+        check_fields(self, PREFIX)
 
 
 @dataclass
@@ -169,11 +164,6 @@ class MarsMEfficientConfig(MuonLikeConfig):
     weight_decay: float = 0.01
     gamma: float = 0.025
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.gamma < 0:
-            raise ValueError(f"optimizer.gamma must be >= 0, got {self.gamma}")
-
 
 @dataclass
 class MarsMConfig(MarsMEfficientConfig):
@@ -190,9 +180,6 @@ class MarsMConfig(MarsMEfficientConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_choice(self.mode, MODES, "optimizer.mode")
-        check_choice(self.clip, CLIP_SCOPES, "optimizer.clip")
-        check_choice(self.first_step, FIRST_STEPS, "optimizer.first_step")
         if self.nesterov:
             raise ValueError("optimizer.nesterov=true: MARS-M's momentum is an EMA; use false")
 
@@ -235,6 +222,7 @@ def _build_moonlight(model: nn.Module, cfg: MoonlightConfig) -> torch.optim.Opti
 
 
 MUON_ROUTINGS = {"mars-repo": ("matrix", "embedding", "other"), "recommended": ("matrix",)}
+choice("routing", MUON_ROUTINGS)
 
 
 @dataclass
@@ -258,12 +246,7 @@ class MuonConfig:
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
-        check_common(self.lr, self.adamw_eps, self.weight_decay, self.adamw_betas)
-        check_common(self.adamw_lr, self.adamw_eps, self.adamw_weight_decay)
-        check_choice(self.routing, MUON_ROUTINGS, "optimizer.routing")
-        check_ns(self.ns_steps, self.ns_dtype)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"optimizer.momentum must be in [0, 1), got {self.momentum}")
+        check_fields(self, PREFIX)
 
 
 @register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")
@@ -310,7 +293,7 @@ class LionConfig:
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
     def __post_init__(self) -> None:
-        check_common(self.lr, 1.0, self.weight_decay, self.betas)
+        check_fields(self, PREFIX)
 
 
 @register("lion", LionConfig, "Lion: sign of interpolated momentum")

@@ -10,7 +10,10 @@ For each tensor of a param group, with ``kappa = gamma * beta1 / (1 - beta1)``:
     d = preconditioner.direction(u)    optim/preconditioners.py (Adam, Sign, Newton-Schulz)
     p = p - lr * (wd * p + d)          decoupled weight decay and the step
 
-The group names its momentum form (``momentum_form``) and preconditioner (``preconditioner``).
+The group names its momentum form (``momentum_form``) and preconditioner (``preconditioner``):
+its typed rule (optim/rule.py), checked when the group is added (known keys only, each value by
+its one validator, optim/options.py). The core counts ``state["step"]`` for every tensor, whatever
+the momentum, so any preconditioner may read it.
 Two routing rules, both of the official code: with ``split_1d`` (MARS, ``optimize_1d=False``)
 tensors that are not 2-D take AdamW on the raw gradient with ``betas_1d``, ``weight_decay_1d``
 and lr ``lr * lr_1d_factor``; a tensor the preconditioner does not handle (Newton-Schulz: not
@@ -21,6 +24,7 @@ gradient stored by ``store_reference_grad`` (exact; optim/reference.py). No host
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -28,11 +32,21 @@ import torch
 from optim import fused as fused_path
 from optim.functional import clip_unit_norm_, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
-from optim.preconditioners import PRECONDITIONERS, Preconditioner, Step
+from optim.options import check_group_keys, check_option
+from optim.preconditioners import PRECONDITIONERS, Preconditioner, Step, option_keys
 from optim.reference import ReferenceGradMixin
 
 Tensors = list[torch.Tensor]
 logger = logging.getLogger(__name__)
+# The keys a param group may hold besides every registered preconditioner's options: the
+# hyperparameters, the rule (optim/rule.py) and keys of torch / the schedules / our grouping.
+GROUP_KEYS = frozenset({
+    "params", "lr", "weight_decay", "betas", "momentum", "nesterov",  # hyperparameters
+    "variance_reduction", "gamma", "clip", "first_step",  # the MARS correction
+    "momentum_form", "preconditioner",  # the rule
+    "split_1d", "lr_1d_factor", "betas_1d", "weight_decay_1d",  # MARS's non-2-D routing
+    "initial_lr", "kind", "name",  # schedules (torch's key); optim/groups.py; a label
+})  # fmt: skip
 
 
 @dataclass
@@ -96,6 +110,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     """
 
     default_foreach = True
+    adapter_keys: tuple[str, ...] = ()  # group keys a drop-in class adds (its official names)
 
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
                  foreach: bool | None = None, fused: bool | None = None) -> None:  # fmt: skip
@@ -104,6 +119,26 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         self._reference_pending = False
         self._fused_ok: set = set()  # bucket signatures that compiled and ran
         self._fused_off: str | None = None  # why the fused path was given up, once it was
+        # Which path each bucket of the last step took ("fused", "fused-fallback" when the
+        # compiled step failed and the same code ran eagerly, "foreach", "loop"), and counts
+        # over all steps: a test of a fast path asserts it ran.
+        self.last_paths: list[str] = []
+        self.path_counts: Counter = Counter()
+
+    @property
+    def fused_off_reason(self) -> str | None:
+        """Why the fused path is off (no compiler, a failed compile, ...), or None."""
+        return self._fused_off
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, then the group's check: known keys only, each value by its one validator."""
+        super().add_param_group(param_group)
+        group, where = self.param_groups[-1], f"param group {len(self.param_groups) - 1}"
+        check_group_keys(group, GROUP_KEYS | option_keys() | set(self.adapter_keys), where)
+        for key, value in group.items():
+            if key != "params":
+                check_option(key, value)
+        check_rule(group)
 
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
@@ -120,8 +155,11 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                 loss = closure()
         self._check_reference()
         foreach = self._use_foreach()
+        self.last_paths = []
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         buckets = [b for b in buckets if not self._try_fused(b)]
+        self.last_paths += ["foreach" if foreach else "loop"] * len(buckets)
+        self.path_counts.update(self.last_paths)
         for b in buckets:
             b.cs = self._corrections(b, foreach) if b.view.get("variance_reduction") else b.gs
         for scope in ("tensor", "global"):  # a global clip spans every group that asks for it
@@ -139,7 +177,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         return loss
 
     def _buckets(self, group: dict) -> list[Bucket]:
-        """Initialise state and count steps, by rule."""
+        """Initialise state and count steps (every rule: ``state["step"]``), by rule."""
         buckets: dict[str, Bucket] = {}
         for p in group["params"]:
             if p.grad is None:
@@ -152,8 +190,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             b, state = buckets[key], self.state[p]
             if b.momentum.key not in state:
                 self._init_state(p, state, b)
-            if b.momentum.counts_steps:
-                state["step"] += 1
+            state["step"] = state.get("step", 0) + 1  # a state of an older version may lack it
             b.params.append(p), b.states.append(state), b.gs.append(p.grad)
         return list(buckets.values())
 
@@ -169,8 +206,10 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         if error:  # the step was done eagerly by the same code; later steps take foreach
             self._fused_off = f"torch.compile failed: {error}"
             logger.warning("fused optimizer step off (%s); using foreach", self._fused_off)
+            self.last_paths.append("fused-fallback")
         else:
             self._fused_ok.add(key)
+            self.last_paths.append("fused")
         if b.view.get("variance_reduction") and not self.is_approx:
             for s, g in zip(b.states, b.gs):
                 self._advance_reference(s, g)
@@ -190,6 +229,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         return True
 
     def _init_state(self, p: torch.Tensor, state: dict, b: Bucket) -> None:
+        state.setdefault("step", 0)
         b.momentum.init_state(p, state)
         b.preconditioner.init_state(p, state)
         if b.view.get("variance_reduction"):
@@ -212,6 +252,17 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         for group, keys in zip(self.param_groups, current):
             for k, v in keys.items():
                 group.setdefault(k, v)
+
+
+def check_rule(group: dict) -> None:
+    """The group names a known momentum form and preconditioner, whose options are valid."""
+    form, name = group.get("momentum_form"), group.get("preconditioner")
+    if form not in MOMENTA:
+        raise ValueError(f"unknown momentum_form {form!r}; valid values: {sorted(MOMENTA)}")
+    if name not in PRECONDITIONERS:
+        raise ValueError(f"unknown preconditioner {name!r}; valid: {sorted(PRECONDITIONERS)}")
+    MOMENTA[form].check(group)
+    PRECONDITIONERS[name].Options.from_group(group)  # its validators, with the group's values
 
 
 def _clip(b: Bucket) -> str | None:

@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-CLIP_SCOPES = ("tensor", "global", "none")
+from optim.options import CLIP_SCOPES
+
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
@@ -70,17 +73,43 @@ def newton_schulz(
     """
     if g.ndim < 2:
         raise ValueError(f"newton_schulz needs a matrix, got a tensor of shape {tuple(g.shape)}")
-    a, b, c = NS_COEFFS
     x = g.to(dtype)
     transpose = g.size(-2) > g.size(-1)
     if transpose:
         x = x.mT
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+    with full_float32(dtype):
+        x = _iterate(x, steps)
+    return x.mT if transpose else x
+
+
+def _iterate(x: torch.Tensor, steps: int) -> torch.Tensor:
+    """``steps`` times ``A = X X^T; X = a X + (b A + c A^2) X``."""
+    a, b, c = NS_COEFFS
     for _ in range(steps):
         A = x @ x.mT
         B = b * A + c * (A @ A)
         x = a * x + B @ x
-    return x.mT if transpose else x
+    return x
+
+
+@contextlib.contextmanager
+def full_float32(dtype: torch.dtype):
+    """float32 matmuls at full precision inside (``dtype`` float32), whatever the global setting.
+
+    A run may allow TF32 globally (``torch.backends.cuda.matmul.allow_tf32`` or
+    ``set_float32_matmul_precision("high")``) for its model; ``ns_dtype=float32`` still means
+    float32 (other dtypes are not affected by the setting, so they leave it alone).
+    """
+    before = torch.get_float32_matmul_precision()
+    if dtype != torch.float32 or before == "highest":
+        yield
+        return
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def shape_scale(shape: torch.Size) -> float:
@@ -91,25 +120,3 @@ def shape_scale(shape: torch.Size) -> float:
 def rms_scale(shape: torch.Size) -> float:
     """Moonlight / MARS-M scale ``0.2 * sqrt(max(A, B))``: matches AdamW's update RMS."""
     return 0.2 * max(shape[0], shape[1]) ** 0.5
-
-
-def check_common(lr: float, eps: float, weight_decay: float, betas=None) -> None:
-    """Reject hyperparameters no optimizer here accepts, naming the value and the allowed range."""
-    if lr < 0:
-        raise ValueError(f"lr must be >= 0, got {lr}")
-    if eps <= 0:
-        raise ValueError(f"eps must be > 0, got {eps}")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if betas is not None:
-        check_betas(betas, "betas")
-
-
-def check_betas(betas, name: str) -> None:
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"{name} must be two numbers in [0, 1), got {tuple(betas)}")
-
-
-def check_choice(value: str, valid, name: str) -> None:
-    if value not in valid:
-        raise ValueError(f"unknown {name} {value!r}; valid values: {list(valid)}")

@@ -29,6 +29,7 @@ import shutil
 import torch
 
 from optim.functional import mars_kappa
+from optim.preconditioners import AdamOptions
 
 log = logging.getLogger(__name__)
 Tensors = list[torch.Tensor]
@@ -118,11 +119,40 @@ def _compiled(grouping: str):
     return _COMPILED[grouping]
 
 
+def _dynamo_config():
+    """torch._dynamo's config module (a function, so a test can stand in an older one)."""
+    return torch._dynamo.config
+
+
+def compile_settings():
+    """The dynamo settings the compiled step needs, under the names this torch has.
+
+    Parameters keep dynamic shapes (else every shape is a recompile) where the option exists,
+    and the recompile limit is raised: ``recompile_limit`` (torch >= 2.6), ``cache_size_limit``
+    before. Raises (caught by ``_run``: a logged fallback) if the config cannot be patched.
+    """
+    config = _dynamo_config()
+    options = {}
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            options[name] = 64
+            break
+    if hasattr(config, "force_parameter_static_shapes"):
+        options["force_parameter_static_shapes"] = False
+    return config.patch(**options)
+
+
 def _run(grouping: str, args: tuple, flags: dict, may_fall_back: bool) -> str | None:
     """Run the compiled step; if it fails to compile (nothing ran), run it eagerly instead."""
+    try:
+        settings = compile_settings()
+    except Exception as e:  # noqa: BLE001 (an unknown torch: fall back, never fail the step)
+        if not may_fall_back:
+            raise
+        _multi_step(*args, **flags)
+        return f"dynamo settings unavailable ({type(e).__name__}: {e})"
     params, grads, refs, ms, vs, vmaxs, table = args
-    # parameters keep dynamic shapes too, else every shape is a recompile
-    with torch._dynamo.config.patch(recompile_limit=64, force_parameter_static_shapes=False):
+    with settings:
         if grouping == "list":
             try:
                 _compiled("list")(*args, **flags)
@@ -149,7 +179,8 @@ def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentu
     """Per-tensor rows of scalars (host floats: no synchronisation) for ``_update``."""
     lr, wd = view["lr"], view["weight_decay"]
     b2 = view["betas"][1] if "betas" in view else 0.0
-    eps = view.get("eps", 0.0)
+    adam = AdamOptions.from_group(view) if view["preconditioner"] == "adam" else None
+    eps = adam.eps if adam else 0.0
     if momentum == "lion":
         m_keep, m_add, u_lerp = b2, 1.0 - b2, beta
     else:
@@ -157,12 +188,12 @@ def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentu
     rows = []
     for t in steps:
         keep, size, a, b = 1.0 - lr * wd, lr, 1.0, 1.0
-        if view["preconditioner"] == "adam" and t:
-            if view.get("eps_placement", "after_sqrt_v_hat") == "after_sqrt_v_hat":
+        if adam and t:
+            if adam.eps_placement == "after_sqrt_v_hat":
                 a, b = math.sqrt(1 - b2**t), 1 - beta**t
             else:
                 size = lr * math.sqrt(1 - b2**t) / (1 - beta**t)
-                if view.get("decay_bias_corrected", False):
+                if adam.decay_bias_corrected:
                     keep = 1.0 - size * wd
         rows.append([kappa, m_keep, m_add, u_lerp, b2, 1.0 - b2, keep, size, a, b, eps])
     return rows
@@ -180,20 +211,21 @@ def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True) -> str | 
     beta = bucket.momentum.beta(view)
     reduce = bool(view.get("variance_reduction", False))
     kappa = mars_kappa(view["gamma"], beta) if reduce else 0.0
-    steps = [s.get("step", 0) for s in states]
+    steps = [s["step"] for s in states]
     dtype = torch.promote_types(params[0].dtype, torch.float32)
     cuda = params[0].is_cuda  # pinned (torch's caching host allocator): an async copy, no sync
     rows = hyper_table(view, steps, beta, kappa, momentum)
     table = torch.tensor(rows, dtype=dtype, pin_memory=cuda).to(params[0].device, non_blocking=True)
     adam = view["preconditioner"] == "adam"
-    amsgrad = adam and view.get("amsgrad", False)
+    options = AdamOptions.from_group(view) if adam else None
+    amsgrad = adam and options.amsgrad
     flags = dict(
         reduce=reduce,
         clip=reduce and view.get("clip") == "tensor",
         copy_ref=reduce and is_approx,
         momentum=momentum,
         precond=view["preconditioner"],
-        src_c=view.get("second_moment", "c") == "c",
+        src_c=not adam or options.second_moment == "c",
     )
     args = (
         params,

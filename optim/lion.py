@@ -10,7 +10,9 @@ A thin constructor over the core (optim/core.py): momentum ``lion``, preconditio
 from __future__ import annotations
 
 from optim.core import VarianceReduced
-from optim.functional import check_betas
+from optim.rule import Rule
+
+LION_RULE = Rule(momentum="lion", preconditioner="sign")
 
 
 class Lion(VarianceReduced):
@@ -18,11 +20,6 @@ class Lion(VarianceReduced):
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
                  *, foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
-        if lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
-        if weight_decay < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-        check_betas(betas, "betas")
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
-                        momentum_form="lion", preconditioner="sign")  # fmt: skip
+                        **LION_RULE.group_keys())  # fmt: skip
         super().__init__(params, defaults, foreach=foreach, fused=fused)

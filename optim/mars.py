@@ -14,9 +14,11 @@ Per tensor on the MARS branch (2-D tensors; every tensor with ``optimize_1d=True
 Other tensors (``optimize_1d=False``) take AdamW on the raw gradient with ``betas_1d``,
 ``weight_decay_1d`` (whatever their group's weight_decay) and lr ``lr * lr_1d / lr_init`` (so the
 schedule scales it too). This is the official code (AGI-Arena/MARS ``mars.py``); the class takes
-its constructor keywords, so ``from optim import MARS`` is a drop-in. It builds param groups for
-the core (optim/core.py): momentum ``ema``, preconditioner ``adam`` / ``sign`` /
-``newton-schulz``. Differences from the official code:
+its constructor keywords, so ``from optim import MARS`` is a drop-in: a thin adapter that spells
+``mars_rule`` (the typed rule every MARS instance shares, optim/rule.py) as param groups for the
+core (optim/core.py): momentum ``ema``, preconditioner ``adam`` / ``sign`` / ``newton-schulz`` by
+``mars_type``. The registry builds MARS configs with ``build_mars`` (optim/builders.py), which
+takes any registered preconditioner (docs/adding-an-optimizer.md), not only these three. Differences from the official code:
 
 - knobs where ports disagree, defaulting to the official behaviour: ``clip`` (``tensor``,
   ``global``, ``none``), ``second_moment`` (``c``: v from the clipped c as the code; ``g``: from
@@ -36,17 +38,36 @@ reference stored one step earlier and then promotes the new one. ``update_previo
 from __future__ import annotations
 
 from optim.core import VarianceReduced
-from optim.functional import CLIP_SCOPES, check_betas, check_choice, check_common
-from optim.preconditioners import SECOND_MOMENTS
+from optim.options import check_option, choice
+from optim.preconditioners import AdamOptions, NewtonSchulzOptions
+from optim.rule import Rule, Split1D, VarianceReduction
 
 MARS_TYPES = {"mars-adamw": "adam", "mars-lion": "sign", "mars-shampoo": "newton-schulz"}
-FIRST_STEPS = ("zero", "plain")
+choice("mars_type", MARS_TYPES)
+
+
+def mars_rule(preconditioner: str, options, *, gamma: float, clip: str, first_step: str,
+              optimize_1d: bool, lr: float, lr_1d: float, betas_1d, weight_decay_1d: float,
+              ) -> Rule:  # fmt: skip
+    """The MARS rule: the correction, an EMA momentum, ``preconditioner``; with
+    ``optimize_1d=False`` non-2-D tensors on AdamW at ``lr * lr_1d / lr`` (frozen here, as the
+    official code, so that the schedule scales it too)."""
+    check_option("lr_1d", lr_1d)
+    split = Split1D(lr_1d / lr, tuple(betas_1d), weight_decay_1d)
+    return Rule(
+        momentum="ema",
+        preconditioner=preconditioner,
+        options=options,
+        variance_reduction=VarianceReduction(gamma, clip, first_step),
+        split_1d=None if optimize_1d else split,
+    )
 
 
 class MARS(VarianceReduced):
     """MARS-AdamW / MARS-Lion / MARS-Shampoo, approx or exact; see the module docstring."""
 
     default_foreach = True  # foreach is faster on CPU too (bench/optim.py)
+    adapter_keys = ("mars_type", "optimize_1d")  # the official names; a group may set its own
 
     def __init__(
         self,
@@ -73,52 +94,24 @@ class MARS(VarianceReduced):
         foreach: bool | None = None,
         fused: bool | None = None,
     ):
-        check_common(lr, eps, weight_decay, betas)
-        _check(mars_type, clip, second_moment, first_step, gamma, lr, lr_1d, weight_decay_1d)
-        check_betas(betas_1d, "betas_1d")
-        if ns_steps < 1:
-            raise ValueError(f"ns_steps must be >= 1, got {ns_steps}")
-        defaults = dict(
-            lr=lr,
-            betas=tuple(betas),
-            eps=eps,
-            weight_decay=weight_decay,
-            amsgrad=amsgrad,
-            gamma=gamma,
-            mars_type=mars_type,
-            optimize_1d=optimize_1d,
-            lr_1d_factor=lr_1d / lr if lr > 0 else 0.0,  # frozen here, as the official code
-            betas_1d=tuple(betas_1d),
-            weight_decay_1d=weight_decay_1d,
-            clip=clip,
-            second_moment=second_moment,
-            first_step=first_step,
-            ns_steps=ns_steps,
-            ns_dtype=ns_dtype,
-            ns_distributed=ns_distributed,  # optim/newton_schulz.py
-            # the core's rule (optim/core.py)
-            variance_reduction=True,
-            momentum_form="ema",
-            eps_placement="after_sqrt_v_hat",
-            ns_debias=True,  # NS5(m / (1 - beta1)), as the official code
-            scale="shape",
-        )
+        check_option("mars_type", mars_type)
+        check_option("lr", lr)
+        # every mars_type's options, so that a group may pick its own mars_type
+        ns = NewtonSchulzOptions(eps=eps, ns_steps=ns_steps, ns_dtype=ns_dtype, ns_debias=True,
+                                 ns_distributed=ns_distributed)  # fmt: skip
+        adam = AdamOptions(eps=eps, amsgrad=amsgrad, second_moment=second_moment)
+        rule = mars_rule(MARS_TYPES[mars_type], None, gamma=gamma, clip=clip,
+                         first_step=first_step, optimize_1d=False, lr=lr, lr_1d=lr_1d,
+                         betas_1d=betas_1d, weight_decay_1d=weight_decay_1d)  # fmt: skip
+        defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
+                        mars_type=mars_type, optimize_1d=optimize_1d,
+                        **{**rule.group_keys(), **ns.group_keys(), **adam.group_keys()})  # fmt: skip
         super().__init__(params, defaults, is_approx=is_approx, foreach=foreach, fused=fused)
-        for group in self.param_groups:  # a group may set its own mars_type / optimize_1d
-            check_choice(group["mars_type"], MARS_TYPES, "mars_type")
-            group["split_1d"] = not group["optimize_1d"]
-            group["preconditioner"] = MARS_TYPES[group["mars_type"]]
 
-
-def _check(mars_type, clip, second_moment, first_step, gamma, lr, lr_1d, weight_decay_1d) -> None:
-    """Reject the drop-in's bad values, naming the value and what is allowed."""
-    check_choice(mars_type, MARS_TYPES, "mars_type")
-    check_choice(clip, CLIP_SCOPES, "clip")
-    check_choice(second_moment, SECOND_MOMENTS, "second_moment")
-    check_choice(first_step, FIRST_STEPS, "first_step")
-    if gamma < 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
-    if lr_1d < 0 or weight_decay_1d < 0:
-        raise ValueError(f"lr_1d and weight_decay_1d must be >= 0, got {lr_1d}, {weight_decay_1d}")
-    if lr == 0 and lr_1d > 0:
-        raise ValueError("lr must be > 0: the 1-D learning rate is applied as lr * lr_1d / lr")
+    def add_param_group(self, param_group: dict) -> None:
+        """A group's own ``mars_type`` / ``optimize_1d`` pick its rule (as the official code)."""
+        group = {**self.defaults, **param_group}
+        check_option("mars_type", group["mars_type"])
+        group["preconditioner"] = MARS_TYPES[group["mars_type"]]
+        group["split_1d"] = not group["optimize_1d"]
+        super().add_param_group(group)

@@ -1,6 +1,6 @@
 """Momentum forms: each keeps one buffer per tensor and returns what the preconditioner sees.
 
-- ``ema``:        m = beta1 * m + (1 - beta1) * c      (MARS; state ``exp_avg``, counts steps)
+- ``ema``:        m = beta1 * m + (1 - beta1) * c      (MARS; state ``exp_avg``)
 - ``ema-lerp``:   the same as ``m.lerp_(c, 1 - beta1)``  (Moonlight's and the MARS repo's AdamW)
 - ``mars-m``:     buf = mu * buf + (1 - mu) * c         (MARS-M; state ``momentum_buffer``)
 - ``heavy-ball``: buf = mu * buf + g; u = g + mu * buf (``nesterov``) or buf (Muon, Moonlight)
@@ -20,19 +20,20 @@ Tensors = list[torch.Tensor]
 
 
 class Momentum:
-    """One buffer per tensor under ``key``; ``beta`` reads the coefficient from the group."""
+    """One buffer per tensor under ``key``; ``beta`` reads the coefficient from the group.
+    (The core keeps ``state["step"]`` for every form.)"""
 
     key = "exp_avg"
-    counts_steps = False  # keep state["step"] (Adam's bias corrections read it)
     beta_key = "betas"
+
+    def check(self, group: dict) -> None:
+        """Refuse a group this form cannot run (beyond each option's own validator)."""
 
     def beta(self, group: dict) -> float:
         value = group[self.beta_key]
         return value[0] if self.beta_key == "betas" else value
 
     def init_state(self, p: torch.Tensor, state: dict) -> None:
-        if self.counts_steps:
-            state["step"] = 0
         state[self.key] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
     def update(self, group: dict, states: list[dict], cs: Tensors, foreach: bool) -> Tensors:
@@ -52,8 +53,8 @@ def _ema(bufs: Tensors, cs: Tensors, beta: float, foreach: bool) -> None:
 class EMA(Momentum):
     """``m = beta1 * m + (1 - beta1) * c``; ``lerp``: as ``m.lerp_(c, 1 - beta1)``."""
 
-    def __init__(self, key: str, beta_key: str, *, counts_steps: bool, lerp: bool = False):
-        self.key, self.beta_key, self.counts_steps, self.lerp = key, beta_key, counts_steps, lerp
+    def __init__(self, key: str, beta_key: str, *, lerp: bool = False):
+        self.key, self.beta_key, self.lerp = key, beta_key, lerp
 
     def update(self, group, states, cs, foreach):
         bufs, beta = [s[self.key] for s in states], self.beta(group)
@@ -92,6 +93,10 @@ class OneBuffer(Momentum):
 
     key, beta_key = "momentum_buffer", "momentum"
 
+    def check(self, group: dict) -> None:
+        if group["momentum"] == 0:
+            raise ValueError("momentum must be in (0, 1) for the one-buffer form (it divides by it)")
+
     def update(self, group, states, cs, foreach):
         bufs, mu, gamma = [s[self.key] for s in states], group["momentum"], group["gamma"]
         phi = (1 - gamma) * (1 - mu) / mu
@@ -123,9 +128,9 @@ class LionMomentum(Momentum):
 
 
 MOMENTA: dict[str, Momentum] = {
-    "ema": EMA("exp_avg", "betas", counts_steps=True),
-    "ema-lerp": EMA("exp_avg", "betas", counts_steps=True, lerp=True),
-    "mars-m": EMA("momentum_buffer", "momentum", counts_steps=False),
+    "ema": EMA("exp_avg", "betas"),
+    "ema-lerp": EMA("exp_avg", "betas", lerp=True),
+    "mars-m": EMA("momentum_buffer", "momentum"),
     "heavy-ball": HeavyBall(),
     "one-buffer": OneBuffer(),
     "lion": LionMomentum(),

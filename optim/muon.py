@@ -32,8 +32,9 @@ the per-tensor loop, whose rounding earlier runs used.
 from __future__ import annotations
 
 from optim.core import VarianceReduced
-from optim.functional import CLIP_SCOPES, check_betas, check_choice, check_common
-from optim.preconditioners import SCALES
+from optim.options import check_option, choice
+from optim.preconditioners import AdamOptions, NewtonSchulzOptions
+from optim.rule import Rule, VarianceReduction
 
 # algorithm -> (momentum form, variance reduction)
 ALGORITHMS = {
@@ -41,15 +42,21 @@ ALGORITHMS = {
     "mars-m": ("mars-m", True),
     "mars-m-efficient": ("one-buffer", False),
 }
+choice("algorithm", ALGORITHMS)
 
 
 class MuonFamily(VarianceReduced):
     """Groups with ``use_muon=True`` take the Muon-style update, the rest AdamW (see module)."""
 
     default_foreach = False
+    adapter_keys = ("use_muon", "algorithm")
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,
                  foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
+        for g in groups:
+            if not g["params"]:  # dropped, yet its values are checked (Muon(adamw_betas=...))
+                for key, value in g.items():
+                    check_option(key, value)
         groups = [g for g in groups if g["params"]]
         for g in groups:
             _check_group(g)
@@ -60,31 +67,24 @@ class MuonFamily(VarianceReduced):
 def _core_keys(g: dict) -> dict:
     """The core's rule for a Muon-family group (optim/core.py)."""
     if not g["use_muon"]:
-        return dict(
-            variance_reduction=False,
-            momentum_form="ema-lerp",
-            preconditioner="adam",
-            eps_placement="before_bias_correction",
-            second_moment="g",
-        )
+        adam = AdamOptions(eps=g["eps"], second_moment="g", eps_placement="before_bias_correction",
+                           decay_bias_corrected=g["decay_bias_corrected"])  # fmt: skip
+        return Rule(momentum="ema-lerp", preconditioner="adam", options=adam).group_keys()
     form, reduced = ALGORITHMS[g["algorithm"]]
-    return dict(variance_reduction=reduced, momentum_form=form, preconditioner="newton-schulz")
+    ns = NewtonSchulzOptions(**{k: g[k] for k in NS_KEYS})
+    vr = VarianceReduction(g["gamma"], g["clip"], g["first_step"]) if reduced else None
+    return Rule(momentum=form, preconditioner="newton-schulz", options=ns,
+                variance_reduction=vr).group_keys()  # fmt: skip
+
+
+NS_KEYS = ("eps", "ns_steps", "ns_dtype", "scale", "ns_batched", "ns_distributed")
 
 
 def _check_group(g: dict) -> None:
-    check_common(g["lr"], g["eps"], g["weight_decay"], None if g["use_muon"] else g["betas"])
+    """What only the Muon family refuses (each value has its validator: optim/options.py)."""
     if not g["use_muon"]:
         return
-    check_choice(g["algorithm"], ALGORITHMS, "algorithm")
-    check_choice(g["scale"], SCALES, "scale")
-    check_choice(g["clip"], CLIP_SCOPES, "clip")
-    check_choice(g["first_step"], ("zero", "plain"), "first_step")
-    if not 0.0 <= g["momentum"] < 1.0 or (g["algorithm"] != "muon" and g["momentum"] == 0):
-        raise ValueError(f"momentum must be in (0, 1), got {g['momentum']}")
-    if g["gamma"] < 0:
-        raise ValueError(f"gamma must be >= 0, got {g['gamma']}")
-    if g["ns_steps"] < 1:
-        raise ValueError(f"ns_steps must be >= 1, got {g['ns_steps']}")
+    check_option("algorithm", g["algorithm"])
     if g["algorithm"] == "mars-m-efficient" and g["clip"] != "none":
         raise ValueError("mars-m-efficient has no clipping: use clip='none' (or plain mars-m)")
     shapes = [tuple(p.shape) for p in g["params"] if p.ndim != 2]
@@ -126,7 +126,6 @@ def muon_group(params, *, lr, weight_decay, momentum=0.95, **options) -> dict:
 
 def adamw_group(params, *, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, bias_corrected=False):
     """An AdamW backup param group."""
-    check_betas(betas, "adamw_betas")
     return dict(
         params=list(params),
         use_muon=False,

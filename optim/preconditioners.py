@@ -24,18 +24,23 @@ torch._foreach ops) and a plain one (a loop over tensors), tested equal in float
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from optim.functional import check_choice, resolve_dtype, rms_scale, shape_scale
+from optim.functional import resolve_dtype, rms_scale, shape_scale
 from optim.newton_schulz import orthogonalise
+from optim.options import check_fields, choice
 
 Tensors = list[torch.Tensor]
 EPS_PLACEMENTS = ("after_sqrt_v_hat", "before_bias_correction")
 SECOND_MOMENTS = ("c", "g")
 SCALES = {"shape": shape_scale, "rms": rms_scale}
+choice("eps_placement", EPS_PLACEMENTS)
+choice("second_moment", SECOND_MOMENTS)
+choice("scale", SCALES)
 
 
 @dataclass
@@ -48,11 +53,36 @@ class Step:
     keeps: list[float]
 
 
+@dataclass(frozen=True)
+class Options:
+    """A preconditioner's typed options: each field is a param-group key with its default, and
+    its value is checked by the option's one validator (optim/options.py)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @classmethod
+    def from_group(cls, group: dict):
+        """The options as ``group`` sets them (a key the group lacks takes the field's default)."""
+        return cls(**{f.name: group[f.name] for f in dataclasses.fields(cls) if f.name in group})
+
+    def group_keys(self) -> dict:
+        """The options as param-group keys (tuples for lists)."""
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in vars(self).items()}
+
+
 class Preconditioner:
-    """Base class: options come from the param group; ``direction`` gives the step's pieces."""
+    """Base class: typed ``Options`` read from the param group; ``direction`` gives the step.
+
+    ``group`` is the param group as the core's routing reads it (lr, weight_decay, betas, ...);
+    every state has ``state["step"]`` (the core counts steps, whatever the momentum form).
+    """
+
+    Options = Options
 
     def __init__(self, group: dict) -> None:
         self.group = group
+        self.options = self.Options.from_group(group)
 
     @staticmethod
     def handles(p: torch.Tensor) -> bool:
@@ -71,17 +101,26 @@ def _plain_decay(n: int, group: dict) -> list[float]:
     return [1 - group["lr"] * group["weight_decay"]] * n
 
 
+@dataclass(frozen=True)
+class AdamOptions(Options):
+    eps: float = 1e-8
+    amsgrad: bool = False
+    second_moment: str = "c"  # c: v from the clipped c (official MARS) | g: the raw gradient
+    eps_placement: str = "after_sqrt_v_hat"  # MARS | before_bias_correction (Moonlight, MARS-M)
+    decay_bias_corrected: bool = False  # the MARS repo's AdamW scales decay by its bias factor
+
+
 class Adam(Preconditioner):
     """Adam's second moment and bias corrections; see the module docstring for both forms."""
 
+    Options = AdamOptions
+
     def __init__(self, group: dict) -> None:
         super().__init__(group)
+        o = self.options
         self.beta2 = group["betas"][1]
-        self.eps = group["eps"]
-        self.amsgrad = group.get("amsgrad", False)
-        self.second_moment = group.get("second_moment", "c")
-        self.eps_placement = group.get("eps_placement", "after_sqrt_v_hat")
-        self.decay_bias_corrected = group.get("decay_bias_corrected", False)
+        self.eps, self.amsgrad, self.second_moment = o.eps, o.amsgrad, o.second_moment
+        self.eps_placement, self.decay_bias_corrected = o.eps_placement, o.decay_bias_corrected
 
     def init_state(self, p: torch.Tensor, state: dict) -> None:
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -156,17 +195,28 @@ class Sign(Preconditioner):
         return Step(signs, None, [self.group["lr"]] * n, _plain_decay(n, self.group))
 
 
+@dataclass(frozen=True)
+class NewtonSchulzOptions(Options):
+    eps: float = 1e-7
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"  # "param": each matrix's own dtype; float32 is full float32
+    scale: str = "shape"  # shape: sqrt(max(1, rows/cols)) | rms: 0.2 * sqrt(max(rows, cols))
+    ns_debias: bool = False  # NS5(u / (1 - beta1)), as MARS-Shampoo
+    ns_batched: bool = True  # one batched call per shape (False: one matrix at a time)
+    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
+
+
 class NewtonSchulz(Preconditioner):
     """``d = scale * NS5(u)`` on 2-D tensors (Muon, Moonlight, MARS-M, MARS-Shampoo)."""
 
+    Options = NewtonSchulzOptions
+
     def __init__(self, group: dict) -> None:
         super().__init__(group)
-        self.steps, self.eps = group["ns_steps"], group["eps"]
-        self.dtype_name = group["ns_dtype"]
-        self.scale = SCALES[group.get("scale", "shape")]
-        self.debias = group.get("ns_debias", False)
-        self.batched = group.get("ns_batched", True)
-        self.distributed = group.get("ns_distributed", True)
+        o = self.options
+        self.steps, self.eps, self.dtype_name = o.ns_steps, o.eps, o.ns_dtype
+        self.scale = SCALES[o.scale]
+        self.debias, self.batched, self.distributed = o.ns_debias, o.ns_batched, o.ns_distributed
 
     @staticmethod
     def handles(p: torch.Tensor) -> bool:
@@ -192,14 +242,26 @@ class NewtonSchulz(Preconditioner):
         return Step(nums, None, sizes, _plain_decay(len(us), self.group))
 
 
-PRECONDITIONERS: dict[str, type[Preconditioner]] = {
-    "adam": Adam,
-    "sign": Sign,
-    "newton-schulz": NewtonSchulz,
-}
+PRECONDITIONERS: dict[str, type[Preconditioner]] = {}
 
 
-def check_adam_options(eps_placement: str, second_moment: str) -> None:
-    """Reject unknown Adam options, naming the value and the valid ones."""
-    check_choice(eps_placement, EPS_PLACEMENTS, "eps_placement")
-    check_choice(second_moment, SECOND_MOMENTS, "second_moment")
+def register_preconditioner(name: str):
+    """Class decorator: make a ``Preconditioner`` available to rules as ``name``."""
+
+    def wrap(cls: type[Preconditioner]) -> type[Preconditioner]:
+        if name in PRECONDITIONERS:
+            raise ValueError(f"preconditioner {name!r} is registered twice")
+        PRECONDITIONERS[name] = cls
+        return cls
+
+    return wrap
+
+
+register_preconditioner("adam")(Adam)
+register_preconditioner("sign")(Sign)
+register_preconditioner("newton-schulz")(NewtonSchulz)
+
+
+def option_keys() -> set[str]:
+    """Every option of every registered preconditioner (the group keys they may read)."""
+    return {f.name for cls in PRECONDITIONERS.values() for f in dataclasses.fields(cls.Options)}

@@ -1,7 +1,7 @@
 """The optimizer registry: a name maps to a typed config class and a builder.
 
 ``build_optimizer(model, cfg)`` is the one entry point the training loop uses; ``cfg.name`` picks
-the optimizer. Adding an optimizer is one ``@register`` call (see README, "Adding an optimizer").
+the optimizer. Adding an optimizer is one ``@register`` call (docs/adding-an-optimizer.md).
 """
 
 from __future__ import annotations

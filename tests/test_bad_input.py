@@ -140,6 +140,33 @@ def test_bad_optimizer_value_is_refused(optimizer, override, expected):
     assert expected in refused(f"optimizer={optimizer}", override)
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw", "mars-m", "muon", "lion"])
+def test_lr_has_one_rule_and_one_message(optimizer):
+    """lr=0 and lr<0 are refused by the same rule, with the same words (optim/options.py)."""
+    zero = refused(f"optimizer={optimizer}", "optimizer.lr=0")
+    negative = refused(f"optimizer={optimizer}", "optimizer.lr=-1e-3")
+    assert "optimizer.lr must be > 0, got 0" in zero
+    assert "optimizer.lr must be > 0, got -0.001" in negative
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optimizer.lr=-1", "optimizer.lr must be"),
+        ("optimizer.adamw_betas=[0.9,1.5]", "optimizer.adamw_betas must be"),
+        ("optimizer.adamw_eps=0", "optimizer.adamw_eps must be"),
+        ("optimizer.weight_decay=-1", "optimizer.weight_decay must be"),
+        ("optimizer.momentum=1.5", "optimizer.momentum must be"),
+        ("optimizer.ns_steps=0", "optimizer.ns_steps must be"),
+        ("optimizer.ns_dtype=float17", "optimizer.ns_dtype 'float17'"),
+        ("optimizer.clip=sometimes", "unknown optimizer.clip"),
+    ],
+)
+def test_mars_m_errors_name_the_full_key(override, key):
+    """Every optimizer error names the key as it is set on the command line."""
+    assert key in refused("optimizer=mars-m", override)
+
+
 def test_cuda_without_cuda_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "device=cuda was asked for but CUDA is not available" in refused("device=cuda")

@@ -161,3 +161,33 @@ def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
             for w, a, b in zip(want, split, off):
                 assert torch.equal(w, a), (name, rank, "split")
                 assert torch.equal(w, b), (name, rank, "off")
+
+
+@pytest.mark.parametrize("global_precision", ["high", "medium"])
+def test_float32_newton_schulz_runs_at_full_precision_under_global_tf32(
+    monkeypatch, global_precision
+):
+    """``set_float32_matmul_precision("high")`` (or ``allow_tf32``) turns float32 matmuls into
+    TF32 on GPUs; ``ns_dtype=float32`` must still mean float32, and the global setting is kept."""
+    import optim.functional as F
+
+    seen = []
+    iterate = F._iterate
+
+    def spy(x, steps):
+        seen.append((x.dtype, torch.get_float32_matmul_precision()))
+        return iterate(x, steps)
+
+    monkeypatch.setattr(F, "_iterate", spy)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(global_precision)
+    try:
+        p = torch.nn.Parameter(torch.randn(8, 4))
+        opt = Muon([p], ns_dtype="float32")
+        p.grad = torch.randn(8, 4)
+        opt.step()
+        F.newton_schulz(torch.randn(4, 4), dtype=torch.bfloat16)
+        assert torch.get_float32_matmul_precision() == global_precision  # restored
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == [(torch.float32, "highest"), (torch.bfloat16, global_precision)]

@@ -67,6 +67,8 @@ def test_mars_adamw_compiled_equals_foreach_without_recompiling_and_state_dicts_
     run(ref, ref_p, 2), run(fus, fus_p, 2)
     compiled = graphs()
     assert fus._fused_off is None and len(fus._fused_ok) == 1
+    assert fus.last_paths == ["fused"] and fus.path_counts["fused"] == 2  # the compiled code ran
+    assert ref.last_paths == ["foreach"]
     run(ref, ref_p, 2, start=2), run(fus, fus_p, 2, start=2)  # lr and bias corrections change
     assert graphs() == compiled, "a changing lr or step count recompiled the fused step"
     assert_same(ref_p, ref, fus_p, fus)
@@ -90,6 +92,7 @@ def check_rule(make, steps=3):
     ref, fus = make(ref_p, False), make(fus_p, True)
     run(ref, ref_p, steps), run(fus, fus_p, steps)
     assert fus._fused_off is None and fus._fused_ok
+    assert "fused" in fus.last_paths and "fused-fallback" not in fus.path_counts
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -142,6 +145,7 @@ def test_unavailable_compiler_falls_back_to_foreach_with_a_logged_reason(monkeyp
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 2), run(fus, fus_p, 2)
     assert "no C++ compiler (test)" in caplog.text and not fus._fused_ok
+    assert fus.fused_off_reason == "no C++ compiler (test)" and "fused" not in fus.path_counts
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -158,6 +162,53 @@ def test_a_compile_error_runs_the_same_step_eagerly_then_foreach(monkeypatch, ca
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 3), run(fus, fus_p, 3)
     assert "inductor exploded (test)" in fus._fused_off and "inductor exploded" in caplog.text
+    # step 1: the 2-D bucket compiles, fails, runs eagerly; then 5 buckets on foreach
+    assert fus.path_counts == {"fused-fallback": 1, "foreach": 5}
+    assert_same(ref_p, ref, fus_p, fus)
+
+
+class OlderDynamoConfig:
+    """torch 2.5's dynamo config: the recompile limit is ``cache_size_limit``; ``patch``
+    refuses a name it does not have, as torch's does."""
+
+    cache_size_limit = 8
+    force_parameter_static_shapes = True
+
+    def __init__(self):
+        self.patched = {}
+
+    def patch(self, **options):
+        unknown = [k for k in options if not hasattr(self, k)]
+        if unknown:
+            raise AttributeError(f"{unknown[0]} does not exist")
+        self.patched = options
+        return torch._dynamo.config.patch(force_parameter_static_shapes=False)
+
+
+def test_older_torch_names_the_recompile_limit_cache_size_limit(monkeypatch):
+    older = OlderDynamoConfig()
+    monkeypatch.setattr(fused_path, "_dynamo_config", lambda: older)
+    ref_p, fus_p = make_params(MATRICES), make_params(MATRICES)
+    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, fused=False)
+    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, fused=True)
+    run(ref, ref_p, 2), run(fus, fus_p, 2)
+    assert older.patched == {"cache_size_limit": 64, "force_parameter_static_shapes": False}
+    assert fus.path_counts == {"fused": 2} and fus.fused_off_reason is None
+    assert_same(ref_p, ref, fus_p, fus)
+
+
+def test_unpatchable_dynamo_config_falls_back_with_a_reason_never_raises(monkeypatch, caplog):
+    class Broken:
+        def patch(self, **options):
+            raise RuntimeError("no such config (test)")
+
+    monkeypatch.setattr(fused_path, "_dynamo_config", Broken)
+    ref_p, fus_p = make_params(), make_params()
+    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=True)
+    with caplog.at_level(logging.WARNING, logger="optim.core"):
+        run(ref, ref_p, 2), run(fus, fus_p, 2)
+    assert "no such config (test)" in fus.fused_off_reason and "no such config" in caplog.text
+    assert "fused" not in fus.path_counts and fus.path_counts["fused-fallback"] == 1
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -168,6 +219,6 @@ def test_cuda_default_is_compiled_and_equals_foreach():
     fus_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
     ref, fus = MARS(ref_p, fused=False), MARS(fus_p)
     run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert fus._fused_ok and fus._fused_off is None
+    assert fus._fused_ok and fus._fused_off is None and fus.path_counts["fused"] == 6
     for a, b in zip(ref_p, fus_p):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -178,7 +178,7 @@ def test_gamma_zero_without_clipping_is_torch_adamw():
 def test_first_step_correction_and_v_from_clipped_c():
     g_small = torch.full((4, 4), 0.01, dtype=torch.float64)
     p = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))
-    opt = MARS([p], lr=0.0, lr_1d=0.0)
+    opt = MARS([p], lr=1e-3)  # m and v do not depend on lr
     p.grad = g_small.clone()
     opt.step()
     kappa = 0.025 * 0.95 / 0.05
@@ -188,7 +188,7 @@ def test_first_step_correction_and_v_from_clipped_c():
     torch.testing.assert_close(opt.state[p]["exp_avg_sq"], 0.01 * c1 * c1)
 
     q = torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.float64))
-    opt = MARS([q], lr=0.0, lr_1d=0.0)
+    opt = MARS([q], lr=1e-3)
     q.grad = torch.randn(4, 4, dtype=torch.float64) * 10
     opt.step()
     c = (1 + kappa) * q.grad

@@ -5,7 +5,7 @@ written, so that bad input is refused with one line that names the value and the
   config to new keys; every key must still be a field of its dataclass (the optimizer's: the
   registered config class of ``optimizer.name``).
 - ``check_values``: what the dataclasses' own checks cannot see alone (every float finite,
-  lr > 0, min_lr <= lr, warmup within the run, paths usable, the device present).
+  min_lr <= lr, warmup within the run, paths usable, the device present).
 - ``check_resume_source``: an explicit ``resume=PATH`` is a checkpoint of this format, of the
   configured model's shapes and of the configured optimizer; read without loading its tensors.
 - ``redact``: values of secret environment variables (``*_KEY``, ``*_TOKEN``, ``*_SECRET``,
@@ -100,9 +100,7 @@ def check_values(cfg: Any, values: dict) -> None:
     for key, value in _floats(values):
         if not math.isfinite(value):
             raise ValueError(f"{key} must be a finite number, got {value}")
-    lr = getattr(cfg.optimizer, "lr", None)
-    if lr is not None and lr <= 0:
-        raise ValueError(f"optimizer.lr must be > 0, got {lr}")
+    lr = getattr(cfg.optimizer, "lr", None)  # its value: the optimizer's config (optim/options.py)
     sched = cfg.schedule
     if lr is not None and sched.min_lr > lr:
         raise ValueError(f"schedule.min_lr ({sched.min_lr}) must not exceed optimizer.lr ({lr})")
