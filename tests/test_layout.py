@@ -1,4 +1,4 @@
-"""The layout's dependency rules (README "Layout"), read from the import statements."""
+"""The layout's dependency rules (README "Where things are"), read from the import statements."""
 
 import ast
 import sys
