@@ -118,8 +118,10 @@ def optimizer_fields() -> dict[str, Schema]:
             func = getattr(node, "func", None)
             if isinstance(node, ast.Call) and getattr(func, "id", "") == "register":
                 args = node.args
-                if len(args) >= 2 and isinstance(args[0], ast.Constant) and isinstance(
-                    args[1], ast.Name
+                if (
+                    len(args) >= 2
+                    and isinstance(args[0], ast.Constant)
+                    and isinstance(args[1], ast.Name)
                 ):
                     found[args[0].value] = fields(module, args[1].id)
     return found
@@ -191,7 +193,9 @@ def _unknown_in(
             full, close = prefix + ".".join(parts), _closest(part, node or {})
             if close is None:
                 return full
-            return f"{full} (did you mean {prefix}{'.'.join([*parts[:i], close, *parts[i + 1:]])}?)"
+            return (
+                f"{full} (did you mean {prefix}{'.'.join([*parts[:i], close, *parts[i + 1 :]])}?)"
+            )
         node = node[part]
         if not prefix and i == 0 and part == "optimizer" and optimizers and len(parts) > 1:
             for name, opt in optimizers.items():
@@ -230,9 +234,7 @@ def unknown_overrides(
                 if option not in valid and option != "null":
                     close = _closest(option, valid)
                     hint = f" (did you mean {o.key}={close}?)" if close else ""
-                    problems.append(
-                        f"unknown {o.key} {option!r}{hint}; valid: {', '.join(valid)}"
-                    )
+                    problems.append(f"unknown {o.key} {option!r}{hint}; valid: {', '.join(valid)}")
             continue
         if "/" in o.key:
             close = _closest(o.key, groups)
