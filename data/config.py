@@ -30,16 +30,13 @@ class DataConfig:
 
 
 def missing_data_dir(name: str, directory: str | Path) -> str | None:
-    """Why ``directory`` cannot be ``data.dir``: it does not exist, and it is not the default
-    directory (``data/shards/<name>``) of a corpus that a run prepares by itself (the embedded
-    one). A mistyped path must not be filled silently: preparing into a new directory is asked
-    for with ``python -m data.prepare``. None when it is fine."""
-    from data.catalog import AUTO_PREPARE
-
+    """Why ``directory`` cannot be ``data.dir``: it does not exist and is not the source's default
+    directory ``data/shards/<name>`` (there, the embedded corpus is prepared on first use, and
+    any other source's message says how to prepare it). A mistyped path is never filled
+    silently: preparing into a new directory is asked for with ``python -m data.prepare``. None
+    when it is fine."""
     path = Path(directory)
-    if path.exists():
-        return None
-    if name in AUTO_PREPARE and path.absolute() == (Path("data/shards") / name).absolute():
+    if path.exists() or path.absolute() == (Path("data/shards") / name).absolute():
         return None
     return (
         f"data.dir={directory} does not exist; give the directory of the token shards, or "
