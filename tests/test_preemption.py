@@ -161,6 +161,7 @@ def test_checkpoint_into_a_read_only_directory(tmp_path, sotu_dir, monkeypatch):
 
 
 def test_files_get_the_umask_permissions(tmp_path, sotu_dir):
+    from model import GPT
     from model.hf import save_hf
 
     old = os.umask(0o027)
@@ -168,7 +169,7 @@ def test_files_get_the_umask_permissions(tmp_path, sotu_dir):
         out = tmp_path / "run"
         run(out, sotu_dir, "max_steps=1")
         typed, _ = fast_config(out, sotu_dir)
-        model = train.GPT(typed.model)
+        model = GPT(typed.model)
         save_hf(model, tmp_path / "hf")
     finally:
         os.umask(old)
