@@ -26,6 +26,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -219,10 +220,14 @@ def check_command_line(args: list[str]) -> list[Override]:
     return overrides
 
 
+_ENUMERABLE = (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP)
+
+
 def _options(override) -> tuple[str, ...]:
     """The values of a parsed override as strings: each of a sweep's, or its one value."""
-    if override.is_sweep_override():
-        return tuple(override.sweep_string_iterator())
+    if override.is_sweep_override():  # a glob or interval is left to Hydra: not enumerable here
+        kind = override.value_type
+        return tuple(override.sweep_string_iterator()) if kind in _ENUMERABLE else ()
     value = override.value()
     return () if value is None else (value if isinstance(value, str) else str(value),)
 

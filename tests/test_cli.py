@@ -101,6 +101,8 @@ def test_misspelt_name_is_refused_with_one_line(args, expected):
         ["experiment=owt/small-mars-adamw", "optimizer.gamma=0.1"],
         ["hydra/launcher=submitit_local", "+hydra.job.env_set.X=1", "wandb.tags=[a,b]"],
         ["~wandb.entity", "--cfg", "job", "model.n_layer=2", "name=try2"],
+        ["--multirun", "optimizer=glob(mars-*)", "optimizer.gamma=0.1", "seed=range(1,3)"],
+        ["--multirun", "optimizer.lr=interval(1e-4,1e-3)"],
     ],
 )
 def test_real_names_pass(args):

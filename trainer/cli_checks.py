@@ -159,12 +159,12 @@ def _choice_in(path: Path, group: str) -> str | None:
 def chosen_options(overrides: list[Override], group: str) -> list[str]:
     """The options of ``group`` a command line runs with: its own, else its experiments', else
     configs/config.yaml's default."""
-    own = [o.options for o in overrides if o.key == group and o.options]
-    if own:
+    own = [o.options for o in overrides if o.key == group]
+    if own:  # none when Hydra alone can list them (a glob): its keys are checked after composing
         return list(own[-1])
     default = {k: v for e in _defaults(CONFIGS / "config.yaml") if isinstance(e, dict)
                for k, v in e.items()}  # fmt: skip
-    experiments = [o.options for o in overrides if o.key == "experiment" and o.options]
+    experiments = [o.options for o in overrides if o.key == "experiment"]
     chosen = []
     for experiment in experiments[-1] if experiments else [default.get("experiment")]:
         path = CONFIGS / "experiment" / f"{experiment}.yaml"
