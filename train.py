@@ -232,6 +232,23 @@ def _options(override) -> tuple[str, ...]:
     return () if value is None else (value if isinstance(value, str) else str(value),)
 
 
+def check_composition(overrides: list[str]) -> None:
+    """Compose the config once as Hydra is about to, so that what Hydra would report in five lines
+    (a value of the wrong type: ``max_steps=many``) ends the command with one."""
+    from hydra import compose, initialize_config_dir
+
+    ours = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    try:
+        with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"),
+                                   version_base=None):  # fmt: skip
+            compose(config_name="config", overrides=ours)
+    except (HydraException, OmegaConfBaseException) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+        key = getattr(cause, "full_key", None)
+        line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise SystemExit(f"config error: {f'{key}: ' if key else ''}{line}") from None
+
+
 def remove_empty_job_dir(out_dir: str | None) -> None:
     """A sweep job given its own ``out_dir`` leaves Hydra's job directory empty: remove it."""
     if out_dir is None or not HydraConfig.initialized():
@@ -267,6 +284,8 @@ def cli() -> None:
     """The command line. Under torchrun, one process group serves the whole process, so
     ``--multirun`` runs every job of a sweep over it, in the same order on every rank."""
     overrides = check_command_line(sys.argv[1:])
+    if not any(o.swept for o in overrides):
+        check_composition([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
     from runtime.distributed import destroy, init_for_sweep
     from trainer.sweeps import record_swept_keys
 

@@ -216,9 +216,32 @@ def test_the_same_command_continues_after_a_kill(tmp_path, command, uninterrupte
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name == uninterrupted.name  # no time stamp: the command names the directory
     if sig == "SIGTERM":  # the message says how to continue: the same command
-        assert "to continue, run the same command again: python train_hooked.py" in stopped.stdout + stopped.stderr
+        assert (
+            "to continue, run the same command again: python train_hooked.py"
+            in stopped.stdout + stopped.stderr
+        )
     again = launch(tmp_path, command)  # the identical command
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout + again.stderr
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run_dir.name]
     assert numbers(run_dir) == numbers(uninterrupted)
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        (
+            "max_steps=many",
+            "max_steps: Value 'many' of type 'str' could not be converted to Integer",
+        ),
+        ("progress=maybe", "progress: Value 'maybe' is not a valid bool"),
+    ],
+)
+def test_value_of_the_wrong_type_is_one_line_too(override, expected):
+    """What Hydra itself reports when it composes (five lines) is one line as well."""
+    with pytest.raises(SystemExit) as info:
+        train.check_composition([override])
+    message = str(info.value.code)
+    assert message.startswith(f"config error: {expected}")
+    assert "\n" not in message
+    train.check_composition(["max_steps=7", "+hydra.job.env_set.X=1"])  # fine
