@@ -20,26 +20,40 @@ import datetime
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from data import ensure_prepared, find_shards, num_val_windows, val_batches
-from evals.config import EvalConfig
-from evals.data import load_rows
-from evals.harness import evaluate_examples
-from evals.loading import LoadedModel, load_model
-from evals.tasks import TASKS, Example, build_examples, table
-from runtime.device import resolve_dtype, tune_host_allocator
-from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed
-from trainer import checks
-from trainer.evaluation import validation_loss
-from trainer.logs import setup_logging
+from trainer.cli_checks import Override, check_eval_overrides
+
+if __name__ == "__main__":  # before the slow imports below: a misspelt key is refused at once
+    try:
+        check_eval_overrides([
+            Override(o.key_or_group) for o in OverridesParser.create().parse_overrides(
+                [a for a in sys.argv[1:] if ("=" in a or a[:1] == "~") and a[:1] != "-"])
+        ])  # fmt: skip
+    except (ValueError, HydraException) as exc:
+        raise SystemExit(f"config error: {str(exc).strip().splitlines()[0]}") from None
+
+from data import ensure_prepared, find_shards, num_val_windows, val_batches  # noqa: E402
+from evals.config import EvalConfig  # noqa: E402
+from evals.data import load_rows  # noqa: E402
+from evals.harness import evaluate_examples  # noqa: E402
+from evals.loading import LoadedModel, load_model  # noqa: E402
+from evals.tasks import TASKS, Example, build_examples, table  # noqa: E402
+from runtime.device import resolve_dtype, tune_host_allocator  # noqa: E402
+from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed  # noqa: E402
+from trainer import checks  # noqa: E402
+from trainer.evaluation import validation_loss  # noqa: E402
+from trainer.logs import setup_logging  # noqa: E402
 
 log = logging.getLogger("eval")
 

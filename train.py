@@ -20,36 +20,26 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from tqdm.contrib.logging import logging_redirect_tqdm
 
-import optim
-from data import ensure_prepared
-from runtime.device import configure_backends, resolve_dtype
-from runtime.distributed import (
-    DistInfo,
-    barrier,
-    destroy,
-    init_distributed,
-    init_for_sweep,
-    pick_device,
-)
-from trainer import checks
-from trainer.config import TrainConfig, grad_accum_steps
-from trainer.logs import setup_logging
-from trainer.meter import Meter
-from trainer.preemption import Preempted
-from trainer.run import finish_run, on_main, prepare_out_dir
-from trainer.rundir import run_dir_name
-from trainer.sweeps import launch_time, record_swept_keys, sweep_dir, sweep_job_dir
-from trainer.trainer import Trainer, build_trainer
+from trainer.cli_checks import Override, check_train_overrides, group_options
+
+# The training code (torch and everything above it) is imported where it is used: a command
+# line with a misspelt key is refused before those seconds of imports (docs/input-checks.md).
+if TYPE_CHECKING:
+    from runtime.distributed import DistInfo
+    from trainer.config import TrainConfig
+    from trainer.trainer import Trainer
 
 log = logging.getLogger("train")
 
@@ -57,6 +47,8 @@ log = logging.getLogger("train")
 def run(trainer: Trainer) -> None:
     """The loop: a step, then at their intervals the log line, the validation loss and a
     checkpoint; a stop signal agreed by every rank ends it early with a checkpoint."""
+    from trainer.meter import Meter
+
     cfg, state = trainer.cfg, trainer.state
     if state.step >= cfg.max_steps:
         log.info("run already complete at step %d (max_steps=%d)", state.step, cfg.max_steps)
@@ -89,18 +81,26 @@ def run(trainer: Trainer) -> None:
 def default_run_dir(cfg: TrainConfig) -> str:
     """Where a run without ``out_dir`` goes: in a ``--multirun`` sweep the job's directory under
     the sweep's parent (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
-    ``runs/<name>[_<overrides>]_<launch time>``."""
+    ``runs/<name>[_<overrides>]``. No time stamp: the same command, the same directory, so
+    running a stopped command again continues its run (docs/failures.md)."""
+    from trainer.rundir import run_dir_name
+
     name = cfg.name or cfg.optimizer.name
     if not HydraConfig.initialized():
-        return run_dir_name(name, [], launch_time())
+        return run_dir_name(name, [])
     hc = HydraConfig.get()
     if hc.mode == RunMode.MULTIRUN:
         return hc.runtime.output_dir
-    return run_dir_name(name, hc.overrides.task, launch_time())
+    return run_dir_name(name, list(hc.overrides.task))
 
 
 def train(cfg: TrainConfig, config_dict: dict) -> dict:
     """Run training as configured; returns the summary (also written to summary.json)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    from runtime.distributed import destroy, init_distributed
+    from trainer.logs import setup_logging
+
     dist = init_distributed(cfg.device)
     setup_logging(dist.is_main)
     try:
@@ -111,6 +111,14 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
+    from data import ensure_prepared
+    from runtime.device import configure_backends
+    from runtime.distributed import barrier
+    from trainer.config import grad_accum_steps
+    from trainer.preemption import Preempted
+    from trainer.run import finish_run, on_main, prepare_out_dir
+    from trainer.trainer import build_trainer
+
     grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
     name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
     out_dir, resume_path = prepare_out_dir(name, cfg.resume, config_dict, dist)
@@ -130,25 +138,57 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     finally:
         trainer.logger.close()
     if trainer.stopped_by:  # checkpoint written; train.py exits with REQUEUE_EXIT_CODE
-        raise Preempted(trainer.stopped_by, trainer.state.step, str(out_dir))
+        raise Preempted(trainer.stopped_by, trainer.state.step, str(out_dir), resume_command())
     params, wall_s = trainer.raw_model.num_params(), time.perf_counter() - start
     return finish_run(cfg, dist, trainer.state, out_dir, parameters=params, wall_seconds=wall_s,
                       elapsed_s=trainer.elapsed())  # fmt: skip
 
 
+def resume_command() -> str:
+    """The command that continues this run: the one that started it (its directory's name
+    depends only on it), secrets redacted."""
+    import shlex
+
+    from trainer.checks import redact
+
+    launcher = "torchrun ... " if os.environ.get("TORCHELASTIC_RUN_ID") else "python "
+    return launcher + shlex.join(redact([os.path.basename(sys.argv[0]), *sys.argv[1:]]))
+
+
 def register_schemas() -> None:
     """Typed schemas: the top level, and one per registered optimizer in group
     ``schema/optimizer``, which configs/optimizer/*.yaml extend (``/schema/optimizer/<name>@_here_``);
-    kept out of group ``optimizer``, so that only real optimizers can be chosen there."""
+    kept out of group ``optimizer``, so that only real optimizers can be chosen there. Also the
+    resolvers of configs/config.yaml (sweep directories, the groups of ``--help``)."""
+    import optim
+    from trainer.config import TrainConfig
+    from trainer.sweeps import sweep_dir, sweep_job_dir
+
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=TrainConfig)
     for name in optim.available():
         cs.store(group="schema/optimizer", name=name, node=optim.get_spec(name).config_cls)
+    OmegaConf.register_new_resolver("sweep_dir", sweep_dir, replace=True)
+    OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
+    OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
+
+
+def config_groups() -> str:
+    """The groups a user chooses from and their options, for ``--help``."""
+    from trainer.cli_checks import GROUPS
+
+    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in GROUPS)
 
 
 def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     """The composed config as dataclasses and as a plain dict (for saving), every value checked
     (trainer/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
+    import optim
+    from runtime.device import resolve_dtype
+    from runtime.distributed import pick_device
+    from trainer import checks
+    from trainer.config import TrainConfig
+
     try:
         values = OmegaConf.to_container(cfg, resolve=True)
         name = cfg.optimizer.name
@@ -164,6 +204,51 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     return typed, checks.redact(values)
 
 
+def check_command_line(args: list[str]) -> list[Override]:
+    """The overrides of ``args``, each naming a real key, group and option; otherwise exit with
+    one line (``config error: unknown config key max_step (did you mean max_steps?)``). Made
+    before torch is imported, so that a typo is refused in about a second."""
+    texts = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
+    try:
+        parsed = OverridesParser.create().parse_overrides(texts)
+        overrides = [
+            Override(o.key_or_group, _options(o), o.is_sweep_override()) for o in parsed
+        ]  # fmt: skip
+        check_train_overrides(overrides)
+    except (ValueError, HydraException) as exc:
+        raise SystemExit(f"config error: {str(exc).strip().splitlines()[0]}") from None
+    return overrides
+
+
+_ENUMERABLE = (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP)
+
+
+def _options(override) -> tuple[str, ...]:
+    """The values of a parsed override as strings: each of a sweep's, or its one value."""
+    if override.is_sweep_override():  # a glob or interval is left to Hydra: not enumerable here
+        kind = override.value_type
+        return tuple(override.sweep_string_iterator()) if kind in _ENUMERABLE else ()
+    value = override.value()
+    return () if value is None else (value if isinstance(value, str) else str(value),)
+
+
+def check_composition(overrides: list[str]) -> None:
+    """Compose the config once as Hydra is about to, so that what Hydra would report in five lines
+    (a value of the wrong type: ``max_steps=many``) ends the command with one."""
+    from hydra import compose, initialize_config_dir
+
+    ours = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
+    try:
+        with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"),
+                                   version_base=None):  # fmt: skip
+            compose(config_name="config", overrides=ours)
+    except (HydraException, OmegaConfBaseException) as exc:
+        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+        key = getattr(cause, "full_key", None)
+        line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise SystemExit(f"config error: {f'{key}: ' if key else ''}{line}") from None
+
+
 def remove_empty_job_dir(out_dir: str | None) -> None:
     """A sweep job given its own ``out_dir`` leaves Hydra's job directory empty: remove it."""
     if out_dir is None or not HydraConfig.initialized():
@@ -175,16 +260,13 @@ def remove_empty_job_dir(out_dir: str | None) -> None:
             job_dir.rmdir()
 
 
-register_schemas()
-OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("sweep_dir", sweep_dir, replace=True)
-OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
-
-
 @hydra.main(
     version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config"
 )
 def main(cfg: DictConfig) -> None:
+    from trainer import checks
+    from trainer.preemption import Preempted
+
     if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra's record of the sweep's command line
         checks.redact_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
     typed, as_dict = to_typed(cfg)
@@ -201,15 +283,19 @@ def main(cfg: DictConfig) -> None:
 def cli() -> None:
     """The command line. Under torchrun, one process group serves the whole process, so
     ``--multirun`` runs every job of a sweep over it, in the same order on every rank."""
+    overrides = check_command_line(sys.argv[1:])
+    if not any(o.swept for o in overrides):
+        check_composition([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
+    from runtime.distributed import destroy, init_for_sweep
+    from trainer.sweeps import record_swept_keys
+
     # Jobs that Hydra's submitit launcher starts (Slurm or local) import this project by name,
     # from whatever directory they start in.
     root = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     )
-    overrides = [a for a in sys.argv[1:] if "=" in a and not a.startswith("-")]
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    record_swept_keys([o.key_or_group for o in parsed if o.is_sweep_override()])
+    record_swept_keys([o.key for o in overrides if o.swept])
     owns_group = init_for_sweep()
     try:
         main()
@@ -218,9 +304,21 @@ def cli() -> None:
             destroy(force=True)
 
 
+def __getattr__(name: str):
+    """``train.init_distributed`` and ``train.destroy``, imported when first asked for."""
+    if name in ("init_distributed", "destroy"):
+        import runtime.distributed
+
+        return getattr(runtime.distributed, name)
+    raise AttributeError(f"module 'train' has no attribute {name!r}")
+
+
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])  # before the slow imports: a typo is refused at once
     # Run the importable module's copy, so Hydra's submitit launcher can pickle the task
     # function by reference (a function of __main__ would be pickled with all its globals).
     import train as _train
 
     _train.cli()
+else:
+    register_schemas()

@@ -29,6 +29,22 @@ class DataConfig:
             )
 
 
+def missing_data_dir(name: str, directory: str | Path) -> str | None:
+    """Why ``directory`` cannot be ``data.dir``: it does not exist and is not the source's default
+    directory ``data/shards/<name>`` (there, the embedded corpus is prepared on first use, and
+    any other source's message says how to prepare it). A mistyped path is never filled
+    silently: preparing into a new directory is asked for with ``python -m data.prepare``. None
+    when it is fine."""
+    path = Path(directory)
+    if path.exists() or path.absolute() == (Path("data/shards") / name).absolute():
+        return None
+    return (
+        f"data.dir={directory} does not exist; give the directory of the token shards, or "
+        f"prepare the {name or 'data'} corpus into it first: "
+        f"python -m data.prepare {name or 'SOURCE'} --out {directory}"
+    )
+
+
 def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:
     """Return the (train, val) shard files of ``cfg``, sorted; say how to prepare them if absent."""
     found = []

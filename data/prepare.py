@@ -43,6 +43,7 @@ from data.catalog import (
     resolve_source,
     with_overrides,
 )
+from data.config import missing_data_dir
 from data.shards import find_shards, read_header
 from data.sources import HubDataset, HubUnavailableError, LocalFiles, SotuCorpus
 from data.tokenizer import VOCAB_SIZE
@@ -282,6 +283,9 @@ def ensure_prepared(name: str, directory: str | Path) -> None:
         return
     except FileNotFoundError:
         pass
+    missing = missing_data_dir(name, directory)
+    if missing:
+        raise FileNotFoundError(missing)
     if name in AUTO_PREPARE:
         log.info("no token shards in %s: preparing the embedded %r corpus there", directory, name)
         prepare(name, directory)

@@ -177,8 +177,38 @@ def test_unusable_paths_are_refused(tmp_path):
     a_file.write_text("x")
     assert "out_dir=" in refused(f"out_dir={a_file}")
     assert "data.dir=" in refused(f"data.dir={a_file / 'below'}")
-    typed, _ = train.to_typed(config_with(f"data.dir={tmp_path / 'new' / 'dir'}"))
-    assert typed.data.dir.endswith("dir")  # a directory that can be created is fine
+    typed, _ = train.to_typed(config_with(f"out_dir={tmp_path / 'new' / 'dir'}"))
+    assert typed.out_dir.endswith("dir")  # a directory that can be created is fine
+
+
+def test_data_dir_that_does_not_exist_is_refused(tmp_path):
+    """A mistyped data.dir is not filled with a corpus: only the embedded corpus's default
+    directory is prepared on first use."""
+    from data import ensure_prepared
+
+    nope = tmp_path / "nope"
+    message = refused(f"data.dir={nope}")
+    assert f"data.dir={nope} does not exist" in message
+    assert f"python -m data.prepare sotu --out {nope}" in message
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ensure_prepared("sotu", nope)
+    assert not nope.exists()
+    train.to_typed(config_with("data.dir=data/shards/sotu"))  # the default: prepared on first use
+
+
+def test_unreadable_checkpoint_says_what_and_how_to_fix(tmp_path):
+    from trainer.checkpoint import read_checkpoint
+
+    path = tmp_path / "step_0000001.pt"
+    torch.save({"x": torch.zeros(1000)}, path)
+    path.write_bytes(path.read_bytes()[:1000])  # cut short, as by a kill while writing
+    with pytest.raises(ValueError) as info:
+        read_checkpoint(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{path} is not a readable checkpoint: ")
+    assert "high likelihood" not in message  # torch's long text, once cut mid-sentence
+    assert message.endswith("resume=auto falls back to the previous checkpoint; or delete the "
+                            "file, or pick another with resume=PATH")  # fmt: skip
 
 
 class Foreign:  # an object that weights_only loading refuses

@@ -161,6 +161,7 @@ def test_checkpoint_into_a_read_only_directory(tmp_path, sotu_dir, monkeypatch):
 
 
 def test_files_get_the_umask_permissions(tmp_path, sotu_dir):
+    from model import GPT
     from model.hf import save_hf
 
     old = os.umask(0o027)
@@ -168,7 +169,7 @@ def test_files_get_the_umask_permissions(tmp_path, sotu_dir):
         out = tmp_path / "run"
         run(out, sotu_dir, "max_steps=1")
         typed, _ = fast_config(out, sotu_dir)
-        model = train.GPT(typed.model)
+        model = GPT(typed.model)
         save_hf(model, tmp_path / "hf")
     finally:
         os.umask(old)
@@ -206,7 +207,6 @@ def torchrun(cwd: Path, *args: str, restarts: int = 0) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            f"--max-restarts={restarts}", str(script), *FAST, *OVERRIDES, *args]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    env.pop("MARS_GPT2_LAUNCH_TIME", None)
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
 
@@ -277,7 +277,8 @@ def test_sigterm_under_torchrun_stops_every_rank_and_resume_is_exact(tmp_path, s
 def test_torchrun_restart_after_a_killed_worker_continues_the_same_run(
     tmp_path, sotu_dir, straight2
 ):
-    """No out_dir: the default run directory must survive the restart (trainer/elastic.py)."""
+    """No out_dir: the restarted workers name the same default run directory (it depends on the
+    command line only) and continue the run."""
     proc = torchrun(tmp_path, f"data.dir={sotu_dir}", "ckpt_every=2", restarts=1)
     wait_for_step("runs/*/metrics.jsonl", tmp_path, 5, proc)
     workers = children(proc.pid)

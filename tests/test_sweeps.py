@@ -31,7 +31,7 @@ def test_the_demo_is_the_default_experiment(overrides):
     assert typed.optimizer.name == "adamw" and typed.max_steps == 150
     assert typed.schedule.warmup_steps == 15 and typed.schedule.min_lr == 1e-4
     assert typed.batch_tokens == 2048 and typed.eval_tokens == 16384
-    assert plain["name"] == "adamw"  # the optimizer's name: runs/adamw_<time>
+    assert plain["name"] == "adamw"  # the optimizer's name: runs/adamw
 
 
 def test_command_line_wins_over_the_demo():
@@ -43,17 +43,46 @@ def test_command_line_wins_over_the_demo():
 
 
 def test_run_dir_names_say_what_differs():
-    stamp = "2026-11-23_10-00-00"
-    assert run_dir_name("adamw", [], stamp) == "runs/adamw_2026-11-23_10-00-00"
+    assert run_dir_name("adamw", []) == "runs/adamw"
     assert run_dir_name("mars-adamw", ["optimizer=mars-adamw", "optimizer.lr=0.003", "seed=2",
-                                       "progress=false", "out_dir=x", "wandb.mode=offline"],
-                        stamp) == "runs/mars-adamw_optimizer.lr=0.003,seed=2_" + stamp  # fmt: skip
-    name = run_dir_name("owt/small-adamw", ["experiment=owt/small-adamw", "data.dir=/d/owt"], stamp)
-    assert name == "runs/owt/small-adamw_data.dir=-d-owt_" + stamp
-    long = override_tag([f"optimizer.lr={i}e-3" for i in range(40)])
-    assert len(long) <= 120 and long != override_tag([f"optimizer.lr={i}e-3" for i in range(41)])
+                                       "progress=false", "out_dir=x", "wandb.mode=offline"]
+                        ) == "runs/mars-adamw_optimizer.lr=0.003,seed=2"  # fmt: skip
+    name = run_dir_name("owt/small-adamw", ["experiment=owt/small-adamw", "data.dir=/d/owt"])
+    assert name == "runs/owt/small-adamw_data.dir=-d-owt"
+    long = override_tag([f"optimizer.lr{i}={i}e-3" for i in range(40)])
+    assert len(long) <= 120 and long != override_tag([f"optimizer.lr{i}={i}e-3" for i in range(41)])
     assert sweep_job_dir_name(["experiment=owt/small-adamw"], 0) == "experiment=owt-small-adamw"
     assert sweep_job_dir_name([], 3) == "job3"
+
+
+def test_the_same_command_names_the_same_directory():
+    """No time stamp; the order of the overrides does not matter, a key given twice counts with
+    its last value (as Hydra does), and overrides that change nothing a run computes (where it
+    runs, what it shows, how often it checkpoints) are left out."""
+    a = run_dir_name("adamw", ["seed=2", "optimizer.lr=0.003"])
+    assert (
+        a
+        == run_dir_name("adamw", ["optimizer.lr=0.003", "seed=2"])
+        == run_dir_name("adamw", ["seed=1", "optimizer.lr=0.003", "seed=2"])
+    )
+    same = ["device=cpu", "compile=true", "log_every=1", "eval_every=0", "ckpt_every=5",
+            "progress=false", "micro_batch_size=4", "wandb.mode=offline", "resume=auto"]  # fmt: skip
+    assert run_dir_name("adamw", ["seed=2", "optimizer.lr=0.003", *same]) == a
+    assert run_dir_name("adamw", ["max_steps=10"]) == "runs/adamw_max_steps=10"  # the schedule
+
+
+def test_a_relaunched_sweep_names_the_same_directories(monkeypatch):
+    from trainer import sweeps
+
+    for _ in range(2):  # two launches of the same sweep command
+        monkeypatch.delenv(sweeps.SWEEP_ENV, raising=False)
+        sweeps.record_swept_keys(["optimizer.lr"])
+        parent = sweeps.sweep_dir("adamw", ["seed=1", "optimizer.lr=0.001"])
+        job = sweeps.sweep_job_dir(["seed=1", "optimizer.lr=0.001"], 0)
+        assert (parent, job) == ("runs/adamw-sweep_seed=1", "optimizer.lr=0.001")
+    monkeypatch.delenv(sweeps.SWEEP_ENV)
+    sweeps.record_swept_keys(["optimizer"])
+    assert sweeps.sweep_dir("adamw", ["optimizer=adamw", "seed=1"]) == "runs/sweep_seed=1"
 
 
 # --- processes -----------------------------------------------------------------------------------
@@ -94,9 +123,8 @@ def test_single_run_directory_is_named_after_the_run(tmp_path, sotu_dir):
             "progress=false"]  # fmt: skip
     _python(args, cwd=tmp_path)
     (made,) = (tmp_path / "runs").iterdir()
-    assert made.name.startswith("mars-adamw_") and "optimizer.lr=0.002" in made.name
-    assert "data.dir" in made.name  # an override that changes the run; progress=false is not
-    assert "progress" not in made.name
+    data = str(sotu_dir).replace("/", "-")
+    assert made.name == f"mars-adamw_data.dir={data},max_steps=1,optimizer.lr=0.002"
 
 
 @pytest.mark.slow
@@ -105,7 +133,8 @@ def test_torchrun_multirun_jobs_equal_their_single_runs(tmp_path, sotu_dir):
     common = _common(sotu_dir)
     _python(["--multirun", "seed=1", *common, "optimizer.lr=0.001,0.003"], tmp_path, nproc=2)
     (sweep,) = (tmp_path / "runs").iterdir()
-    assert sweep.name.startswith("mars-adamw_seed=1,")  # named by the overrides jobs share
+    assert sweep.name.startswith("mars-adamw-sweep_")  # named by the overrides jobs share
+    assert "optimizer.lr" not in sweep.name  # the swept key names the jobs, not the parent
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert jobs == ["optimizer.lr=0.001", "optimizer.lr=0.003"]
     for lr in ("0.001", "0.003"):

@@ -178,9 +178,21 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
 
 
 def _reason(exc: BaseException) -> str:
+    """What is wrong with an unreadable checkpoint and the fix, as the end of one line: the
+    loader's first sentence (torch's zip errors go on for lines), never cut mid-word."""
+    fix = ("resume=auto falls back to the previous checkpoint; or delete the file, or pick "
+           "another with resume=PATH")  # fmt: skip
     if isinstance(exc, pickle.UnpicklingError):
-        return "it holds objects other than tensors and plain values, which are never loaded"
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        return (
+            f"it holds objects other than tensors and plain values, which are never loaded; {fix}"
+        )
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first.split(". ")[0].rstrip(".")
+    if len(first) > 160:
+        first = first[:160].rsplit(" ", 1)[0] + " ..."
+    if "zip archive" in first or "central directory" in first or "Errno" in first:
+        first += " (cut short or damaged: a kill or a full disk while it was written)"
+    return f"{first}; {fix}"
 
 
 def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:

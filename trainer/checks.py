@@ -110,7 +110,7 @@ def check_values(cfg: Any, values: dict) -> None:
         raise ValueError(
             f"eval_tokens must be >= 1 (or null: the whole split), got {cfg.eval_tokens}"
         )
-    check_paths(data_dir=cfg.data.dir, out_dir=cfg.out_dir)
+    check_paths(data_dir=cfg.data.dir, out_dir=cfg.out_dir, data_name=cfg.data.name)
 
 
 def _creatable(path: Path) -> bool:
@@ -122,9 +122,16 @@ def _creatable(path: Path) -> bool:
     return False
 
 
-def check_paths(*, data_dir: str, out_dir: str | None) -> None:
+def check_paths(*, data_dir: str, out_dir: str | None, data_name: str = "") -> None:
+    """``data.dir`` exists (or is the embedded corpus's default, prepared on first use:
+    ``data.missing_data_dir``); ``out_dir`` is a directory or can be made one."""
+    from data.config import missing_data_dir
+
     if not _creatable(Path(data_dir)):
         raise ValueError(f"data.dir={data_dir} is not a directory and cannot be created there")
+    missing = missing_data_dir(data_name, data_dir)
+    if missing:
+        raise ValueError(missing)
     if out_dir is not None and not _creatable(Path(out_dir)):
         raise ValueError(f"out_dir={out_dir} is not a directory and cannot be created there")
 

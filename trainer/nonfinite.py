@@ -167,6 +167,7 @@ class NonFiniteGuard:
         return (  # printed by SystemExit on every rank: no log line besides
             f"stopping at step {step}: {what} ({rule}). The weights and optimizer state are "
             f"those of step {step - self.consecutive} (never touched by a non-finite value); "
-            f"{where}. Restart from it (resume=auto) with a lower optimizer.lr or a different "
-            f"seed, or look at the data of step {step}"
+            f"{where}. Continue from it as a new run: the same command with a lower "
+            f"optimizer.lr or another seed{f' and resume={ckpt}' if ckpt else ''}; or look at "
+            f"the data of step {step}"
         )

@@ -37,14 +37,15 @@ class Preempted(SystemExit):
     """Raised by ``train.train`` after the checkpoint of a stop on a signal was written; as a
     SystemExit it ends the process with ``REQUEUE_EXIT_CODE`` (Hydra passes it through)."""
 
-    def __init__(self, signame: str, step: int, out_dir: str) -> None:
+    def __init__(self, signame: str, step: int, out_dir: str, command: str = "") -> None:
         super().__init__(REQUEUE_EXIT_CODE)
-        self.signame, self.step, self.out_dir = signame, step, out_dir
+        self.signame, self.step, self.out_dir, self.command = signame, step, out_dir, command
 
     def __str__(self) -> str:
+        again = f": {self.command}" if self.command else ""
         return (
-            f"stopped on {self.signame} at step {self.step}, checkpoint written: run the same "
-            f"command again to continue ({self.out_dir}, resume=auto); exit status "
+            f"stopped on {self.signame} at step {self.step}, checkpoint written in "
+            f"{self.out_dir}; to continue, run the same command again{again}; exit status "
             f"{REQUEUE_EXIT_CODE} means 'requeue me'"
         )
 

@@ -17,17 +17,16 @@ import yaml
 
 from runtime.files import atomic_open
 from trainer.checks import redact
-from trainer.config import config_differences
+from trainer.config import RESUMABLE_KEYS, config_differences
 
 CONFIG_FILE = "config.yaml"
 SUMMARY_FILE = "summary.json"
 
 
-# Override keys that say where or how a run is shown, not what it computes: left out of run names.
-NAME_EXCLUDED = frozenset(
-    {"out_dir", "resume", "progress", "device", "log_every", "wandb", "hydra", "name",
-     "experiment", "compile", "ckpt_every", "keep_checkpoints"}
-)  # fmt: skip
+# Override keys that do not change what a run computes (those a continuation may change, but
+# max_steps, which sets the schedule) and those the name says already: left out of run names, so
+# `python train.py` and `python train.py device=cpu progress=false` are one run.
+NAME_EXCLUDED = (RESUMABLE_KEYS - {"max_steps"}) | {"hydra", "name", "experiment"}
 _MAX_TAG = 120
 
 
@@ -35,14 +34,17 @@ def override_tag(
     overrides: list[str], name: str = "", exclude: frozenset[str] = NAME_EXCLUDED
 ) -> str:
     """The part of a run's name that says how it differs: its command-line overrides as
-    ``key=value`` joined by commas (``optimizer.lr=0.003,seed=2``), without the keys of
-    ``exclude`` or a value that the name already says (``optimizer=mars-adamw``)."""
-    items = []
+    ``key=value``, sorted by key and joined by commas (``optimizer.lr=0.003,seed=2``), without the
+    keys of ``exclude`` or a value that the name already says (``optimizer=mars-adamw``). The
+    order on the command line does not matter; a key given twice counts once, with its last value
+    (as Hydra does)."""
+    chosen: dict[str, str] = {}
     for override in overrides:
         key, sep, value = str(override).lstrip("+~").partition("=")
         if not sep or key.split(".")[0].split("/")[0] in exclude or value == name:
             continue
-        items.append((key, value))
+        chosen[key] = value
+    items = sorted(chosen.items())
     tag = ",".join(f"{k}={v}" for k, v in items).replace("/", "-").replace(" ", "")
     if len(tag) > _MAX_TAG:  # too long for a file name: the keys' last parts (lr=0.003), ...
         short = ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in items).replace("/", "-")
@@ -52,22 +54,19 @@ def override_tag(
     return tag
 
 
-def run_dir_name(name: str, overrides: list[str], stamp: str, root: str = "runs") -> str:
-    """``runs/<name>[_<overrides>]_<stamp>``: an experiment's name (``owt/small-mars-adamw``) or
-    the optimizer's, then what the command line changed, then the launch time."""
+def run_dir_name(name: str, overrides: list[str], root: str = "runs") -> str:
+    """``runs/<name>[_<overrides>]``: an experiment's name (``owt/small-mars-adamw``) or the
+    optimizer's, then what the command line changed. No time stamp: the same command names the
+    same directory, so running it again continues the run (docs/failures.md)."""
     tag = override_tag(overrides, name)
     base = name.strip("/") or "run"
-    return os.path.join(root, f"{base}_{tag}_{stamp}" if tag else f"{base}_{stamp}")
+    return os.path.join(root, f"{base}_{tag}" if tag else base)
 
 
 def sweep_job_dir_name(swept_overrides: list[str], job_num: int) -> str:
     """A sweep job's directory under the sweep's parent: the values of the swept keys
     (``optimizer.lr=0.003``, ``experiment=owt-small-adamw``), ``job<N>`` if there are none."""
     return override_tag(swept_overrides, exclude=frozenset({"hydra", "out_dir"})) or f"job{job_num}"
-
-
-def timestamp() -> str:
-    return datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
 
 
 def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "auto") -> None:
@@ -95,12 +94,13 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
         raise SystemExit(
             f"{out_dir} holds a run with a different config; not overwriting it.\n  "
             + "\n  ".join(diffs)
-            + "\nChoose another out_dir=..., or use the same settings to continue that run."
+            + "\nFor a new run, give it another name=NAME (or out_dir=DIR); to continue that run, "
+            "use its settings."
         )
     if not resuming and resume != "auto" and (out_dir / "metrics.jsonl").exists():
         raise SystemExit(
-            f"{out_dir} already holds a run and resume=never; choose another out_dir, or use "
-            "resume=auto to continue it"
+            f"{out_dir} already holds a run and resume=never: for a fresh run give it another "
+            f"name=NAME (or out_dir=DIR), or delete {out_dir}; resume=auto continues it"
         )
 
 

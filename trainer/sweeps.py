@@ -1,5 +1,7 @@
-"""Where sweeps and runs go: the launch time every rank agrees on, and the layout of a
-``--multirun`` sweep (one parent directory, one directory per job named by its swept values).
+"""Where a ``--multirun`` sweep goes: one parent directory named by the command line
+(``runs/<name>-sweep[_<overrides every job shares>]``), one directory per job named by its swept
+values. No time stamp: the same sweep command names the same directories, so relaunching it
+continues its unfinished jobs and leaves its finished ones as they are.
 
 train.py registers these as OmegaConf resolvers for ``hydra.sweep.dir`` and ``hydra.sweep.subdir``
 (configs/config.yaml). Hydra resolves those again inside every job, with that job's values, and
@@ -12,20 +14,9 @@ from __future__ import annotations
 import json
 import os
 
-from runtime.distributed import broadcast_object
-from trainer.elastic import launch_stamp
 from trainer.rundir import run_dir_name, sweep_job_dir_name
 
 SWEEP_ENV = "MARS_GPT2_SWEEP"
-_LAUNCH_TIME: list[str] = []
-
-
-def launch_time() -> str:
-    """When this launch began (rank 0's, the same on every rank and across torchrun restarts,
-    trainer/elastic.py): names run directories."""
-    if not _LAUNCH_TIME:
-        _LAUNCH_TIME.append(broadcast_object(launch_stamp()))
-    return _LAUNCH_TIME[0]
 
 
 def _layout() -> dict:
@@ -42,14 +33,15 @@ def _key(override: object) -> str:
 
 
 def sweep_dir(name: str, overrides: list[str]) -> str:
-    """``hydra.sweep.dir``: ``runs/<name>[_<overrides every job shares>]_<launch time>``, or
-    ``runs/sweep...`` when the experiment or optimizer itself is swept."""
+    """``hydra.sweep.dir``: ``runs/<name>-sweep[_<overrides every job shares>]``, or
+    ``runs/sweep[...]`` when the experiment, optimizer or name itself is swept (the ``-sweep``
+    keeps a sweep's parent apart from the single run of the same command)."""
     layout = _layout()
     if "dir" not in layout:
         swept = set(layout.get("swept", []))
         common = [str(o) for o in overrides if _key(o) not in swept]
-        base = "sweep" if {"experiment", "optimizer", "name"} & swept else str(name)
-        layout["dir"] = run_dir_name(base, common, launch_time())
+        base = "sweep" if {"experiment", "optimizer", "name"} & swept else f"{name}-sweep"
+        layout["dir"] = run_dir_name(base, common)
         os.environ[SWEEP_ENV] = json.dumps(layout)
     return layout["dir"]
 
