@@ -28,16 +28,26 @@ from bench.memory_model import ddp_bucket_cap_mb
 from model import GPT, GPTConfig
 
 
-def _ensure_process_group() -> None:
+def _ensure_process_group() -> bool:
+    """A one-rank gloo group for DDP; True when this call created it (and must destroy it)."""
     if dist.is_initialized():
-        return
+        return False
     store = tempfile.mktemp(prefix="bench-graphs-")  # noqa: S306 (a rendezvous file name)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    return True
 
 
 def count_ddp_pieces(cfg: GPTConfig, bucket_cap_mb: float, *, seq_len: int = 64) -> int:
     """Graphs the compiled, DDP-wrapped model (one gloo rank) is cut into at ``bucket_cap_mb``."""
-    _ensure_process_group()
+    created = _ensure_process_group()
+    try:
+        return _count_pieces(cfg, bucket_cap_mb, seq_len)
+    finally:
+        if created:  # leave no process group behind (a caller's later code expects none)
+            dist.destroy_process_group()
+
+
+def _count_pieces(cfg: GPTConfig, bucket_cap_mb: float, seq_len: int) -> int:
     reset_compiled()
     torch.manual_seed(0)
     model = GPT(cfg)
@@ -72,7 +82,6 @@ def main() -> None:
     print(f"model {args.model}: {cfg.n_layer} blocks; ddp_bucket_cap_mb(model) = {ours:g}")
     for cap in caps:
         print(f"  bucket_cap_mb {cap:g}: {count_ddp_pieces(cfg, cap)} compiled graph pieces")
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -58,6 +58,9 @@ def test_bucket_cap_keeps_a_block_per_piece():
     many = count_ddp_pieces(cfg, 1.0)  # DDP's first-bucket size; a block holds 6.75 MiB
     ours = count_ddp_pieces(cfg, ddp_bucket_cap_mb(GPT(cfg)))
     assert many > cfg.n_layer >= ours >= 1, (many, ours)
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the one-rank group it made is gone (later tests need none)
 
 
 def test_gpu_check_dry_run_lists_every_step():
