@@ -109,7 +109,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     Where inductor cannot run (no C++ compiler, no Triton), it logs why and takes ``foreach``.
     """
 
-    default_foreach = True
+    default_foreach: bool | None = True  # None: foreach on CUDA, the per-tensor loop elsewhere
     adapter_keys: tuple[str, ...] = ()  # group keys a drop-in class adds (its official names)
 
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
@@ -143,8 +143,18 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
 
+    @classmethod
+    def foreach_for(cls, device_type: str) -> bool:
+        """Whether ``foreach=None`` takes the foreach path on ``device_type``."""
+        if cls.default_foreach is None:
+            return device_type == "cuda"
+        return cls.default_foreach
+
     def _use_foreach(self) -> bool:
-        return self.default_foreach if self.foreach is None else self.foreach
+        if self.foreach is not None:
+            return self.foreach
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        return self.foreach_for(first.device.type if first is not None else "cpu")
 
     @torch.no_grad()
     def step(self, closure=None):
