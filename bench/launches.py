@@ -19,7 +19,8 @@ apart: a step should have none.
 Routed as for CUDA. Each optimizer is built through the registry from its default config and
 then takes the path it takes on CUDA (``route_as_cuda``): torch's AdamW ``fused=True``, the
 core's element-wise buckets on the compiled step (``fused=None`` means that on CUDA), and the
-core's ``foreach`` choice for CUDA (``VarianceReduced.foreach_for("cuda")``). The second step is
+core's ``foreach`` choice for CUDA (``VarianceReduced.foreach_for("cuda")``) and Newton-Schulz's
+``ns_fused`` iteration (on CUDA by default). The second step is
 counted (the first also creates the state: one allocation per tensor, once per run).
 
 Why a small width. The count depends on the number of tensors and on the set of distinct shapes,
@@ -57,7 +58,7 @@ METADATA = frozenset({
     "aten::to", "aten::_to_copy", "aten::contiguous", "aten::lift_fresh", "aten::lift",
     "aten::resolve_conj", "aten::resolve_neg", "aten::result_type", "aten::size",
     "aten::stride", "aten::is_same_size", "aten::_has_compatible_shallow_copy_type",
-    "aten::set_", "aten::mT", "aten::matrix_H", "aten::adjoint", "aten::record_stream",
+    "aten::set_", "aten::promote_types", "aten::mT", "aten::matrix_H", "aten::adjoint", "aten::record_stream",
 })  # fmt: skip
 HOST_READS = frozenset({"aten::item", "aten::_local_scalar_dense", "aten::is_nonzero"})
 
@@ -127,6 +128,9 @@ def route_as_cuda(opt: torch.optim.Optimizer) -> Iterator[None]:
         return
     opt.foreach = opt.foreach if opt.foreach is not None else opt.foreach_for("cuda")
     opt.fused = True if opt.fused is None else opt.fused
+    for group in opt.param_groups:  # Newton-Schulz's ``ns_fused=None`` means on CUDA
+        if group.get("ns_fused", False) is None:
+            group["ns_fused"] = True
     with mock.patch.object(fused_path, "unavailable_reason", lambda device: None), \
             mock.patch.object(fused_path, "_run", _eager_run):  # fmt: skip
         yield

@@ -87,12 +87,17 @@ def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
         if step.dens is not None:
             torch._foreach_addcdiv_(params, step.nums, step.dens, [-s for s in step.step_sizes])
             return
-        if len(set(step.step_sizes)) == 1:
-            torch._foreach_add_(params, step.nums, alpha=-step.step_sizes[0])
-            return
+        # foreach add takes one alpha: one call per distinct step size (Newton-Schulz: one per
+        # shape), never one per tensor, and the same rounding as the loop's ``add_(alpha=)``
+        by_size: dict[float, list[int]] = {}
+        for i, size in enumerate(step.step_sizes):
+            by_size.setdefault(size, []).append(i)
+        for size, idx in by_size.items():
+            torch._foreach_add_([params[i] for i in idx], [step.nums[i] for i in idx],
+                                alpha=-size)  # fmt: skip
+        return
     for i, p in enumerate(params):
-        if not foreach:
-            p.mul_(step.keeps[i])
+        p.mul_(step.keeps[i])
         if step.dens is not None:
             p.addcdiv_(step.nums[i], step.dens[i], value=-step.step_sizes[i])
         else:
@@ -181,10 +186,17 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                                               foreach=foreach)  # fmt: skip
             apply_step(b.params, step, foreach)
             if b.view.get("variance_reduction"):
-                for s, g in zip(b.states, b.gs):
-                    self._advance_reference(s, g)
+                self._advance_references(b.states, b.gs, foreach)
         self._reference_pending = False
         return loss
+
+    def _advance_references(self, states: list[dict], gs: Tensors, foreach: bool) -> None:
+        """Every tensor's ``_advance_reference``; approx mode's copies as one foreach copy."""
+        if foreach and self.is_approx:
+            torch._foreach_copy_([s["last_grad"] for s in states], gs)
+            return
+        for s, g in zip(states, gs):
+            self._advance_reference(s, g)
 
     def _buckets(self, group: dict) -> list[Bucket]:
         """Initialise state and count steps (every rule: ``state["step"]``), by rule."""

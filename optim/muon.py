@@ -48,7 +48,7 @@ choice("algorithm", ALGORITHMS)
 class MuonFamily(VarianceReduced):
     """Groups with ``use_muon=True`` take the Muon-style update, the rest AdamW (see module)."""
 
-    default_foreach = False
+    default_foreach = None  # foreach on CUDA (a bounded number of launches); the loop on a CPU
     adapter_keys = ("use_muon", "algorithm")
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,
