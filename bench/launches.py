@@ -13,8 +13,8 @@ it and everything it calls is a view or metadata op (``METADATA``: ``aten::view`
 already has calls nothing and is not counted; a converting ``aten::to`` calls ``aten::copy_``
 and is. A compiled call (the fused element-wise step, optim/fused.py) counts as one op: the
 bench runs its code eagerly inside a profiler range and counts the range, not what is inside.
-Host reads (``aten::item``, ``aten::_local_scalar_dense``, ``aten::is_nonzero``) are counted
-apart: a step should have none.
+Host reads (``aten::item``, ``aten::_local_scalar_dense``, ``aten::is_nonzero`` called from
+Python, not from inside another op) are counted apart: a step should have none.
 
 Routed as for CUDA. Each optimizer is built through the registry from its default config and
 then takes the path it takes on CUDA (``route_as_cuda``): torch's AdamW ``fused=True``, the
@@ -80,29 +80,29 @@ def structure_model(n_layer: int, width: int = 64) -> GPT:
     return GPT(cfg)
 
 
-def _launches(event, inside: set) -> bool:
+def _launches(event) -> bool:
     """Whether ``event`` or anything it calls is a kernel-launching aten op."""
     if event.name not in METADATA and event.name not in HOST_READS:
         return True
-    return any(_launches(c, inside) for c in event.cpu_children if c.name.startswith("aten::"))
+    return any(_launches(c) for c in event.cpu_children if c.name.startswith("aten::"))
 
 
 def count_events(events) -> Count:
     """Outermost kernel-launching aten ops and host reads of a profiler's ``events()``."""
     launches, reads, by_op = 0, 0, {}
     for e in events:
-        name = e.name
-        if name in HOST_READS:
-            reads += 1
-        outer, parent = True, e.cpu_parent
+        name, outer, parent = e.name, True, e.cpu_parent
         while parent is not None:
             if parent.name.startswith("aten::") or parent.name == COMPILED:
                 outer = False
                 break
             parent = parent.cpu_parent
-        if not outer:
+        if not outer:  # a read inside a CPU kernel (torch's fused AdamW on CPU) is not one
             continue
-        if name == COMPILED or (name.startswith("aten::") and _launches(e, set())):
+        if name in HOST_READS:
+            reads += 1
+            continue
+        if name == COMPILED or (name.startswith("aten::") and _launches(e)):
             launches += 1
             by_op[name] = by_op.get(name, 0) + 1
     return Count(launches, reads, by_op)
