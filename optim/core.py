@@ -107,7 +107,8 @@ def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
 class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     """The core optimizer: the groups say which momentum and preconditioner (module docstring).
 
-    ``foreach``: None takes the class's ``default_foreach``; True the torch._foreach path; False
+    ``foreach``: None takes the class's ``default_foreach`` (``foreach_for``: a class default of
+    None means foreach on CUDA only); True the torch._foreach path; False
     the per-tensor loop (the readable reference). Both are tested equal in float64.
     ``fused``: True runs every element-wise bucket (optim/fused.py) as one ``torch.compile``d
     step; None does so on CUDA only (on a CPU the compile time outweighs short runs); False never.

@@ -25,8 +25,9 @@ goes to the AdamW part (one rule for the whole family; the official MARS-M and M
 only 2-D tensors, the MARS repo's Muon flattened them). Newton-Schulz is batched by shape and,
 under DDP, split over the ranks and all-gathered (``ns_distributed=True``, the default, as the MARS
 repo's Muon; ``False``: every rank computes every update, as Moonlight and MARS-M), with the same
-numbers (optim/newton_schulz.py). ``foreach=True`` takes the torch._foreach path; the default is
-the per-tensor loop, whose rounding earlier runs used.
+numbers (optim/newton_schulz.py). ``foreach=True`` takes the torch._foreach path; the default
+(None) takes it on CUDA (a step's launches do not grow with depth: bench/launches.py) and the
+per-tensor loop on a CPU, whose rounding earlier runs used.
 """
 
 from __future__ import annotations
