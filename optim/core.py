@@ -87,12 +87,17 @@ def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
         if step.dens is not None:
             torch._foreach_addcdiv_(params, step.nums, step.dens, [-s for s in step.step_sizes])
             return
-        if len(set(step.step_sizes)) == 1:
-            torch._foreach_add_(params, step.nums, alpha=-step.step_sizes[0])
-            return
+        # foreach add takes one alpha: one call per distinct step size (Newton-Schulz: one per
+        # shape), never one per tensor, and the same rounding as the loop's ``add_(alpha=)``
+        by_size: dict[float, list[int]] = {}
+        for i, size in enumerate(step.step_sizes):
+            by_size.setdefault(size, []).append(i)
+        for size, idx in by_size.items():
+            torch._foreach_add_([params[i] for i in idx], [step.nums[i] for i in idx],
+                                alpha=-size)  # fmt: skip
+        return
     for i, p in enumerate(params):
-        if not foreach:
-            p.mul_(step.keeps[i])
+        p.mul_(step.keeps[i])
         if step.dens is not None:
             p.addcdiv_(step.nums[i], step.dens[i], value=-step.step_sizes[i])
         else:
@@ -102,14 +107,15 @@ def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
 class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     """The core optimizer: the groups say which momentum and preconditioner (module docstring).
 
-    ``foreach``: None takes the class's ``default_foreach``; True the torch._foreach path; False
+    ``foreach``: None takes the class's ``default_foreach`` (``foreach_for``: a class default of
+    None means foreach on CUDA only); True the torch._foreach path; False
     the per-tensor loop (the readable reference). Both are tested equal in float64.
     ``fused``: True runs every element-wise bucket (optim/fused.py) as one ``torch.compile``d
     step; None does so on CUDA only (on a CPU the compile time outweighs short runs); False never.
     Where inductor cannot run (no C++ compiler, no Triton), it logs why and takes ``foreach``.
     """
 
-    default_foreach = True
+    default_foreach: bool | None = True  # None: foreach on CUDA, the per-tensor loop elsewhere
     adapter_keys: tuple[str, ...] = ()  # group keys a drop-in class adds (its official names)
 
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
@@ -143,8 +149,18 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
 
+    @classmethod
+    def foreach_for(cls, device_type: str) -> bool:
+        """Whether ``foreach=None`` takes the foreach path on ``device_type``."""
+        if cls.default_foreach is None:
+            return device_type == "cuda"
+        return cls.default_foreach
+
     def _use_foreach(self) -> bool:
-        return self.default_foreach if self.foreach is None else self.foreach
+        if self.foreach is not None:
+            return self.foreach
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        return self.foreach_for(first.device.type if first is not None else "cpu")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -171,10 +187,17 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                                               foreach=foreach)  # fmt: skip
             apply_step(b.params, step, foreach)
             if b.view.get("variance_reduction"):
-                for s, g in zip(b.states, b.gs):
-                    self._advance_reference(s, g)
+                self._advance_references(b.states, b.gs, foreach)
         self._reference_pending = False
         return loss
+
+    def _advance_references(self, states: list[dict], gs: Tensors, foreach: bool) -> None:
+        """Every tensor's ``_advance_reference``; approx mode's copies as one foreach copy."""
+        if foreach and self.is_approx:
+            torch._foreach_copy_([s["last_grad"] for s in states], gs)
+            return
+        for s, g in zip(states, gs):
+            self._advance_reference(s, g)
 
     def _buckets(self, group: dict) -> list[Bucket]:
         """Initialise state and count steps (every rule: ``state["step"]``), by rule."""

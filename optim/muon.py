@@ -25,8 +25,9 @@ goes to the AdamW part (one rule for the whole family; the official MARS-M and M
 only 2-D tensors, the MARS repo's Muon flattened them). Newton-Schulz is batched by shape and,
 under DDP, split over the ranks and all-gathered (``ns_distributed=True``, the default, as the MARS
 repo's Muon; ``False``: every rank computes every update, as Moonlight and MARS-M), with the same
-numbers (optim/newton_schulz.py). ``foreach=True`` takes the torch._foreach path; the default is
-the per-tensor loop, whose rounding earlier runs used.
+numbers (optim/newton_schulz.py). ``foreach=True`` takes the torch._foreach path; the default
+(None) takes it on CUDA (a step's launches do not grow with depth: bench/launches.py) and the
+per-tensor loop on a CPU, whose rounding earlier runs used.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ choice("algorithm", ALGORITHMS)
 class MuonFamily(VarianceReduced):
     """Groups with ``use_muon=True`` take the Muon-style update, the rest AdamW (see module)."""
 
-    default_foreach = False
+    default_foreach = None  # foreach on CUDA (a bounded number of launches); the loop on a CPU
     adapter_keys = ("use_muon", "algorithm")
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,

@@ -19,7 +19,9 @@ torch._foreach ops) and a plain one (a loop over tensors), tested equal in float
   drop-ins route non-2-D tensors to their AdamW part). Group keys ``ns_batched`` (default
   True: one batched call per shape; False: one matrix at a time) and ``ns_distributed``
   (default True: under DDP each rank takes a share of the matrices, then all-gather) choose how
-  NS is computed, not what (optim/newton_schulz.py).
+  NS is computed, not what (optim/newton_schulz.py); ``ns_fused`` (default None: on CUDA) runs
+  the iteration's multiply-adds as ``baddbmm`` (3 ops a step instead of 8, for GPU launch
+  overhead), which rounds differently in the last bits.
 """
 
 from __future__ import annotations
@@ -204,6 +206,7 @@ class NewtonSchulzOptions(Options):
     ns_debias: bool = False  # NS5(u / (1 - beta1)), as MARS-Shampoo
     ns_batched: bool = True  # one batched call per shape (False: one matrix at a time)
     ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
+    ns_fused: bool | None = None  # the iteration as baddbmm (3 ops a step); None: on CUDA only
 
 
 class NewtonSchulz(Preconditioner):
@@ -217,6 +220,7 @@ class NewtonSchulz(Preconditioner):
         self.steps, self.eps, self.dtype_name = o.ns_steps, o.eps, o.ns_dtype
         self.scale = SCALES[o.scale]
         self.debias, self.batched, self.distributed = o.ns_debias, o.ns_batched, o.ns_distributed
+        self.fused = o.ns_fused
 
     @staticmethod
     def handles(p: torch.Tensor) -> bool:
@@ -235,9 +239,11 @@ class NewtonSchulz(Preconditioner):
             divisor=(1 - beta1) if self.debias else None,
             batched=self.batched,
             distributed=self.distributed,
+            fused=self.fused if self.fused is not None else bool(us) and us[0].is_cuda,
+            cast_back=True,  # one cast per shape, not one per matrix
         )
         lr = self.group["lr"]
-        nums = [o.to(u.dtype) for o, u in zip(outs, us)]
+        nums = outs
         sizes = [lr * self.scale(u.shape) for u in us]
         return Step(nums, None, sizes, _plain_decay(len(us), self.group))
 
