@@ -110,6 +110,31 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+TIED_ALIAS, TIED_SOURCE = "lm_head.weight", "transformer.wte.weight"
+
+
+def _fill_tied_head(state: dict, prefix: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    """Load hook: a state dict stored without the tied ``lm_head.weight`` (``tied_state_dict``)
+    gets it back from ``transformer.wte.weight``; one that has both keys loads as before."""
+    if prefix + TIED_ALIAS not in state and prefix + TIED_SOURCE in state:
+        state[prefix + TIED_ALIAS] = state[prefix + TIED_SOURCE]
+
+
+def tied_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with each tensor that aliases an earlier one (GPT's tied
+    ``lm_head.weight``) left out, so checkpoints store and stage it once; ``GPT.load_state_dict``
+    fills it in again."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for key, t in model.state_dict().items():
+        where = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if where in seen and t.numel() > 0:
+            continue
+        seen.add(where)
+        out[key] = t
+    return out
+
+
 class GPT(nn.Module):
     """GPT-2 language model. ``forward(idx, targets)`` returns ``(logits, loss)``.
 
@@ -141,6 +166,8 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        # Checkpoints store the tied weight once (``tied_state_dict``): fill in the alias.
+        self._register_load_state_dict_pre_hook(_fill_tied_head)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections: std 0.02 / sqrt(2 * n_layer).
         for name, p in self.named_parameters():

@@ -13,7 +13,8 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H200", 989e12),
     ("GH200", 989e12),
     ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # SXM and NVL
+    ("H100 NVL", 835e12),  # NVL's data sheet: 1,671 TFLOP/s with sparsity, half of it dense
+    ("H100", 989e12),  # SXM
     ("H800", 989e12),
     ("B200", 2250e12),
     ("A100", 312e12),
