@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import GPT, GPTConfig
 from model.loss import linear_cross_entropy
-from runtime.device import peak_flops_of
+from runtime.device import check_torch, peak_flops_of
 from runtime.distributed import DistInfo
 from trainer import checkpoint as ckpt
+from trainer import dcp_checkpoint
 from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp
+from trainer.trainer import Trainer, keep_ddp_optimizer_safe
 
 TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 CPU1 = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -81,3 +87,51 @@ def test_tied_weight_is_stored_once_and_old_checkpoints_load(tmp_path):
         ckpt.load_model_state(fresh, state, "test")
         assert fresh.lm_head.weight is fresh.transformer.wte.weight
         assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters()))
+
+
+# Item 1: the torch version, checked at start-up; missing features fall back with a reason.
+
+
+@pytest.mark.parametrize("found", ["2.4.1", "1.13.0+cu117"])
+def test_old_torch_stops_with_one_line(monkeypatch, found):
+    monkeypatch.setattr(torch, "__version__", found)
+    with pytest.raises(SystemExit, match=rf"torch {re.escape(found)} .*needs torch 2\.5 or newer"):
+        check_torch()
+    with pytest.raises(SystemExit, match="needs torch 2.5"):  # the Trainer checks first
+        Trainer(None, None)
+
+
+@pytest.mark.parametrize("found", ["2.5.0", "2.6.0a0+git1234", "2.13.0+cpu", "3.0.0"])
+def test_supported_torch_passes(monkeypatch, found):
+    monkeypatch.setattr(torch, "__version__", found)
+    assert check_torch() == found
+
+
+def _old_async_save(state_dict, *, checkpoint_id=None, storage_writer=None, planner=None,
+                    process_group=None):  # fmt: skip
+    raise AssertionError("torch 2.7's async_save cannot take our call")
+
+
+def test_async_save_without_stager_falls_back_with_a_reason(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(dcp_checkpoint.dcp, "async_save", _old_async_save)
+    model = torch.nn.Linear(8, 8)
+    with caplog.at_level(logging.WARNING):
+        saver = DcpCheckpointer(asynchronous=True)
+    assert "async_stager or no_dist" in caplog.text and "background thread" in caplog.text
+    saver.save(tmp_path, 1, {"model": model.state_dict()}, {"step": 1}, lambda final: None)
+    saver.close()
+    loaded = load_dcp(tmp_path / "step_0000001", parts=("model",))
+    assert all(torch.equal(v, loaded["model"][k]) for k, v in model.state_dict().items())
+    assert dcp_checkpoint.async_save_fallback() != ""
+    monkeypatch.undo()
+    assert dcp_checkpoint.async_save_fallback() == ""  # this torch takes the call
+
+
+def test_chunked_loss_under_ddp_compile_falls_back_on_old_torch(monkeypatch, caplog):
+    monkeypatch.setattr(torch._dynamo.config, "optimize_ddp", True)
+    assert not keep_ddp_optimizer_safe()  # this torch: DDPOptimizer stays
+    assert torch._dynamo.config.optimize_ddp
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+    with caplog.at_level(logging.WARNING):
+        assert keep_ddp_optimizer_safe()
+    assert torch._dynamo.config.optimize_ddp is False and "DDPOptimizer" in caplog.text

@@ -23,6 +23,7 @@ the end of the run wait for it. Loading needs no process group: every rank reads
 
 from __future__ import annotations
 
+import inspect
 import logging
 import shutil
 import time
@@ -115,6 +116,24 @@ class _Prestaged(AsyncStager):
         return state_dict
 
 
+def async_save_fallback() -> str:
+    """Why ``dcp.async_save`` cannot take our call on this torch ("" when it can): it needs
+    ``async_stager`` (our buffers are already a private CPU copy) and ``no_dist`` (one process
+    without a process group), which torch 2.7 and older lack. The fallback writes with
+    ``dcp.save`` in the saver's own background thread: the same files, the same stall."""
+    try:
+        params = inspect.signature(dcp.async_save).parameters
+    except (TypeError, ValueError):  # a wrapped builtin: take it as lacking everything
+        params = {}
+    missing = [name for name in ("async_stager", "no_dist") if name not in params]
+    if not missing:
+        return ""
+    return (
+        f"torch {torch.__version__}'s dcp.async_save takes no {' or '.join(missing)}: "
+        "writing with dcp.save in a background thread instead"
+    )
+
+
 class DcpCheckpointer:
     """Writes DCP checkpoints; at most one asynchronous save is in flight at a time.
 
@@ -135,6 +154,9 @@ class DcpCheckpointer:
         self.writer = ThreadPoolExecutor(max_workers=1) if asynchronous else None  # one thread
         self.buffers: dict[str, torch.Tensor] = {}
         self.last_stall_s = 0.0
+        self.fallback = async_save_fallback() if asynchronous else ""
+        if self.fallback and self.is_main:
+            log.warning("%s", self.fallback)
 
     def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``tensors`` copied into this saver's CPU buffers (made again when the shapes change)."""
@@ -176,7 +198,10 @@ class DcpCheckpointer:
         kwargs["no_dist"] = not self.distributed
         if self.asynchronous:
             staged = self.stage(tensors)
-            upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
+            if self.fallback:  # an older torch: our own thread writes (async_save_fallback)
+                upload = self.writer.submit(dcp.save, staged, **kwargs)
+            else:
+                upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
             self.pending = self.writer.submit(self._finish, upload, partial, final, commit)
         else:
             dcp.save(tensors, **kwargs)

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import optim
 from data import TokenLoader, shard_files, val_batches
 from model import GPT
-from runtime.device import autocast, resolve_dtype
+from runtime.device import autocast, check_torch, resolve_dtype, torch_older_than
 from runtime.distributed import DistInfo
 from runtime.seeding import seed_everything
 from trainer import checkpoint as ckpt
@@ -57,6 +57,19 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
     return total / len(batches)
 
 
+def keep_ddp_optimizer_safe() -> bool:
+    """On torch older than 2.6, Dynamo's DDPOptimizer (which splits a compiled DDP model into
+    one graph per gradient bucket) fails on the chunked loss's autograd.Function (seen on 2.5):
+    turn the splitting off there, with the reason logged. Returns whether it was turned off."""
+    if not torch_older_than("2.6"):
+        return False
+    torch._dynamo.config.optimize_ddp = False
+    log.warning("torch %s: DDPOptimizer fails on the chunked loss (loss_chunk_tokens > 0) under "
+                "compile; compiling the model as one graph (no overlap of the gradient all-reduce "
+                "with the backward pass); torch 2.6 or newer keeps it", torch.__version__)  # fmt: skip
+    return True
+
+
 class Trainer:
     """One run's parts and its step (module docstring). ``batches`` replaces the token loader
     (anything with ``next_batch``, ``peek_batch``, ``state_dict``, ``load_state_dict``): the
@@ -66,6 +79,7 @@ class Trainer:
         self, cfg: TrainConfig, dist: DistInfo, *, out_dir: Path | None = None,
         config_dict: dict | None = None, batches: Any = None,
     ) -> None:  # fmt: skip
+        check_torch()  # one line naming the version found and needed, before any work
         self.cfg, self.dist = cfg, dist
         self.out_dir, self.config_dict = out_dir, config_dict or {}
         self.accum = grad_accum_steps(cfg, dist.world_size)
@@ -117,6 +131,8 @@ class Trainer:
 
     def wrap(self) -> None:
         """torch.compile (optional), then DDP when there are several processes."""
+        if self.cfg.compile and self.dist.distributed and self.cfg.loss_chunk_tokens > 0:
+            keep_ddp_optimizer_safe()
         model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
         self.eval_model = model
         if self.dist.distributed:
