@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import re
 
@@ -15,7 +16,11 @@ from runtime.device import check_torch, peak_flops_of
 from runtime.distributed import DistInfo
 from trainer import checkpoint as ckpt
 from trainer import dcp_checkpoint
+from trainer import meter as meter_mod
+from trainer.config import TrainConfig
 from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp
+from trainer.meter import Meter
+from trainer.run import RunState
 from trainer.trainer import Trainer, keep_ddp_optimizer_safe
 
 TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
@@ -135,3 +140,50 @@ def test_chunked_loss_under_ddp_compile_falls_back_on_old_torch(monkeypatch, cap
     with caplog.at_level(logging.WARNING):
         assert keep_ddp_optimizer_safe()
     assert torch._dynamo.config.optimize_ddp is False and "DDPOptimizer" in caplog.text
+
+
+# Item 3: the first step (compilation) is out of the throughput; no progress bar off a terminal.
+
+
+class _Records:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def log(self, row: dict) -> None:
+        self.rows.append(row)
+
+
+def _meter(monkeypatch, clock: list[float], stderr=None) -> tuple[Meter, RunState, _Records]:
+    monkeypatch.setattr(meter_mod.time, "perf_counter", lambda: clock[0])
+    if stderr is not None:
+        monkeypatch.setattr(meter_mod.sys, "stderr", stderr)
+    state, records = RunState(), _Records()
+    cfg = TrainConfig(max_steps=10, batch_tokens=1000)
+    return Meter(cfg, CPU1, state, records, 1.0, lambda: 0.0), state, records
+
+
+def test_first_step_is_left_out_of_tokens_per_second(monkeypatch):
+    clock = [0.0]
+    meter, state, records = _meter(monkeypatch, clock)
+    zero = torch.zeros(())
+    for seconds in (100.0, 1.0, 1.0):  # the first step compiles
+        clock[0] += seconds
+        state.step += 1
+        meter.step(zero)
+        if state.step == 1:
+            meter.log(zero, zero, 1e-3)  # a log line before any timed step
+    meter.log(zero, zero, 1e-3)
+    meter.close()
+    assert records.rows[0]["tokens_per_s"] is None and records.rows[0]["mfu"] is None
+    assert records.rows[1]["tokens_per_s"] == pytest.approx(1000.0)  # 2 steps in 2 s
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(monkeypatch):
+    meter, _, _ = _meter(monkeypatch, [0.0], stderr=io.StringIO())
+    assert meter.bar.disable
+    meter.close()
+    tty = io.StringIO()
+    tty.isatty = lambda: True
+    meter, _, _ = _meter(monkeypatch, [0.0], stderr=tty)
+    assert not meter.bar.disable
+    meter.close()
