@@ -187,3 +187,29 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(monkeypatch):
     meter, _, _ = _meter(monkeypatch, [0.0], stderr=tty)
     assert not meter.bar.disable
     meter.close()
+
+
+# Item 6: asynchronous checkpoints stage into one flat buffer per dtype, reused across saves.
+
+
+def test_staging_is_one_flat_buffer_per_dtype_reused(caplog):
+    state = {
+        "a": torch.randn(3, 5),
+        "b": torch.randn(7),
+        "step": torch.tensor(4.0),  # 0-d, as the optimizers' step counters
+        "ids": torch.arange(6).view(2, 3),
+    }
+    saver = DcpCheckpointer(asynchronous=True)
+    with caplog.at_level(logging.INFO):
+        staged = saver.stage(state)
+    assert "checkpoint staging: 140 bytes in 2 flat CPU buffer(s)" in caplog.text
+    assert all(torch.equal(staged[k], v) and staged[k] is not v for k, v in state.items())
+    assert {d: b.numel() for d, b in saver.flat.items()} == {torch.float32: 23, torch.int64: 6}
+    assert saver.staged_bytes == 23 * 4 + 6 * 8
+    for v in staged.values():  # views of their dtype's one buffer
+        assert v.untyped_storage().data_ptr() == saver.flat[v.dtype].untyped_storage().data_ptr()
+    first = saver.flat[torch.float32].data_ptr()
+    state["a"].add_(1.0)
+    staged = saver.stage(state)  # the next save: same buffers, fresh values
+    assert saver.flat[torch.float32].data_ptr() == first and torch.equal(staged["a"], state["a"])
+    saver.close()
