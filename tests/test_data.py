@@ -363,3 +363,29 @@ def test_loader_on_cuda(shards: list[Path]) -> None:
         assert xg.is_cuda and yg.is_cuda
         torch.testing.assert_close(xg.cpu(), xc)
         torch.testing.assert_close(yg.cpu(), yc)
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "random"])
+def test_prefetch_gives_the_same_batches_and_resumes_the_same(
+    shards: list[Path], sampling: str
+) -> None:
+    plain = make(shards, rank=1, world_size=2, sampling=sampling, prefetch=0)
+    ahead = make(shards, rank=1, world_size=2, sampling=sampling, prefetch=3)
+    assert plain._reader is None and ahead._reader is not None
+    for step in range(40):  # crosses epochs; peeks as exact MARS does
+        if step % 3 == 0:
+            assert torch.equal(plain.peek_batch(1)[0], ahead.peek_batch(1)[0])
+        a, b = plain.next_batch(), ahead.next_batch()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert len(ahead._ahead) == 3  # batches in flight when the position is saved
+    state = ahead.state_dict()
+    assert state == plain.state_dict()
+    expected = take(plain, 10)
+    resumed = make(shards, rank=1, world_size=2, sampling=sampling, prefetch=3)
+    take(resumed, 5)  # its own read-ahead, from another position
+    resumed.load_state_dict(state)
+    assert take(resumed, 10) == expected and take(ahead, 10) == expected
+    ahead.close()
+    assert take(ahead, 2) == take(plain, 2)  # closed: reads on the calling thread
+    with pytest.raises(ValueError, match="prefetch"):
+        make(shards, prefetch=-1)
