@@ -318,13 +318,19 @@ def val_batches(
     max_tokens: int | None = None,
     device: str | torch.device = "cpu",
     vocab_size: int | None = VOCAB_SIZE,
+    pad: bool = True,
 ) -> Iterator[Batch]:
     """Yield this rank's batches of the fixed validation set, in order, without shuffling.
 
     The set is the first Nv windows in file order (see ``num_val_windows``); window i belongs
-    to rank ``i % world_size``. The last batch may be smaller than batch_size, and ranks may get
-    different numbers of batches (by at most one window each), so reduce sums, not per-batch means.
-    A fixed ``max_tokens`` budget makes validation losses comparable across runs and world sizes.
+    to rank ``i % world_size``. With ``pad`` (the default) every batch has ``batch_size`` rows
+    and every rank yields the same number of batches, ``ceil(ceil(Nv / world_size) /
+    batch_size)``: rows past a rank's last window are padding (input token 0, every target -1,
+    which the loss ignores). So a compiled model sees one shape (no recompilation, no dynamic
+    graph) and every rank runs the same number of forward passes. Without ``pad`` the last
+    batch may be short and ranks may differ by a batch. Either way, reduce sums over the real
+    targets (``y != -1``), not per-batch means. A fixed ``max_tokens`` budget makes validation
+    losses comparable across runs and world sizes.
     """
     # Not a generator itself, so bad arguments raise here rather than at the first next().
     _check_positive(batch_size=batch_size, world_size=world_size)
@@ -333,11 +339,23 @@ def val_batches(
     n_val = num_val_windows(files, seq_len=seq_len, max_tokens=max_tokens)
     windows = ShardWindows(_sorted_files(files), seq_len, vocab_size=vocab_size)
     ids = np.arange(rank, n_val, world_size, dtype=np.int64)
-    return _iter_batches(windows, ids, batch_size, torch.device(device))
+    most = -(-n_val // world_size)  # the windows of rank 0, which has the most
+    batches = -(-most // batch_size) if pad else -(-len(ids) // batch_size)
+    return _iter_batches(windows, ids, batch_size, batches, torch.device(device), pad)
 
 
 def _iter_batches(
-    windows: ShardWindows, ids: np.ndarray, batch_size: int, device: torch.device
-) -> Iterator[Batch]:
-    for start in range(0, len(ids), batch_size):
-        yield _to_device(windows.gather(ids[start : start + batch_size]), device)
+    windows: ShardWindows, ids: np.ndarray, batch_size: int, batches: int,
+    device: torch.device, pad: bool,
+) -> Iterator[Batch]:  # fmt: skip
+    for start in range(0, batches * batch_size, batch_size):
+        mine = ids[start : start + batch_size]
+        real = windows.gather(mine) if len(mine) else np.zeros((0, windows.seq_len + 1), np.int64)
+        if not pad or len(mine) == batch_size:
+            yield _to_device(real, device)
+            continue
+        full = np.zeros((batch_size, real.shape[1]), dtype=real.dtype)
+        full[: len(mine)] = real
+        x, y = _to_device(full, device)
+        y[len(mine) :] = -1  # padding rows: no target
+        yield x, y

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from count_compiles import count_compiles
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from data import val_batches
 from model import GPT, GPTConfig
 from model.loss import linear_cross_entropy
 from runtime.device import check_torch, peak_flops_of
 from runtime.distributed import DistInfo
 from trainer import checkpoint as ckpt
-from trainer import dcp_checkpoint
+from trainer import dcp_checkpoint, evaluation
 from trainer import meter as meter_mod
 from trainer.config import TrainConfig
 from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp
@@ -213,3 +220,66 @@ def test_staging_is_one_flat_buffer_per_dtype_reused(caplog):
     staged = saver.stage(state)  # the next save: same buffers, fresh values
     assert saver.flat[torch.float32].data_ptr() == first and torch.equal(staged["a"], state["a"])
     saver.close()
+
+
+# Item 2: fixed shapes; every rank runs the same validation batches and compiles the same graphs.
+
+
+def test_padded_validation_batches_have_one_shape_and_count(sotu_dir, tmp_path):
+    files = sorted(sotu_dir.glob("*_val_*.bin"))
+    shapes = []
+    for rank in range(3):  # 31 windows: 11, 10 and 10 per rank, batches of 4
+        got = list(val_batches(files, batch_size=4, seq_len=32, rank=rank, world_size=3,
+                               max_tokens=31 * 32))  # fmt: skip
+        shapes.append([tuple(x.shape) for x, _ in got])
+        real = sum(int((y != -1).all(dim=1).sum()) for _, y in got)
+        assert real == (11 if rank == 0 else 10)
+        assert all(int(x[(y == -1).all(dim=1)].abs().sum()) == 0 for x, y in got)  # padding: 0
+    assert shapes[0] == shapes[1] == shapes[2] == [(4, 32)] * 3
+
+
+def test_padded_validation_loss_equals_the_unpadded_one(sotu_dir, monkeypatch):
+    files = sorted(sotu_dir.glob("*_val_*.bin"))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=32, vocab_size=50304, n_layer=1, n_head=2, n_embd=16))
+    totals = []
+    monkeypatch.setattr(evaluation, "all_reduce_sum", lambda t: totals.append(t.clone()) or t)
+
+    def loss(pad: bool, world_size: int) -> float:
+        totals.clear()
+        for rank in range(world_size):
+            batches = val_batches(files, batch_size=4, seq_len=32, rank=rank, pad=pad,
+                                  world_size=world_size, max_tokens=31 * 32)  # fmt: skip
+            evaluation.validation_loss(model, batches, torch.device("cpu"), torch.float32)
+        total = sum(totals)
+        return (total[0] / total[1]).item()
+
+    plain = loss(False, 1)
+    assert loss(True, 1) == plain
+    assert loss(True, 3) == loss(False, 3) == pytest.approx(plain, rel=1e-6)  # padding-only batch
+
+
+def test_compiled_run_compiles_a_fixed_number_of_graphs(tmp_path, sotu_dir):
+    """Evaluations with a short last batch (31 windows in batches of 4) add no graph: one for
+    training, one for evaluation, however many steps and evaluations the run has."""
+    uneven = ["eval_tokens=992", "eval_every=2"]
+    short = count_compiles(tmp_path / "a", sotu_dir, "max_steps=2", *uneven)
+    longer = count_compiles(tmp_path / "b", sotu_dir, "max_steps=6", *uneven)
+    assert len(short) == len(longer) == 2, longer
+    assert all([4, 32] in graph and [3, 32] not in graph for graph in longer)
+
+
+@pytest.mark.slow
+def test_two_ranks_compile_the_same_graphs(tmp_path, sotu_dir):
+    """2 gloo ranks with validation windows split unevenly (31: 16 and 15)."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    script = Path(__file__).parent / "count_compiles.py"
+    out = tmp_path / "two"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), str(out), str(sotu_dir), "max_steps=4", "eval_tokens=992",
+           "eval_every=2"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [json.loads((out / f"compiles_{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1] and len(ranks[0]) <= 4, ranks

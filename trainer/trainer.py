@@ -133,7 +133,9 @@ class Trainer:
         """torch.compile (optional), then DDP when there are several processes."""
         if self.cfg.compile and self.dist.distributed and self.cfg.loss_chunk_tokens > 0:
             keep_ddp_optimizer_safe()
-        model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
+        # dynamic=False: every shape is fixed (validation batches are padded to the training
+        # micro-batch), and a dynamic graph would be slower and differ from rank to rank.
+        model = torch.compile(self.raw_model, dynamic=False) if self.cfg.compile else self.raw_model
         self.eval_model = model
         if self.dist.distributed:
             cuda = self.dist.device.type == "cuda"
