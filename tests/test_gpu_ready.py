@@ -24,11 +24,12 @@ from runtime.distributed import DistInfo
 from trainer import checkpoint as ckpt
 from trainer import dcp_checkpoint, evaluation
 from trainer import meter as meter_mod
+from trainer import trainer as trainer_mod
 from trainer.config import TrainConfig
 from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp
 from trainer.meter import Meter
 from trainer.run import RunState
-from trainer.trainer import Trainer, keep_ddp_optimizer_safe
+from trainer.trainer import Trainer, ddp_bucket_cap_mb, keep_ddp_optimizer_safe
 
 TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 CPU1 = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -283,3 +284,36 @@ def test_two_ranks_compile_the_same_graphs(tmp_path, sotu_dir):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((out / f"compiles_{r}.json").read_text()) for r in range(2)]
     assert ranks[0] == ranks[1] and len(ranks[0]) <= 4, ranks
+
+
+# Item 4: DDP buckets of at least one block (one compiled piece per block, not five), and the
+# gradients as views of the buckets.
+
+
+def test_bucket_cap_holds_one_block():
+    def cap(n_layer: int, n_embd: int) -> float:
+        with torch.device("meta"):
+            cfg = GPTConfig(n_layer=n_layer, n_head=n_embd // 64, n_embd=n_embd)
+            return ddp_bucket_cap_mb(GPT(cfg))
+
+    xl_block = (12 * 1600**2 + 2 * 1600) * 4 / 2**20  # fp32: 4 matrices, 2 LayerNorm gains
+    assert cap(48, 1600) == pytest.approx(xl_block) and 117 < xl_block < 118
+    assert cap(12, 768) == pytest.approx((12 * 768**2 + 2 * 768) * 4 / 2**20)  # 27 MiB
+    assert cap(2, 64) == 25.0  # never below DDP's default
+    assert ddp_bucket_cap_mb(torch.nn.Linear(2, 2)) == 25.0
+
+
+def test_wrap_gives_ddp_the_block_bucket_and_bucket_views(monkeypatch):
+    seen = {}
+
+    def fake_ddp(module, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.update(kwargs)
+        return module
+
+    monkeypatch.setattr(trainer_mod, "DDP", fake_ddp)
+    wrapper = Trainer.__new__(Trainer)  # only what wrap() reads
+    wrapper.cfg = TrainConfig(compile=False)
+    wrapper.dist = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    wrapper.raw_model = GPT(GPTConfig(**TINY))
+    wrapper.wrap()
+    assert seen == {"device_ids": None, "bucket_cap_mb": 25.0, "gradient_as_bucket_view": True}
