@@ -191,7 +191,12 @@ class GPT(nn.Module):
         Targets equal to -1 are ignored. With targets and ``loss_chunk_tokens > 0`` the logits
         are not computed and None is returned in their place.
         """
-        h = self.hidden_states(idx)
+        return self.head(self.hidden_states(idx), targets)
+
+    def head(
+        self, h: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``forward`` after the final LayerNorm: the logits and/or the loss of ``h``."""
         if targets is not None and self.loss_chunk_tokens > 0:
             loss = linear_cross_entropy(
                 h, self.lm_head.weight, targets, chunk=self.loss_chunk_tokens
@@ -205,6 +210,31 @@ class GPT(nn.Module):
         )
         return logits, loss
 
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings (and dropout) of ``idx``, shape (B, T, n_embd)."""
+        _, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    def compile_regions(self, **kwargs: object) -> None:
+        """``torch.compile`` the model region by region, in place: each block (blocks alike share
+        one compiled graph: Dynamo caches by code, and the weights are inputs), the
+        embeddings, the final LayerNorm and the head with its loss. Everything runs compiled as
+        with ``torch.compile(model)``, but Dynamo, AOTAutograd and Inductor work on one block
+        instead of ``n_layer`` of them (docs/gpu-readiness.md has the first-step times).
+
+        With ``scale_attn_by_inverse_layer_idx`` the blocks differ by their attention scale, a
+        float that Dynamo compiles in as a constant: one by one they would cost a compile each,
+        so the whole model is then compiled as one graph (``nn.Module.compile``), as before."""
+        if self.config.scale_attn_by_inverse_layer_idx:
+            self.compile(**kwargs)
+            return
+        for block in self.transformer.h:
+            block.compile(**kwargs)
+        self.transformer.ln_f.compile(**kwargs)
+        self.embed = torch.compile(self.embed, **kwargs)  # instance attributes: this model only
+        self.head = torch.compile(self.head, **kwargs)
+
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """The final LayerNorm's output, shape (B, T, n_embd): ``forward`` without the head.
 
@@ -215,12 +245,15 @@ class GPT(nn.Module):
             raise ValueError(
                 f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
             )
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        return self.transformer.ln_f(self.blocks(self.embed(idx)))
+
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The transformer blocks, in order (recomputed in the backward pass with
+        ``activation_checkpointing``)."""
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        return self.transformer.ln_f(x)
+        return x
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (tied weights counted once).

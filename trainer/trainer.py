@@ -146,12 +146,16 @@ class Trainer:
         return round(self.state.elapsed_s + time.perf_counter() - self.session_start, 3)
 
     def wrap(self) -> None:
-        """torch.compile (optional), then DDP when there are several processes."""
+        """torch.compile (optional, in place, region by region), then DDP when there are several
+        processes."""
         if self.cfg.compile and self.dist.distributed and self.cfg.loss_chunk_tokens > 0:
             keep_ddp_optimizer_safe()
-        # dynamic=False: every shape is fixed (validation batches are padded to the training
-        # micro-batch), and a dynamic graph would be slower and differ from rank to rank.
-        model = torch.compile(self.raw_model, dynamic=False) if self.cfg.compile else self.raw_model
+        model = self.raw_model
+        if self.cfg.compile:
+            # Region by region (GPT.compile_regions): one block compiled for all alike, not the
+            # whole model traced at once. dynamic=False: every shape is fixed (validation batches
+            # are padded to the micro-batch); a dynamic graph is slower and differs across ranks.
+            model.compile_regions(dynamic=False)
         self.eval_model = model
         if self.dist.distributed:
             cuda = self.dist.device.type == "cuda"
