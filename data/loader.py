@@ -20,12 +20,20 @@ micro-step rank r takes samples ``[consumed + r*B, consumed + (r+1)*B)`` and eve
 ``world_size*B``. So ranks are disjoint, and one process taking two micro-batches of B gets
 exactly what two ranks get in one micro-step; the position survives changes of batch size or
 world size.
+
+Prefetch: since a batch depends only on its position, a background thread reads the next
+``prefetch`` batches (the windows gathered from the shards and, for a GPU, pinned) while the
+current step computes; the main thread then only starts the host-to-device copy, asynchronously
+from pinned memory. The batches are the same bit for bit, and the position (``state_dict``) is
+still ``consumed``: batches read ahead and not yet taken are simply read again after a restore.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -58,15 +66,26 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _to_device(windows: np.ndarray, device: torch.device) -> Batch:
-    """Split windows of T+1 tokens into (x, y) int64 tensors on ``device``."""
+def _host(windows: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Windows as a host tensor ready for ``device``: pinned for a GPU (the slow part of the
+    copy, done off the critical path when prefetched)."""
     w = torch.from_numpy(windows)
+    return w.pin_memory() if device.type == "cuda" else w
+
+
+def _split(w: torch.Tensor, device: torch.device) -> Batch:
+    """Host windows of T+1 tokens as (x, y) int64 tensors on ``device``."""
     if device.type == "cuda":
         # One copy from pinned host memory, which can overlap with compute on the GPU.
-        w = w.pin_memory().to(device, non_blocking=True)
+        w = w.to(device, non_blocking=True)
     elif device.type != "cpu":
         w = w.to(device)
     return w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+
+def _to_device(windows: np.ndarray, device: torch.device) -> Batch:
+    """Split windows of T+1 tokens into (x, y) int64 tensors on ``device``."""
+    return _split(_host(windows, device), device)
 
 
 class TokenLoader:
@@ -74,7 +93,8 @@ class TokenLoader:
 
     ``sampling`` is "shuffle" (every window once per epoch) or "random" (random windows with
     replacement, as the official code); ``vocab_size`` bounds every token read (None: no check);
-    ``max_open_shards`` bounds the memory maps (file descriptors) held at once."""
+    ``max_open_shards`` bounds the memory maps (file descriptors) held at once; ``prefetch``
+    batches are read ahead by a background thread (0: none; the batches are the same)."""
 
     def __init__(
         self,
@@ -89,8 +109,13 @@ class TokenLoader:
         sampling: str = "shuffle",
         vocab_size: int | None = VOCAB_SIZE,
         max_open_shards: int = DEFAULT_MAX_OPEN,
+        prefetch: int = 2,
     ) -> None:
         _check_positive(batch_size=batch_size, seq_len=seq_len, world_size=world_size)
+        if not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(
+                f"prefetch must be an integer >= 0 (0: no read-ahead), got {prefetch!r}"
+            )
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must lie in [0, world_size={world_size}), got {rank}")
         if sampling not in SAMPLING:
@@ -109,6 +134,11 @@ class TokenLoader:
         self._consumed = 0
         self._perms: dict[int, np.ndarray] = {}  # shuffle: epoch -> permutation
         self._blocks: dict[int, np.ndarray] = {}  # random: block -> start positions
+        self.prefetch = int(prefetch)
+        self._lock = threading.Lock()  # the caches above and the shard maps: one reader at a time
+        self._ahead: dict[int, Future] = {}  # position (consumed) -> host windows being read
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="prefetch") if prefetch else None
+        self._read_ahead()  # the first step's batches too
         log.debug(
             "TokenLoader: %d windows of %d tokens in %d shard(s), %s sampling",
             self.num_windows,
@@ -175,20 +205,46 @@ class TokenLoader:
             out[mine] = self._random_block(block)[samples[mine] % RANDOM_BLOCK]
         return out
 
-    def _batch_at(self, consumed: int) -> Batch:
+    def _host_batch(self, consumed: int) -> torch.Tensor:
+        """This rank's windows at position ``consumed``, on the host (a pure function of it)."""
         first = consumed + self.rank * self.batch_size
-        if self.sampling == "random":
-            positions = self._random_positions(first, self.batch_size)
-            windows = self._windows.gather_positions(positions)
-        else:
-            windows = self._windows.gather(self._window_ids(first, self.batch_size))
-        return _to_device(windows, self.device)
+        with self._lock:
+            if self.sampling == "random":
+                positions = self._random_positions(first, self.batch_size)
+                windows = self._windows.gather_positions(positions)
+            else:
+                windows = self._windows.gather(self._window_ids(first, self.batch_size))
+        return _host(windows, self.device)
+
+    def _batch_at(self, consumed: int) -> Batch:
+        ahead = self._ahead.get(consumed)
+        host = ahead.result() if ahead is not None else self._host_batch(consumed)
+        return _split(host, self.device)
+
+    def _read_ahead(self) -> None:
+        """Keep the next ``prefetch`` batches being read; forget those already passed."""
+        if self._reader is None:
+            return
+        stride = self.world_size * self.batch_size
+        wanted = [self._consumed + i * stride for i in range(self.prefetch)]
+        for position in [p for p in self._ahead if p not in wanted]:
+            del self._ahead[position]
+        for position in wanted:
+            if position not in self._ahead:
+                self._ahead[position] = self._reader.submit(self._host_batch, position)
 
     def next_batch(self) -> Batch:
         """Return this rank's next (x, y), each int64 of shape (batch_size, seq_len), and advance."""
         batch = self._batch_at(self._consumed)
         self._consumed += self.world_size * self.batch_size
+        self._read_ahead()
         return batch
+
+    def close(self) -> None:
+        """Stop the read-ahead thread (the loader still works, without read-ahead)."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=True, cancel_futures=True)
+            self._reader, self._ahead = None, {}
 
     def peek_batch(self, ahead: int = 0) -> Batch:
         """Return the batch the ``ahead``-th next call of next_batch will return; do not advance."""
@@ -228,6 +284,8 @@ class TokenLoader:
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0, got {consumed}")
         self._consumed = consumed
+        self._ahead = {}  # read ahead from the old position: read again from the new one
+        self._read_ahead()
 
 
 def num_val_windows(
@@ -260,13 +318,19 @@ def val_batches(
     max_tokens: int | None = None,
     device: str | torch.device = "cpu",
     vocab_size: int | None = VOCAB_SIZE,
+    pad: bool = True,
 ) -> Iterator[Batch]:
     """Yield this rank's batches of the fixed validation set, in order, without shuffling.
 
     The set is the first Nv windows in file order (see ``num_val_windows``); window i belongs
-    to rank ``i % world_size``. The last batch may be smaller than batch_size, and ranks may get
-    different numbers of batches (by at most one window each), so reduce sums, not per-batch means.
-    A fixed ``max_tokens`` budget makes validation losses comparable across runs and world sizes.
+    to rank ``i % world_size``. With ``pad`` (the default) every batch has ``batch_size`` rows
+    and every rank yields the same number of batches, ``ceil(ceil(Nv / world_size) /
+    batch_size)``: rows past a rank's last window are padding (input token 0, every target -1,
+    which the loss ignores). So a compiled model sees one shape (no recompilation, no dynamic
+    graph) and every rank runs the same number of forward passes. Without ``pad`` the last
+    batch may be short and ranks may differ by a batch. Either way, reduce sums over the real
+    targets (``y != -1``), not per-batch means. A fixed ``max_tokens`` budget makes validation
+    losses comparable across runs and world sizes.
     """
     # Not a generator itself, so bad arguments raise here rather than at the first next().
     _check_positive(batch_size=batch_size, world_size=world_size)
@@ -275,11 +339,23 @@ def val_batches(
     n_val = num_val_windows(files, seq_len=seq_len, max_tokens=max_tokens)
     windows = ShardWindows(_sorted_files(files), seq_len, vocab_size=vocab_size)
     ids = np.arange(rank, n_val, world_size, dtype=np.int64)
-    return _iter_batches(windows, ids, batch_size, torch.device(device))
+    most = -(-n_val // world_size)  # the windows of rank 0, which has the most
+    batches = -(-most // batch_size) if pad else -(-len(ids) // batch_size)
+    return _iter_batches(windows, ids, batch_size, batches, torch.device(device), pad)
 
 
 def _iter_batches(
-    windows: ShardWindows, ids: np.ndarray, batch_size: int, device: torch.device
-) -> Iterator[Batch]:
-    for start in range(0, len(ids), batch_size):
-        yield _to_device(windows.gather(ids[start : start + batch_size]), device)
+    windows: ShardWindows, ids: np.ndarray, batch_size: int, batches: int,
+    device: torch.device, pad: bool,
+) -> Iterator[Batch]:  # fmt: skip
+    for start in range(0, batches * batch_size, batch_size):
+        mine = ids[start : start + batch_size]
+        real = windows.gather(mine) if len(mine) else np.zeros((0, windows.seq_len + 1), np.int64)
+        if not pad or len(mine) == batch_size:
+            yield _to_device(real, device)
+            continue
+        full = np.zeros((batch_size, real.shape[1]), dtype=real.dtype)
+        full[: len(mine)] = real
+        x, y = _to_device(full, device)
+        y[len(mine) :] = -1  # padding rows: no target
+        yield x, y

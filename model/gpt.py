@@ -110,6 +110,31 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+TIED_ALIAS, TIED_SOURCE = "lm_head.weight", "transformer.wte.weight"
+
+
+def _fill_tied_head(state: dict, prefix: str, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    """Load hook: a state dict stored without the tied ``lm_head.weight`` (``tied_state_dict``)
+    gets it back from ``transformer.wte.weight``; one that has both keys loads as before."""
+    if prefix + TIED_ALIAS not in state and prefix + TIED_SOURCE in state:
+        state[prefix + TIED_ALIAS] = state[prefix + TIED_SOURCE]
+
+
+def tied_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()`` with each tensor that aliases an earlier one (GPT's tied
+    ``lm_head.weight``) left out, so checkpoints store and stage it once; ``GPT.load_state_dict``
+    fills it in again."""
+    seen: set[tuple[int, int]] = set()
+    out = {}
+    for key, t in model.state_dict().items():
+        where = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if where in seen and t.numel() > 0:
+            continue
+        seen.add(where)
+        out[key] = t
+    return out
+
+
 class GPT(nn.Module):
     """GPT-2 language model. ``forward(idx, targets)`` returns ``(logits, loss)``.
 
@@ -141,6 +166,8 @@ class GPT(nn.Module):
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        # Checkpoints store the tied weight once (``tied_state_dict``): fill in the alias.
+        self._register_load_state_dict_pre_hook(_fill_tied_head)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections: std 0.02 / sqrt(2 * n_layer).
         for name, p in self.named_parameters():
@@ -164,7 +191,12 @@ class GPT(nn.Module):
         Targets equal to -1 are ignored. With targets and ``loss_chunk_tokens > 0`` the logits
         are not computed and None is returned in their place.
         """
-        h = self.hidden_states(idx)
+        return self.head(self.hidden_states(idx), targets)
+
+    def head(
+        self, h: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``forward`` after the final LayerNorm: the logits and/or the loss of ``h``."""
         if targets is not None and self.loss_chunk_tokens > 0:
             loss = linear_cross_entropy(
                 h, self.lm_head.weight, targets, chunk=self.loss_chunk_tokens
@@ -178,6 +210,31 @@ class GPT(nn.Module):
         )
         return logits, loss
 
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings (and dropout) of ``idx``, shape (B, T, n_embd)."""
+        _, T = idx.shape
+        pos = torch.arange(T, device=idx.device)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+
+    def compile_regions(self, **kwargs: object) -> None:
+        """``torch.compile`` the model region by region, in place: each block (blocks alike share
+        one compiled graph: Dynamo caches by code, and the weights are inputs), the
+        embeddings, the final LayerNorm and the head with its loss. Everything runs compiled as
+        with ``torch.compile(model)``, but Dynamo, AOTAutograd and Inductor work on one block
+        instead of ``n_layer`` of them (docs/gpu-readiness.md has the first-step times).
+
+        With ``scale_attn_by_inverse_layer_idx`` the blocks differ by their attention scale, a
+        float that Dynamo compiles in as a constant: one by one they would cost a compile each,
+        so the whole model is then compiled as one graph (``nn.Module.compile``), as before."""
+        if self.config.scale_attn_by_inverse_layer_idx:
+            self.compile(**kwargs)
+            return
+        for block in self.transformer.h:
+            block.compile(**kwargs)
+        self.transformer.ln_f.compile(**kwargs)
+        self.embed = torch.compile(self.embed, **kwargs)  # instance attributes: this model only
+        self.head = torch.compile(self.head, **kwargs)
+
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """The final LayerNorm's output, shape (B, T, n_embd): ``forward`` without the head.
 
@@ -188,12 +245,15 @@ class GPT(nn.Module):
             raise ValueError(
                 f"sequence length {T} exceeds the model's block_size {self.config.block_size}"
             )
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        return self.transformer.ln_f(self.blocks(self.embed(idx)))
+
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The transformer blocks, in order (recomputed in the backward pass with
+        ``activation_checkpointing``)."""
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
             x = checkpoint(block, x, use_reentrant=False) if recompute else block(x)
-        return self.transformer.ln_f(x)
+        return x
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (tied weights counted once).

@@ -22,14 +22,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype: torch 2.4 and newer.
+_AUTOCAST_BY_DEVICE = hasattr(torch, "get_autocast_dtype")
 
-def _chunk_log_probs(h: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
-    """Log-softmax of one chunk's logits in at least fp32 (one fused kernel, no upcast copy), and
-    the dtype the matmul ran in (autocast's, or the inputs')."""
-    low = F.linear(h, weight)
-    return torch.log_softmax(
-        low, dim=-1, dtype=torch.promote_types(low.dtype, torch.float32)
-    ), low.dtype
+
+def matmul_dtype(h: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype ``F.linear(h, weight)`` computes in: autocast's where it is on, else the
+    inputs'."""
+    kind = h.device.type
+    if torch.is_autocast_enabled(kind) if _AUTOCAST_BY_DEVICE else torch.is_autocast_enabled():
+        return torch.get_autocast_dtype(kind)
+    return torch.promote_types(h.dtype, weight.dtype)
+
+
+def _chunk_log_probs(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Log-softmax of one chunk's logits in at least fp32 (one fused kernel, no upcast copy).
+    ``weight`` is already in the matmul dtype (cast once per loss call, not once per chunk)."""
+    low = F.linear(h.to(weight.dtype), weight)
+    return torch.log_softmax(low, dim=-1, dtype=torch.promote_types(low.dtype, torch.float32))
 
 
 def _chunk_nll_sum(logp: torch.Tensor, safe: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -59,15 +69,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=acc, device=h.device)
         grad_h = torch.empty_like(h)
         grad_w = None
+        w_low = weight.to(matmul_dtype(h, weight))  # the (vocab, n_embd) cast, once per call
         for start in range(0, h.size(0), chunk):
             sl = slice(start, start + chunk)
-            logp, low = _chunk_log_probs(h[sl], weight)
+            logp = _chunk_log_probs(h[sl], w_low)
+            low = w_low.dtype
             total = total + _chunk_nll_sum(logp, safe[sl], valid[sl])
             # The gradient of the mean loss w.r.t. the logits, in place of the log-probabilities.
             g = logp.exp_()
             g.scatter_add_(1, safe[sl].unsqueeze(1), -valid[sl].to(g.dtype).unsqueeze(1))
             g = g.mul_(scale[sl].unsqueeze(1)).to(low)
-            grad_h[sl] = (g @ weight.to(low)).to(h.dtype)
+            grad_h[sl] = (g @ w_low).to(h.dtype)
             if need_w:
                 grad_w = _accumulate(grad_w, g.t(), h[sl].to(low), acc)
         ctx.save_for_backward(grad_h, grad_w)
@@ -101,7 +113,8 @@ def linear_cross_entropy(
     safe = targets.clamp(min=0)
     acc = torch.promote_types(h.dtype, torch.float32)
     total = torch.zeros((), dtype=acc, device=h.device)
+    w_low = weight.to(matmul_dtype(h, weight))
     for start in range(0, h.size(0), chunk):
         sl = slice(start, start + chunk)
-        total = total + _chunk_nll_sum(_chunk_log_probs(h[sl], weight)[0], safe[sl], valid[sl])
+        total = total + _chunk_nll_sum(_chunk_log_probs(h[sl], w_low), safe[sl], valid[sl])
     return total / valid.sum()

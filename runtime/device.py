@@ -4,8 +4,44 @@ allocator settings of training."""
 from __future__ import annotations
 
 import contextlib
+import logging
+import re
 
 import torch
+
+log = logging.getLogger(__name__)
+
+# The oldest torch this code runs on (docs/gpu-readiness.md: what each newer version adds).
+# Below 2.5 the imports of DCP's stager and SDPA's ``scale=`` path are not all there; on 2.5 to
+# 2.7 a few features fall back, each with a logged reason, instead of raising.
+MIN_TORCH = "2.5"
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as ``2.13.0+cpu`` or ``2.6.0a0+git1234``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise ValueError(f"cannot read a torch version from {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def torch_older_than(version: str) -> bool:
+    """Whether the installed torch is older than ``version`` (e.g. ``"2.8"``)."""
+    return version_tuple(torch.__version__) < version_tuple(version)
+
+
+def check_torch(minimum: str = MIN_TORCH) -> str:
+    """Stop with one line naming the torch found and the one needed when it is older than
+    ``minimum``; returns the version found (logged at start-up)."""
+    found = torch.__version__
+    if version_tuple(found) < version_tuple(minimum):
+        raise SystemExit(
+            f"torch {found} is too old: this code needs torch {minimum} or newer "
+            f"(pip install 'torch>={minimum}'; docs/gpu-readiness.md lists what each version adds)"
+        )
+    log.info("torch %s (this code needs %s or newer)", found, minimum)
+    return found
+
 
 # Dense (no sparsity) bf16 tensor-core peaks, FLOP/s, from the vendors' data sheets. Matched by
 # substring of torch.cuda.get_device_name(); the first match wins, so specific names come first.
@@ -13,7 +49,8 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H200", 989e12),
     ("GH200", 989e12),
     ("H100 PCIe", 756e12),
-    ("H100", 989e12),  # SXM and NVL
+    ("H100 NVL", 835e12),  # NVL's data sheet: 1,671 TFLOP/s with sparsity, half of it dense
+    ("H100", 989e12),  # SXM
     ("H800", 989e12),
     ("B200", 2250e12),
     ("A100", 312e12),

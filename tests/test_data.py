@@ -319,13 +319,16 @@ def test_tokens_outside_vocabulary(tmp_path: Path) -> None:
 def val_firsts(paths: list[Path], **kwargs: int) -> list[int]:
     """First token of each window that val_batches yields."""
     batches = val_batches(paths, seq_len=T, **kwargs)
-    return [int(v) for x, _ in batches for v in x[:, 0]]
+    return [int(v) for x, y in batches for v in x[(y != -1).any(dim=1), 0]]
 
 
 def test_val_batches(shards: list[Path]) -> None:
     firsts = [int(w[0]) for w in all_windows(shards)]
-    batches = list(val_batches(shards, batch_size=10, seq_len=T))
+    batches = list(val_batches(shards, batch_size=10, seq_len=T, pad=False))
     assert [len(x) for x, _ in batches] == [10] * 9 + [7]
+    padded = list(val_batches(shards, batch_size=10, seq_len=T))
+    assert [len(x) for x, _ in padded] == [10] * 10
+    assert torch.equal(padded[-1][1][:7], batches[-1][1]) and (padded[-1][1][7:] == -1).all()
     torch.testing.assert_close(batches[0][0][:, 1:], batches[0][1][:, :-1])
     assert val_firsts(shards, batch_size=10) == firsts
     assert val_firsts(shards[::-1], batch_size=10) == firsts  # file order is by name
@@ -338,8 +341,9 @@ def test_val_max_tokens(shards: list[Path]) -> None:
     assert num_val_windows(shards, seq_len=T) == 97
     assert num_val_windows(shards, seq_len=T, max_tokens=10 * T + 5) == 10
     assert num_val_windows(shards, seq_len=T, max_tokens=10**9) == 97
-    got = [x for x, _ in val_batches(shards, batch_size=4, seq_len=T, max_tokens=10 * T)]
-    assert sum(len(x) for x in got) == 10 and sum(x.numel() for x in got) <= 10 * T
+    got = [y for _, y in val_batches(shards, batch_size=4, seq_len=T, max_tokens=10 * T)]
+    assert sum(int((y != -1).sum()) for y in got) == 10 * T  # real targets: the budget
+    assert [len(y) for y in got] == [4, 4, 4]  # the last batch padded
     with pytest.raises(ValueError, match="max_tokens"):
         val_batches(shards, batch_size=4, seq_len=T, max_tokens=T - 1)
 
@@ -363,3 +367,29 @@ def test_loader_on_cuda(shards: list[Path]) -> None:
         assert xg.is_cuda and yg.is_cuda
         torch.testing.assert_close(xg.cpu(), xc)
         torch.testing.assert_close(yg.cpu(), yc)
+
+
+@pytest.mark.parametrize("sampling", ["shuffle", "random"])
+def test_prefetch_gives_the_same_batches_and_resumes_the_same(
+    shards: list[Path], sampling: str
+) -> None:
+    plain = make(shards, rank=1, world_size=2, sampling=sampling, prefetch=0)
+    ahead = make(shards, rank=1, world_size=2, sampling=sampling, prefetch=3)
+    assert plain._reader is None and ahead._reader is not None
+    for step in range(40):  # crosses epochs; peeks as exact MARS does
+        if step % 3 == 0:
+            assert torch.equal(plain.peek_batch(1)[0], ahead.peek_batch(1)[0])
+        a, b = plain.next_batch(), ahead.next_batch()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert len(ahead._ahead) == 3  # batches in flight when the position is saved
+    state = ahead.state_dict()
+    assert state == plain.state_dict()
+    expected = take(plain, 10)
+    resumed = make(shards, rank=1, world_size=2, sampling=sampling, prefetch=3)
+    take(resumed, 5)  # its own read-ahead, from another position
+    resumed.load_state_dict(state)
+    assert take(resumed, 10) == expected and take(ahead, 10) == expected
+    ahead.close()
+    assert take(ahead, 2) == take(plain, 2)  # closed: reads on the calling thread
+    with pytest.raises(ValueError, match="prefetch"):
+        make(shards, prefetch=-1)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from model.gpt import tied_state_dict
 from runtime.distributed import DistInfo, broadcast_object, gather_objects
 from runtime.files import atomic_open
 from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp
@@ -297,14 +298,14 @@ def save_training_state(
         "skipped_steps": state.skipped_steps,
     }
     if dcp_saver is not None:
-        states = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        states = {"model": tied_state_dict(model), "optimizer": optimizer.state_dict()}
         side = {"format_version": FORMAT_VERSION, "step": state.step, **extra}
         prune = (lambda _: prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
         dcp_saver.save(checkpoint_dir(out_dir), state.step, states, side, prune)
         return
     t0, error = time.perf_counter(), None
     if dist.is_main:
-        payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **extra}
+        payload = {"model": tied_state_dict(model), "optimizer": optimizer.state_dict(), **extra}
         try:
             path = save_checkpoint(out_dir, state.step, payload, keep)
             log.info("saved %s (the loop was blocked %.2f s)", path, time.perf_counter() - t0)

@@ -23,6 +23,7 @@ the end of the run wait for it. Loading needs no process group: every rank reads
 
 from __future__ import annotations
 
+import inspect
 import logging
 import shutil
 import time
@@ -106,6 +107,25 @@ def my_share(tensors: dict[str, torch.Tensor], rank: int, world_size: int) -> li
     return mine
 
 
+def stage_buffers(
+    tensors: dict[str, torch.Tensor],
+) -> tuple[dict[torch.dtype, torch.Tensor], dict[str, torch.Tensor]]:
+    """One flat CPU buffer per dtype, sized to hold every tensor of that dtype (pinned when any
+    of them is on a GPU: pinning is CUDA's), and each tensor's view of its buffer."""
+    sizes: dict[torch.dtype, int] = {}
+    pin: dict[torch.dtype, bool] = {}
+    for t in tensors.values():
+        sizes[t.dtype] = sizes.get(t.dtype, 0) + t.numel()
+        pin[t.dtype] = pin.get(t.dtype, False) or t.is_cuda
+    flat = {d: torch.empty(n, dtype=d, pin_memory=pin[d]) for d, n in sizes.items()}
+    views, offset = {}, dict.fromkeys(sizes, 0)
+    for k, t in tensors.items():
+        start = offset[t.dtype]
+        views[k] = flat[t.dtype][start : start + t.numel()].view(t.shape)
+        offset[t.dtype] = start + t.numel()
+    return flat, views
+
+
 class _Prestaged(AsyncStager):
     """For ``async_save``: the state dict is already a private CPU copy (``DcpCheckpointer``)."""
 
@@ -113,6 +133,24 @@ class _Prestaged(AsyncStager):
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         return state_dict
+
+
+def async_save_fallback() -> str:
+    """Why ``dcp.async_save`` cannot take our call on this torch ("" when it can): it needs
+    ``async_stager`` (our buffers are already a private CPU copy) and ``no_dist`` (one process
+    without a process group), which torch 2.7 and older lack. The fallback writes with
+    ``dcp.save`` in the saver's own background thread: the same files, the same stall."""
+    try:
+        params = inspect.signature(dcp.async_save).parameters
+    except (TypeError, ValueError):  # a wrapped builtin: take it as lacking everything
+        params = {}
+    missing = [name for name in ("async_stager", "no_dist") if name not in params]
+    if not missing:
+        return ""
+    return (
+        f"torch {torch.__version__}'s dcp.async_save takes no {' or '.join(missing)}: "
+        "writing with dcp.save in a background thread instead"
+    )
 
 
 class DcpCheckpointer:
@@ -133,25 +171,37 @@ class DcpCheckpointer:
         self.group = tdist.new_group(backend="gloo") if self.distributed else None
         self.pending: Future | None = None
         self.writer = ThreadPoolExecutor(max_workers=1) if asynchronous else None  # one thread
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.buffers: dict[str, torch.Tensor] = {}  # views of ``flat``, one per tensor
+        self.flat: dict[torch.dtype, torch.Tensor] = {}
+        self.layout: list = []  # (key, shape, dtype, on a GPU) of the tensors staged last
         self.last_stall_s = 0.0
+        self.fallback = async_save_fallback() if asynchronous else ""
+        if self.fallback and self.is_main:
+            log.warning("%s", self.fallback)
 
     def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """``tensors`` copied into this saver's CPU buffers (made again when the shapes change)."""
-        same = self.buffers.keys() == tensors.keys() and all(
-            b.shape == tensors[k].shape and b.dtype == tensors[k].dtype
-            for k, b in self.buffers.items()
-        )
-        if not same:
-            self.buffers = {
-                k: torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
-                for k, t in tensors.items()
-            }
+        """``tensors`` copied into this saver's CPU buffers: one flat buffer per dtype (pinned
+        for GPU tensors), each tensor a view of it, kept from one save to the next and made again
+        only when the shapes change. One pinned allocation per dtype, not one per tensor: the
+        CUDA host allocator rounds each pinned block up (to a power of two), which cost about
+        1.5x the state with a buffer per tensor."""
+        layout = [(k, t.shape, t.dtype, t.is_cuda) for k, t in tensors.items()]
+        if layout != self.layout:
+            self.layout = layout
+            self.flat, self.buffers = stage_buffers(tensors)
+            pinned = sum(b.nbytes for b in self.flat.values() if b.is_pinned())
+            log.info("checkpoint staging: %s bytes in %d flat CPU buffer(s), %s of them pinned",
+                     f"{self.staged_bytes:,}", len(self.flat), f"{pinned:,}")  # fmt: skip
         for k, t in tensors.items():
             self.buffers[k].copy_(t.detach(), non_blocking=t.is_cuda)
         if any(t.is_cuda for t in tensors.values()):
             torch.cuda.synchronize()
         return self.buffers
+
+    @property
+    def staged_bytes(self) -> int:
+        """Bytes of the staging buffers (pinned where the state is on a GPU)."""
+        return sum(b.nbytes for b in self.flat.values())
 
     def save(self, checkpoints: Path, step: int, states: dict[str, Any], side: dict[str, Any],
              commit: Callable[[Path], None]) -> Path:  # fmt: skip
@@ -176,7 +226,10 @@ class DcpCheckpointer:
         kwargs["no_dist"] = not self.distributed
         if self.asynchronous:
             staged = self.stage(tensors)
-            upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
+            if self.fallback:  # an older torch: our own thread writes (async_save_fallback)
+                upload = self.writer.submit(dcp.save, staged, **kwargs)
+            else:
+                upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
             self.pending = self.writer.submit(self._finish, upload, partial, final, commit)
         else:
             dcp.save(tensors, **kwargs)

@@ -20,7 +20,8 @@ def validation_loss(
     """Mean cross-entropy per token over every rank's batches (each rank passes its own share).
 
     Sums of per-token losses and token counts are reduced across ranks, so the result does not
-    depend on how the windows are split between processes.
+    depend on how the windows are split between processes. Padding rows (``data.val_batches``:
+    every target -1) count for nothing; a batch of padding alone adds zero (its mean is 0/0).
     """
     was_training = model.training
     model.eval()
@@ -29,7 +30,8 @@ def validation_loss(
         with autocast(device, dtype):
             _, loss = model(x, y)
         n = (y != -1).sum()
-        totals[0] += loss.double() * n
+        # where, not an if: no host sync, and a padding-only batch's nan mean stays out
+        totals[0] += torch.where(n > 0, loss.double() * n, 0.0)
         totals[1] += n
     all_reduce_sum(totals)
     model.train(was_training)

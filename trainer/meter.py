@@ -2,13 +2,18 @@
 (``Meter``); per evaluation, the validation loss (``log_val_loss``).
 
 Host synchronisation happens only at log steps: between them the clip count stays a tensor on
-the device. Time spent on evaluations and checkpoints is left out of the throughput.
+the device. Time spent on evaluations and checkpoints is left out of the throughput, and so is
+each session's first step (it holds torch.compile's compilation): the timing window starts after
+it, and a log line before any timed step reports no tokens/s, MFU or ETA. The progress bar is
+drawn only on a terminal: redirected to a file, its carriage returns would clutter the log, which
+has the same numbers every ``log_every`` steps.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 
@@ -44,7 +49,7 @@ class Meter:
         self.bar = tqdm(
             total=cfg.max_steps,
             initial=state.step,
-            disable=not (dist.is_main and cfg.progress),
+            disable=not (dist.is_main and cfg.progress and _is_terminal(sys.stderr)),
             unit="step",
             dynamic_ncols=True,
         )
@@ -58,6 +63,8 @@ class Meter:
             self.clipped += (grad_norm > clip).float()
         self.steps_done += 1
         self.since += 1
+        if self.steps_done == 1:  # compilation and warm-up: start the timing window after it
+            self.since, self.t0 = 0, time.perf_counter()
         self.bar.update(1)
 
     def exclude(self, seconds: float) -> None:
@@ -74,8 +81,9 @@ class Meter:
         if not math.isfinite(train_loss):
             raise FloatingPointError(f"train loss is {train_loss} at step {state.step}")
         dt = time.perf_counter() - self.t0
-        tok_s = self.since * cfg.batch_tokens / dt
-        mfu = self.flops_per_step * self.since / dt / self.peak if self.peak else None
+        timed = self.since > 0  # not on the first step: it holds the compilation
+        tok_s = self.since * cfg.batch_tokens / dt if timed else None
+        mfu = self.flops_per_step * self.since / dt / self.peak if self.peak and timed else None
         state.last_train_loss = train_loss
         self.logger.log(
             {
@@ -91,22 +99,31 @@ class Meter:
                 **(extra or {}),
             }
         )
-        eta = (cfg.max_steps - state.step) * dt / self.since
-        self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        eta = hms((cfg.max_steps - state.step) * dt / self.since) if timed else "-"
+        tok_text = f"{tok_s:,.0f}" if timed else "-"
+        self.bar.set_postfix(loss=f"{train_loss:.4f}", tok_s=tok_text, refresh=False)
         log.info(
             "step %d/%d | loss %.4f | lr %.2e | %s tok/s%s | eta %s",
             state.step,
             cfg.max_steps,
             train_loss,
             lr,
-            f"{tok_s:,.0f}",
+            tok_text,
             f" | mfu {100 * mfu:.1f}%" if mfu else "",
-            hms(eta),
+            eta,
         )
         self.since, self.t0 = 0, time.perf_counter()
 
     def close(self) -> None:
         self.bar.close()
+
+
+def _is_terminal(stream) -> bool:  # noqa: ANN001
+    """Whether ``stream`` is a terminal (a progress bar's carriage returns belong there only)."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # replaced or closed streams
+        return False
 
 
 def log_val_loss(loss: float, state: RunState, logger: MetricsLogger, elapsed_s: float) -> None:

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import optim
 from data import TokenLoader, shard_files, val_batches
 from model import GPT
-from runtime.device import autocast, resolve_dtype
+from runtime.device import autocast, check_torch, resolve_dtype, torch_older_than
 from runtime.distributed import DistInfo
 from runtime.seeding import seed_everything
 from trainer import checkpoint as ckpt
@@ -57,6 +57,35 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
     return total / len(batches)
 
 
+def keep_ddp_optimizer_safe() -> bool:
+    """On torch older than 2.6, Dynamo's DDPOptimizer (which splits a compiled DDP model into
+    one graph per gradient bucket) fails on the chunked loss's autograd.Function (seen on 2.5):
+    turn the splitting off there, with the reason logged. Returns whether it was turned off."""
+    if not torch_older_than("2.6"):
+        return False
+    torch._dynamo.config.optimize_ddp = False
+    log.warning("torch %s: DDPOptimizer fails on the chunked loss (loss_chunk_tokens > 0) under "
+                "compile; compiling the model as one graph (no overlap of the gradient all-reduce "
+                "with the backward pass); torch 2.6 or newer keeps it", torch.__version__)  # fmt: skip
+    return True
+
+
+DDP_DEFAULT_BUCKET_MB = 25.0
+
+
+def ddp_bucket_cap_mb(model: torch.nn.Module) -> float:
+    """DDP's gradient bucket size: at least the gradients of the largest transformer block.
+
+    Under torch.compile, DDPOptimizer cuts the model into one graph per bucket; with DDP's
+    default 25 MB cap a GPT-2 XL block (123 MB of fp32 gradients) is cut into five, each a
+    compile and a graph break. A cap of one block makes each piece at least a block; it never
+    goes below the default, so small models keep DDP's usual overlap."""
+    blocks = getattr(getattr(model, "transformer", None), "h", None) or []
+    largest = max((sum(p.numel() * p.element_size() for p in b.parameters()) for b in blocks),
+                  default=0)  # fmt: skip
+    return max(DDP_DEFAULT_BUCKET_MB, largest / 2**20)
+
+
 class Trainer:
     """One run's parts and its step (module docstring). ``batches`` replaces the token loader
     (anything with ``next_batch``, ``peek_batch``, ``state_dict``, ``load_state_dict``): the
@@ -66,6 +95,7 @@ class Trainer:
         self, cfg: TrainConfig, dist: DistInfo, *, out_dir: Path | None = None,
         config_dict: dict | None = None, batches: Any = None,
     ) -> None:  # fmt: skip
+        check_torch()  # one line naming the version found and needed, before any work
         self.cfg, self.dist = cfg, dist
         self.out_dir, self.config_dict = out_dir, config_dict or {}
         self.accum = grad_accum_steps(cfg, dist.world_size)
@@ -116,12 +146,25 @@ class Trainer:
         return round(self.state.elapsed_s + time.perf_counter() - self.session_start, 3)
 
     def wrap(self) -> None:
-        """torch.compile (optional), then DDP when there are several processes."""
-        model = torch.compile(self.raw_model) if self.cfg.compile else self.raw_model
+        """torch.compile (optional, in place, region by region), then DDP when there are several
+        processes."""
+        if self.cfg.compile and self.dist.distributed and self.cfg.loss_chunk_tokens > 0:
+            keep_ddp_optimizer_safe()
+        model = self.raw_model
+        if self.cfg.compile:
+            # Region by region (GPT.compile_regions): one block compiled for all alike, not the
+            # whole model traced at once. dynamic=False: every shape is fixed (validation batches
+            # are padded to the micro-batch); a dynamic graph is slower and differs across ranks.
+            model.compile_regions(dynamic=False)
         self.eval_model = model
         if self.dist.distributed:
             cuda = self.dist.device.type == "cuda"
-            model = DDP(model, device_ids=[self.dist.local_rank] if cuda else None)
+            model = DDP(
+                model,
+                device_ids=[self.dist.local_rank] if cuda else None,
+                bucket_cap_mb=ddp_bucket_cap_mb(self.raw_model),
+                gradient_as_bucket_view=True,  # no second copy of the gradients (4 B/param)
+            )
         self.model = model
 
     def restore(self, path: Path) -> Path:
