@@ -9,7 +9,7 @@ torch's default 25 MB buckets a GPT-2 block's gradients span several buckets and
 into many small graphs. This wraps the model (built on the CPU, one gloo rank: the split depends on
 the bucket sizes, not on the device or the world size) in DDP, compiles it with a counting backend
 (``eager`` by default: the count is dynamo's and needs no compiler) and runs one forward/backward;
-it prints the pieces for each cap, ``bench.memory_model.ddp_bucket_cap_mb`` (a block per bucket at
+it prints the pieces for each cap, ``trainer.trainer.ddp_bucket_cap_mb`` (a block per bucket at
 least) among them.
 """
 
@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from bench.harness import device_line, model_config, reset_compiled
-from bench.memory_model import ddp_bucket_cap_mb
 from model import GPT, GPTConfig
+from trainer.trainer import ddp_bucket_cap_mb
 
 
 def _ensure_process_group() -> bool:

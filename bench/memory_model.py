@@ -40,7 +40,6 @@ the model adds the 2 C one-byte masks, an approximation. torch.compile's fusions
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
@@ -50,7 +49,6 @@ GIB = 2**30
 MIB = 2**20
 CUDA_CONTEXT_BYTES = int(1.5 * GIB)  # context ~0.5 GiB on an H100 + cuBLAS workspace + NCCL
 FRAGMENTATION = 0.10  # of the allocator's peak
-DDP_DEFAULT_BUCKET_MB = 25.0  # torch's bucket_cap_mb
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,22 +166,6 @@ def fitting_micro_batch(candidates: list[int], memory_gib: float, estimate) -> i
     None when none fits."""
     fits = [b for b in candidates if estimate(b).total <= memory_gib * GIB]
     return max(fits, default=None)
-
-
-def ddp_bucket_cap_mb(model: torch.nn.Module) -> float:
-    """A DDP ``bucket_cap_mb`` holding at least one transformer block's gradients.
-
-    torch.compile under DDP (DDPOptimizer) cuts the graph at bucket boundaries; with torch's
-    25 MB a GPT-2 block (12 n_embd^2 fp32 gradients, 27 MiB for small, 117 MiB for XL) spans
-    several buckets and the model falls into many small graphs. A cap of the largest block's
-    gradient bytes (rounded up to a whole MiB, never below torch's 25) keeps each piece at least a
-    block. Works on meta-device models.
-    """
-    blocks = [m for m in model.modules() if type(m).__name__ == "Block"]
-    if not blocks:
-        raise ValueError(f"{type(model).__name__} has no transformer Block modules")
-    largest = max(sum(p.numel() * 4 for p in b.parameters()) for b in blocks)
-    return float(max(DDP_DEFAULT_BUCKET_MB, math.ceil(largest / MIB)))
 
 
 def describe(est: MemoryEstimate) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from bench.configs import config_names, load_config
 from bench.memory_model import estimate_memory
 from trainer.config import TrainConfig
+from trainer.trainer import GRADIENT_AS_BUCKET_VIEW
 
 # table: (experiment directories, optimizers in launch order); the runs are the files there
 TABLES = {
@@ -18,8 +19,7 @@ TABLES = {
     "mars-m": (("owt", "fineweb-edu"), ("adamw", "moonlight", "mars-m")),
 }
 MARS_M_GAMMAS = ("0.01",)  # the MARS-M plots show gamma 0.025 (the configs') and 0.01
-# train.py's DDP: gradient_as_bucket_view, when the Trainer's config has the knob, else torch's
-BUCKET_VIEW = getattr(TrainConfig, "gradient_as_bucket_view", False)
+BUCKET_VIEW = GRADIENT_AS_BUCKET_VIEW  # the Trainer's DDP setting, for the memory estimate
 
 
 class LaunchError(Exception):

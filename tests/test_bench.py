@@ -51,8 +51,8 @@ def optimizer_cfg():
 
 def test_bucket_cap_keeps_a_block_per_piece():
     from bench.graphs import count_ddp_pieces
-    from bench.memory_model import ddp_bucket_cap_mb
     from model import GPT, GPTConfig
+    from trainer.trainer import ddp_bucket_cap_mb
 
     cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=384)
     many = count_ddp_pieces(cfg, 1.0)  # DDP's first-bucket size; a block holds 6.75 MiB

@@ -260,7 +260,7 @@ def test_micro_batch_from_the_memory_model():
         assert picks == sorted(picks, reverse=True)
     xl = launch.estimator(by_size["gpt2-xl"], world=8)
     assert xl(10).ddp_buckets == (0 if launch.BUCKET_VIEW else xl(10).weights)
-    assert xl(10).total > xl(5).total > 55 * GIB  # MARS-AdamW's state, full count
+    assert xl(10).total > xl(5).total > 50 * GIB  # MARS-AdamW's state, full count (old: 43.7)
 
 
 def test_dcp_checkpoints_count_for_resuming(tmp_path):

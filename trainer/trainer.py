@@ -71,6 +71,9 @@ def keep_ddp_optimizer_safe() -> bool:
 
 
 DDP_DEFAULT_BUCKET_MB = 25.0
+# DDP keeps .grad as views into its buckets: no second copy of the gradients (4 B/param); the
+# memory model (bench/memory_model.py) and the launcher read this value.
+GRADIENT_AS_BUCKET_VIEW = True
 
 
 def ddp_bucket_cap_mb(model: torch.nn.Module) -> float:
@@ -163,7 +166,7 @@ class Trainer:
                 model,
                 device_ids=[self.dist.local_rank] if cuda else None,
                 bucket_cap_mb=ddp_bucket_cap_mb(self.raw_model),
-                gradient_as_bucket_view=True,  # no second copy of the gradients (4 B/param)
+                gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
             )
         self.model = model
 
