@@ -39,7 +39,7 @@ class TrainConfig:
     nonfinite: NonFiniteConfig = field(default_factory=NonFiniteConfig)  # trainer/nonfinite.py
 
     name: str | None = None  # the run's name (an experiment's, or the optimizer's): run dir, wandb
-    out_dir: str | None = None  # the run directory; None: runs/<name>[_<overrides>]_<date>_<time>
+    out_dir: str | None = None  # the run directory; None: runs/<name>[_<overrides>] (train.py)
     resume: str = "auto"  # auto | never | PATH (a checkpoint file or a run directory)
     seed: int = 1337
     max_steps: int = 1000

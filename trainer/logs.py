@@ -81,7 +81,7 @@ def _step_of(line: str) -> float:
 
 
 def display_name(out_dir: Path) -> str:
-    """A run's name for people: its directory below ``runs/`` (``owt/small-adamw_<time>``,
+    """A run's name for people: its directory below ``runs/`` (``owt/small-adamw``,
     ``<sweep>/optimizer.lr=0.003``), or the directory's own name elsewhere."""
     parts = out_dir.resolve().parts
     if "runs" in parts[:-1]:
