@@ -141,13 +141,16 @@ def test_async_save_without_stager_falls_back_with_a_reason(tmp_path, monkeypatc
 
 
 def test_chunked_loss_under_ddp_compile_falls_back_on_old_torch(monkeypatch, caplog):
-    monkeypatch.setattr(torch._dynamo.config, "optimize_ddp", True)
-    assert not keep_ddp_optimizer_safe()  # this torch: DDPOptimizer stays
-    assert torch._dynamo.config.optimize_ddp
-    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
-    with caplog.at_level(logging.WARNING):
-        assert keep_ddp_optimizer_safe()
-    assert torch._dynamo.config.optimize_ddp is False and "DDPOptimizer" in caplog.text
+    # torch's config module through its own patch(): pytest's monkeypatch would delete the
+    # option on undo (the config module's delattr), breaking every later compile
+    with torch._dynamo.config.patch(optimize_ddp=True):
+        assert not keep_ddp_optimizer_safe()  # this torch: DDPOptimizer stays
+        assert torch._dynamo.config.optimize_ddp
+        monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+        with caplog.at_level(logging.WARNING):
+            assert keep_ddp_optimizer_safe()
+        assert torch._dynamo.config.optimize_ddp is False and "DDPOptimizer" in caplog.text
+    assert torch._dynamo.config.optimize_ddp is not False  # restored for the tests after
 
 
 # Item 3: the first step (compilation) is out of the throughput; no progress bar off a terminal.
