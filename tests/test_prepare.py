@@ -147,7 +147,11 @@ def test_ensure_prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         return {}
 
     monkeypatch.setattr(prepare_mod, "prepare", fake_prepare)
-    ensure_prepared("sotu", tmp_path / "auto")
+    with pytest.raises(FileNotFoundError, match="does not exist.*python -m data.prepare sotu"):
+        ensure_prepared("sotu", tmp_path / "typo")  # a mistyped data.dir is never filled
+    assert calls == [] and not (tmp_path / "typo").exists()
+    (tmp_path / "auto").mkdir()
+    ensure_prepared("sotu", tmp_path / "auto")  # an existing empty directory: prepared there
     assert calls == [("sotu", tmp_path / "auto")]
 
 
