@@ -57,6 +57,18 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
+def _attend(attn: CausalSelfAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+            ) -> torch.Tensor:  # fmt: skip
+    """Causal attention of (B, n_head, T, head_dim) tensors with ``attn``'s scale and dropout."""
+    dropout_p = attn.dropout if attn.training else 0.0
+    return F.scaled_dot_product_attention(
+        q, k, v, dropout_p=dropout_p, is_causal=True, scale=attn.scale
+    )
+
+
+_attend_untraced = torch.compiler.disable(_attend)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
         super().__init__()
@@ -69,19 +81,17 @@ class CausalSelfAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(self.head_dim)
         if cfg.scale_attn_by_inverse_layer_idx:
             self.scale /= layer_idx + 1
+            # The scale differs by layer, and SDPA takes it as a float that Dynamo compiles in as
+            # a constant: a graph per layer. Called outside the graph (the same aten call, so the
+            # same rounding), the blocks share their compiled graphs before and after it.
+        self.attend_outside_graph = cfg.scale_attn_by_inverse_layer_idx
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=True,
-            scale=self.scale,
-        )
+        attend = _attend_untraced if self.attend_outside_graph else _attend
+        y = attend(self, q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -223,12 +233,10 @@ class GPT(nn.Module):
         with ``torch.compile(model)``, but Dynamo, AOTAutograd and Inductor work on one block
         instead of ``n_layer`` of them (docs/gpu-readiness.md has the first-step times).
 
-        With ``scale_attn_by_inverse_layer_idx`` the blocks differ by their attention scale, a
-        float that Dynamo compiles in as a constant: one by one they would cost a compile each,
-        so the whole model is then compiled as one graph (``nn.Module.compile``), as before."""
-        if self.config.scale_attn_by_inverse_layer_idx:
-            self.compile(**kwargs)
-            return
+        With ``scale_attn_by_inverse_layer_idx`` (the papers' presets) each layer's attention
+        has its own scale, a float that Dynamo would compile in as a constant, a graph per layer:
+        the attention call then runs outside the graph (``_attend_untraced``; the same aten
+        kernel as inside one), and the blocks share their graphs before and after it."""
         for block in self.transformer.h:
             block.compile(**kwargs)
         self.transformer.ln_f.compile(**kwargs)
