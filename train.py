@@ -61,8 +61,10 @@ def run(trainer: Trainer) -> None:
         loss, grad_norm, lr = trainer.train_step()
         last = state.step == cfg.max_steps
         meter.step(grad_norm)
-        if (state.step % cfg.log_every == 0 or last) and not trainer.guard.skipped:
-            meter.log(loss, grad_norm, lr, trainer.guard.metrics())
+        if state.step % cfg.log_every == 0 or last:
+            trainer.guard.resolve(trainer.logger)  # the device decision, read at once here
+            if not trainer.guard.skipped:
+                meter.log(loss, grad_norm, lr, trainer.guard.metrics())
         t0 = time.perf_counter()
         if (cfg.eval_every and state.step % cfg.eval_every == 0) or last:
             trainer.evaluate()

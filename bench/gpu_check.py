@@ -87,6 +87,9 @@ def gpu_steps(memory_gib: float) -> list[Step]:
              [*py, "-m", "bench.checkpoint", "--device", "cuda", "--saves", "2"], 45),
         Step("graphs", "DDP graph pieces per bucket cap",
              [*py, "-m", "bench.graphs", "--model", "gpt2-small"], 30),
+        Step("nonfinite", "the non-finite check decided on the host vs on the device",
+             [*py, "-m", "bench.nonfinite", "--model", "gpt2-small", "--device", "cuda",
+              "--micro-batch", "8", "--optimizer", "mars-adamw", "--rounds", "3"], 60),
     ]  # fmt: skip
 
 

@@ -1,6 +1,8 @@
 """Cost of the per-step non-finite check (trainer/nonfinite.py): training steps with the check
-(``nonfinite.policy=skip``: one tiny all-reduce and one host sync per step) against without
-(``off``), interleaved in one process so that both see the same machine.
+decided on the host (``nonfinite.decision=host``: one tiny all-reduce and one host sync per step)
+and on the device (``device``: the optimizer masks its writes on ``found_inf``, the flags are
+read a step late; where the optimizer supports it) against without (``policy=off``),
+interleaved in one process so that all see the same machine.
 
     python -m bench.nonfinite                                   # tiny model, CPU
     python -m bench.nonfinite --model gpt2-small --device cuda --micro-batch 16 --accum 4
@@ -78,10 +80,14 @@ def main() -> None:
     opt = optim.build_optimizer(model, opt_cfg)
     x = torch.randint(0, 50257, (args.micro_batch, cfg.block_size), device=device)
     batches = [(x, x)] * args.accum
-    guards = {
-        policy: NonFiniteGuard(NonFiniteConfig(policy=policy), dist, RunState(), ROOT, 0)
-        for policy in ("off", "skip")
-    }
+    guards = {}
+    for variant, policy, decision in (("off", "off", "host"), ("host", "skip", "host"),
+                                      ("device", "skip", "device")):  # fmt: skip
+        config = NonFiniteConfig(policy=policy, decision=decision)
+        try:
+            guards[variant] = NonFiniteGuard(config, dist, RunState(), ROOT, 0, optimizer=opt)
+        except ValueError as e:  # the optimizer cannot mask its step on a device flag
+            print(f"decision=device: not measured ({e})")
 
     def make_step(guard: NonFiniteGuard):
         def step() -> None:
@@ -94,17 +100,22 @@ def main() -> None:
 
         return step
 
-    steps = {policy: make_step(g) for policy, g in guards.items()}
-    time_round(steps["off"], 2, device)  # warm-up
-    times: dict[str, list[float]] = {"off": [], "skip": []}
+    steps = {variant: make_step(g) for variant, g in guards.items()}
+    for step in steps.values():
+        time_round(step, 2, device)  # warm-up (the device variant compiles its masked step)
+    opt.found_inf = None
+    times: dict[str, list[float]] = {variant: [] for variant in steps}
     for _ in range(args.rounds):
-        for policy in ("off", "skip"):
-            times[policy].append(time_round(steps[policy], args.steps, device))
-    off, skip = (statistics.median(times[p]) for p in ("off", "skip"))
-    for policy, median in (("off", off), ("skip", skip)):
-        rounds = ", ".join(f"{t:.2f}" for t in times[policy])
-        print(f"policy={policy:<4}: {median:9.2f} ms/step (rounds: {rounds})")
-    print(f"skip / off : {skip / off:.4f}")
+        for variant, step in steps.items():
+            opt.found_inf = None  # only the device variant sets it, every step
+            times[variant].append(time_round(step, args.steps, device))
+    medians = {variant: statistics.median(t) for variant, t in times.items()}
+    for variant, median in medians.items():
+        rounds = ", ".join(f"{t:.2f}" for t in times[variant])
+        print(f"{variant:<6}: {median:9.2f} ms/step (rounds: {rounds})")
+    for variant in ("host", "device"):
+        if variant in medians:
+            print(f"{variant} / off : {medians[variant] / medians['off']:.4f}")
 
 
 if __name__ == "__main__":

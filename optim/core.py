@@ -172,8 +172,12 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         self._check_reference()
         foreach = self._use_foreach()
         self.last_paths = []
+        skip = _skip_flag(getattr(self, "found_inf", None))
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
-        buckets = [b for b in buckets if not self._try_fused(b)]
+        self._last_counted = [s for b in buckets for s in b.states]
+        buckets = [b for b in buckets if not self._try_fused(b, skip)]
+        if skip is not None and buckets and bool(skip):  # the eager paths cannot mask: one read
+            buckets = []
         self.last_paths += ["foreach" if foreach else "loop"] * len(buckets)
         self.path_counts.update(self.last_paths)
         for b in buckets:
@@ -217,14 +221,37 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             b.params.append(p), b.states.append(state), b.gs.append(p.grad)
         return list(buckets.values())
 
-    def _try_fused(self, b: Bucket) -> bool:
+    def device_skip_reason(self) -> str | None:
+        """Why a step cannot honour a device-side ``found_inf`` flag without a host read (the
+        protocol of torch's grad scaler: set ``optimizer.found_inf``, a 0-d tensor, 1 to skip;
+        trainer/nonfinite.py), or None when every tensor takes the compiled path, which masks
+        its writes on the device. The step counts, host ints, are then put back by
+        ``uncount_last_step`` once the flag has been read."""
+        if not self.is_approx and any(g.get("variance_reduction") for g in self.param_groups):
+            return "exact mode swaps its reference buffers on the host"
+        for group in self.param_groups:
+            for p in group["params"]:
+                view = route(p, group)[1]
+                if not fused_path.fusable(view):
+                    return (f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
+                            f"{view.get('clip')}) runs eagerly (not on the compiled path)")
+                if self.fused is False or (self.fused is None and p.device.type != "cuda"):
+                    return f"the compiled step is off (fused={self.fused}, {p.device.type})"
+        return None
+
+    def uncount_last_step(self) -> None:
+        """Take back the step count of the last ``step()`` (it was skipped on the device)."""
+        for state in getattr(self, "_last_counted", []):
+            state["step"] -= 1
+
+    def _try_fused(self, b: Bucket, skip: torch.Tensor | None = None) -> bool:
         """Step bucket ``b`` on the compiled path if chosen and covered; whether it did."""
         if not self._want_fused(b) or not fused_path.fusable(b.view):
             return False
         if not fused_path.same_device_and_dtype(b.params):
             return False
         key = fused_path.signature(b)
-        error = fused_path.fused_step(b, is_approx=self.is_approx,
+        error = fused_path.fused_step(b, is_approx=self.is_approx, skip=skip,
                                       may_fall_back=key not in self._fused_ok)  # fmt: skip
         if error:  # the step was done eagerly by the same code; later steps take foreach
             self._fused_off = f"torch.compile failed: {error}"
@@ -234,6 +261,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             self._fused_ok.add(key)
             self.last_paths.append("fused")
         if b.view.get("variance_reduction") and not self.is_approx:
+            if skip is not None and bool(skip):  # host read (exact mode: device_skip_reason)
+                return True
             for s, g in zip(b.states, b.gs):
                 self._advance_reference(s, g)
         return True
@@ -275,6 +304,11 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         for group, keys in zip(self.param_groups, current):
             for k, v in keys.items():
                 group.setdefault(k, v)
+
+
+def _skip_flag(found_inf: torch.Tensor | None) -> torch.Tensor | None:
+    """torch's ``found_inf`` (a 0-d float tensor, 1.0: skip) as a 0-d bool tensor, no read."""
+    return None if found_inf is None else found_inf.reshape(()) != 0
 
 
 def check_rule(group: dict) -> None:

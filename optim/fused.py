@@ -70,31 +70,40 @@ def unavailable_reason(device_type: str) -> str | None:
     return f"device type {device_type!r} is not covered by the fused step"
 
 
-def _update(p, g, ref, m, v, vmax, h, *, reduce, clip, copy_ref, momentum, precond, src_c):
-    """One tensor's step (module docstring); ``h`` is its row of the hyperparameter table."""
+def _update(p, g, ref, m, v, vmax, h, *, reduce, clip, copy_ref, momentum, precond, src_c,
+            skip=None):  # fmt: skip
+    """One tensor's step (module docstring); ``h`` is its row of the hyperparameter table.
+
+    ``skip``: None, or a 0-d bool tensor on the device (torch's ``found_inf``): where it is
+    true every write keeps its old value, bit for bit, with no host read (the masks fuse into
+    the same kernel)."""
+
+    def write(dst, new):
+        dst.copy_(new if skip is None else torch.where(skip, dst, new))
+
     c = g
     if reduce:
         c = g + h[KAPPA] * (g - ref)
         if clip:
             c = c / torch.linalg.vector_norm(c).clamp_min(1.0)
         if copy_ref:
-            ref.copy_(g)
+            write(ref, g)
     if momentum == "lion":
         u = c + h[U_LERP] * (m - c)
-        m.copy_(m * h[M_KEEP] + c * h[M_ADD])
+        write(m, m * h[M_KEEP] + c * h[M_ADD])
     else:
-        m.copy_(m * h[M_KEEP] + c * h[M_ADD])
+        write(m, m * h[M_KEEP] + c * h[M_ADD])
         u = m
     if precond == "adam":
         s = c if src_c else g
-        v.copy_(v * h[V_KEEP] + s * s * h[V_ADD])
+        write(v, v * h[V_KEEP] + s * s * h[V_ADD])
         if vmax is not None:
-            vmax.copy_(torch.maximum(vmax, v))
+            write(vmax, torch.maximum(vmax, v))
             v = vmax
         d = u / ((v.sqrt() / h[A] + h[EPS]) * h[B])
     else:
         d = torch.sign(u)
-    p.copy_(p * h[KEEP] - h[SIZE] * d)
+    write(p, p * h[KEEP] - h[SIZE] * d)
 
 
 def _multi_step(params, grads, refs, ms, vs, vmaxs, table, **flags) -> None:
@@ -199,10 +208,12 @@ def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentu
     return rows
 
 
-def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True) -> str | None:
+def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True,
+               skip: torch.Tensor | None = None) -> str | None:  # fmt: skip
     """Run one bucket of the core (optim/core.py ``Bucket``) through the compiled step.
 
     The caller has counted the steps; in exact mode it swaps the reference buffers afterwards.
+    ``skip`` (a 0-d bool tensor on the device, or None): where true, nothing is written.
     Returns None, or why it could not compile (``may_fall_back``: the step was then done eagerly
     by the same code; otherwise the error propagates).
     """
@@ -227,6 +238,8 @@ def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True) -> str | 
         precond=view["preconditioner"],
         src_c=not adam or options.second_moment == "c",
     )
+    if skip is not None:  # absent otherwise: the compiled code is the one without masks
+        flags["skip"] = skip
     args = (
         params,
         bucket.gs,

@@ -210,3 +210,73 @@ def test_two_gloo_processes_agree_on_skips_and_stop(tmp_path, sotu_dir):
     assert d["1"] == d["2"] != d["3"] == d["4"]  # 2 (loss on rank 1) and 4 (its grads) skipped
     skipped = [(r["step"], r["skipped_steps"]) for r in read_metrics(out) if r.get("skipped")]
     assert skipped == [(2, 1), (4, 2)]
+
+
+# The device decision (nonfinite.decision=device): torch's found_inf protocol, read one step late.
+DEVICE = ["nonfinite.decision=device", "optimizer.fused=true", "log_every=10"]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw"])
+def test_device_decision_skip_touches_nothing_and_is_read_a_step_late(
+    tmp_path, sotu_dir, inject, optimizer
+):
+    typed, _ = fast_config(tmp_path, sotu_dir, f"optimizer={optimizer}", "max_steps=4", *DEVICE)
+    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    assert trainer.guard.on_device
+    inject({2: "nan"})
+    trainer.train_step()  # step 1: the optimizer state exists
+    trainer.guard.resolve()
+    before = snapshot(trainer)
+    trainer.train_step()  # step 2: poisoned; the optimizer ran, masked on the device
+    assert trainer.guard.pending.step == 2 and trainer.state.skipped_steps == 0  # not read yet
+    trainer.guard.resolve()
+    assert trainer.guard.skipped and trainer.state.skipped_steps == 1
+    assert_same_state(snapshot(trainer), before)  # step counts taken back, buffers untouched
+    trainer.train_step()  # step 3: finite, applied; it reads step 2's flags first
+    trainer.guard.resolve()
+    assert not trainer.guard.skipped and trainer.guard.consecutive == 0
+    after = trainer.raw_model.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert any(not torch.equal(after[k], before[0][k]) for k in after)
+    train.destroy()
+
+
+def test_device_decision_reads_only_the_previous_steps_flags(tmp_path, sotu_dir, monkeypatch):
+    """Within a step, the one host read is of the step before's flags (copied when that step's
+    backward ended): the host never waits for the work it has just queued."""
+    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", "max_steps=4", *DEVICE)
+    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    trainer.train_step()
+    reads = []
+    for name in ("tolist", "item", "__bool__"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _r=real, **k: (reads.append(t), _r(t, *a, **k))[1])
+    for _ in range(2):
+        previous = trainer.guard.pending.flags
+        reads.clear()
+        trainer.train_step()
+        assert len(reads) == 1 and reads[0] is previous
+    monkeypatch.undo()
+    train.destroy()
+
+
+def test_device_decision_counts_and_stops_like_the_host_one(tmp_path, sotu_dir, inject):
+    inject({2: "nan", **{s: "nan" for s in range(5, 9)}})
+    overrides = ["max_steps=8", "eval_every=0", "ckpt_every=3", "nonfinite.max_consecutive=2"]
+    with pytest.raises(SystemExit) as exc:
+        run(tmp_path, sotu_dir, *overrides, *DEVICE)
+    msg = str(exc.value)
+    assert "stopping at step 6: non-finite gradient norm (" in msg and "those of step 4" in msg
+    assert str(tmp_path / "checkpoints" / "step_0000003.pt") in msg
+    skipped = [(r["step"], r["tokens"], r["skipped_steps"])
+               for r in read_metrics(tmp_path) if r.get("skipped")]  # fmt: skip
+    assert skipped == [(2, 512, 1), (5, 1280, 2)]
+    ckpt = torch.load(tmp_path / "checkpoints" / "step_0000003.pt", weights_only=True)
+    assert ckpt["skipped_steps"] == 1  # the skip of step 2 was read before the save
+
+
+def test_device_decision_refuses_an_optimizer_that_cannot_mask(tmp_path, sotu_dir):
+    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=muon", "nonfinite.decision=device")
+    with pytest.raises(ValueError, match="nonfinite.decision=device: .*runs eagerly"):
+        trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    train.destroy()

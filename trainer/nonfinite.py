@@ -8,15 +8,21 @@ the next step's ``g_ref``. The three flags of every rank are summed by one all-r
 numbers, so every rank takes the same decision even when only one rank's loss is NaN (DDP
 averages gradients, so a NaN gradient of one rank already reaches all; the loss is per rank).
 
-The one host synchronisation. The decision is read on the host (``.tolist()`` of those three
-numbers) once per step, and the optimizer step is then simply not called. This is the only way
-that keeps *every* optimizer's state untouched (torch's AdamW, the MARS core, and whatever is
-registered next, with step counters that may be Python ints): a sync-free masked step would need
-each optimizer to mask each of its state updates on a device flag (torch's fused AdamW can, via
-``found_inf``; our optimizers and third-party ones cannot), or a copy of the whole optimizer
-state per step. The cost: the host waits for the backward pass to finish before it launches the
-optimizer step, so the launch time of the optimizer step is no longer hidden behind the
-backward; the kernels themselves are unchanged. ``policy=off`` removes the check and the sync.
+Where the decision is read (``decision``). ``host``: the flags are read on the host
+(``.tolist()``) every step and the optimizer step is simply not called: this keeps the state of
+*any* optimizer untouched (Python-int step counters included), at the price of one host
+synchronisation per step (the host waits for the backward pass before it launches the optimizer
+step; ``python -m bench.nonfinite`` measures it). ``device``: torch's grad-scaler protocol. The
+flag goes to the optimizer as ``optimizer.found_inf`` (a 0-d tensor, 1 = skip) and the step is
+always called; an optimizer that supports it writes nothing where the flag is set, with no host
+read (torch's fused AdamW; the core's compiled step, optim/fused.py, masking every write with
+``torch.where``). The host reads the flags one step late: a non-blocking copy made after the
+backward pass is read during the next step, after that step's forward and backward are queued,
+so the host never waits on queued work; a skip is then counted and reported, the core's host
+step counters are taken back (``uncount_last_step``), and a stop raised, before the next
+optimizer step. The log steps and checkpoints read it at once (they synchronise anyway).
+``auto`` (default): ``device`` on CUDA when the optimizer supports it, else ``host``; the choice
+and its reason are logged once.
 
 What a skipped step does (``skip``): the optimizer is not stepped, so the weights and the
 optimizer state (moments, per-tensor step counts and bias corrections, MARS's ``last_grad``) are
@@ -52,6 +58,7 @@ from trainer.checkpoint import latest_checkpoint
 log = logging.getLogger(__name__)
 
 POLICIES = ("skip", "stop", "off")
+DECISIONS = ("auto", "host", "device")
 _PARTS = ("loss", "gradient norm", "reference gradient norm")
 
 
@@ -67,11 +74,16 @@ class NonFiniteConfig:
 
     policy: str = "skip"  # skip | stop | off
     max_consecutive: int = 5  # skip: stop at this many non-finite steps in a row
+    decision: str = "auto"  # auto | host | device: where the skip is decided (module docstring)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(
                 f"unknown nonfinite.policy {self.policy!r}; valid policies: {list(POLICIES)}"
+            )
+        if self.decision not in DECISIONS:
+            raise ValueError(
+                f"unknown nonfinite.decision {self.decision!r}; valid values: {list(DECISIONS)}"
             )
         if isinstance(self.max_consecutive, bool) or self.max_consecutive < 1:
             raise ValueError(
@@ -89,18 +101,57 @@ def nonfinite_flags(
     return (~torch.isfinite(parts)).float()
 
 
+def device_skip_reason(optimizer: Any) -> str | None:
+    """Why ``optimizer`` cannot skip a step on a device flag (``found_inf``), or None if it can."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        if all(g.get("fused") for g in optimizer.param_groups):
+            return None  # torch's fused kernels skip on found_inf and take their steps back
+        return "torch's AdamW honours found_inf only with fused=True (optimizer.fused=true)"
+    reason = getattr(optimizer, "device_skip_reason", None)
+    if reason is None:
+        return f"{type(optimizer).__name__} has no device-side skip (found_inf)"
+    return reason()
+
+
+@dataclass
+class _Pending:
+    """A step whose flags are not yet read: its number, its tokens, the flags (a host copy)."""
+
+    step: int
+    tokens: int
+    flags: torch.Tensor
+    ready: Any = None  # a CUDA event recorded after the copy, or None (the copy is done)
+
+
 class NonFiniteGuard:
     """The per-step decision (module docstring). ``state`` is the run's RunState (its ``step``,
     ``tokens`` and ``skipped_steps``); ``out_dir`` the run directory, to name its checkpoint;
     ``batch_tokens`` the tokens of one step (a skipped step's record counts them, as consumed)."""
 
     def __init__(
-        self, cfg: NonFiniteConfig, dist: DistInfo, state: Any, out_dir: Path, batch_tokens: int
-    ) -> None:
+        self, cfg: NonFiniteConfig, dist: DistInfo, state: Any, out_dir: Path, batch_tokens: int,
+        optimizer: Any = None,
+    ) -> None:  # fmt: skip
         self.cfg, self.dist, self.state, self.out_dir = cfg, dist, state, Path(out_dir)
-        self.batch_tokens = batch_tokens
-        self.consecutive = 0  # non-finite steps in a row, up to this one
-        self.skipped = False  # whether the last step was skipped
+        self.batch_tokens, self.optimizer = batch_tokens, optimizer
+        self.consecutive = 0  # non-finite steps in a row, up to the last one read
+        self.skipped = False  # whether the last step read was skipped
+        self.pending: _Pending | None = None  # device decision: the step not yet read
+        self.on_device = self.enabled and self._choose_device()
+
+    def _choose_device(self) -> bool:
+        """The ``decision`` setting against what the optimizer and the device can do (logged)."""
+        if self.cfg.decision == "host" or self.optimizer is None:
+            return False
+        reason = device_skip_reason(self.optimizer)
+        if self.cfg.decision == "device" and reason:
+            raise ValueError(f"nonfinite.decision=device: {reason}; use nonfinite.decision=auto "
+                             "(the host decides then) or host")  # fmt: skip
+        if self.cfg.decision == "auto" and not reason and self.dist.device.type != "cuda":
+            reason = f"on {self.dist.device.type} a host read costs nothing to hide"
+        log.info("non-finite check: decided %s", "on the device, read one step late" if not
+                 reason else f"on the host every step ({reason})")  # fmt: skip
+        return not reason
 
     @property
     def enabled(self) -> bool:
@@ -115,22 +166,53 @@ class NonFiniteGuard:
     ) -> bool:
         """Whether to apply the step being taken (``state.step + 1``): one all-reduce of three
         numbers and one host sync; counts and reports a skipped step, or stops the run."""
-        self.skipped = False
         if not self.enabled:
+            self.skipped = False
             return True
-        counts = all_reduce_sum(nonfinite_flags(loss, grad_norm, ref_norm)).tolist()
+        flags = all_reduce_sum(nonfinite_flags(loss, grad_norm, ref_norm))
+        step, tokens = self.state.step + 1, self.state.tokens + self.batch_tokens
+        if not self.on_device:
+            return not self._judge(step, tokens, flags.tolist(), logger)
+        self.resolve(logger)  # the previous step's flags, read late: no wait on queued work
+        self.optimizer.found_inf = flags.sum().clamp_max(1.0)  # 0-d, as torch's grad scaler
+        if flags.is_cuda:  # pinned + an event: the read waits for this copy, not later work
+            host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+            self.pending = _Pending(step, tokens, host, ready)
+        else:
+            self.pending = _Pending(step, tokens, flags)
+        return True
+
+    def resolve(self, logger: Any = None) -> None:
+        """Read the pending step's flags (device decision) and count, report or stop on them;
+        the log steps and checkpoints call it at once, the next step otherwise."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        if self._judge(pending.step, pending.tokens, pending.flags.tolist(), logger):
+            uncount = getattr(self.optimizer, "uncount_last_step", None)
+            if uncount is not None:  # the core's host step counters (torch's take their own)
+                uncount()
+
+    def _judge(self, step: int, tokens: int, counts: list[float], logger: Any) -> bool:
+        """Count, report or stop on one step's summed flags; whether it is skipped."""
+        self.skipped = False
         if not any(counts):
             self.consecutive = 0
-            return True
+            return False
         self.consecutive += 1
         limit = 1 if self.cfg.policy == "stop" else self.cfg.max_consecutive
         what = self._describe(counts)
         if self.consecutive >= limit:
-            raise SystemExit(self._stop_message(what))
+            raise SystemExit(self._stop_message(what, step))
         self.skipped = True
         self.state.skipped_steps += 1
-        self._report(what, logger)
-        return False
+        self._report(what, logger, step, tokens)
+        return True
 
     def metrics(self) -> dict[str, int]:
         """Keys for the per-log-step record: the run's skipped steps (none when ``off``)."""
@@ -145,17 +227,15 @@ class NonFiniteGuard:
         ]
         return "non-finite " + ", ".join(parts)
 
-    def _report(self, what: str, logger: Any) -> None:
-        step = self.state.step + 1
+    def _report(self, what: str, logger: Any, step: int, tokens: int) -> None:
         log.warning("step %d: %s: step skipped (%d in a row, %d in total; the run stops at %d "
                     "in a row, nonfinite.max_consecutive)", step, what, self.consecutive,
                     self.state.skipped_steps, self.cfg.max_consecutive)  # fmt: skip
         if logger is not None:
-            logger.log({"step": step, "tokens": self.state.tokens + self.batch_tokens,
-                        "skipped": 1, "skipped_steps": self.state.skipped_steps})  # fmt: skip
+            logger.log({"step": step, "tokens": tokens, "skipped": 1,
+                        "skipped_steps": self.state.skipped_steps})  # fmt: skip
 
-    def _stop_message(self, what: str) -> str:
-        step = self.state.step + 1
+    def _stop_message(self, what: str, step: int) -> str:
         ckpt = latest_checkpoint(self.out_dir)
         where = f"last checkpoint: {ckpt}" if ckpt else f"no checkpoint in {self.out_dir} yet"
         rule = (

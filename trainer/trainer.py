@@ -114,7 +114,8 @@ class Trainer:
         seed_everything(cfg.seed + dist.rank)  # dropout streams differ per rank
         self.state = RunState()
         guard_dir = out_dir if out_dir is not None else Path(".")
-        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, guard_dir, cfg.batch_tokens)
+        self.guard = NonFiniteGuard(cfg.nonfinite, dist, self.state, guard_dir, cfg.batch_tokens,
+                                    optimizer=self.optimizer)  # fmt: skip
         self.logger: MetricsLogger | None = None  # opened by build_trainer
         self.finished: dict | None = None  # the summary, when an earlier session finished the run
         self.preemption = PreemptionGuard()  # SIGTERM/SIGUSR1: stop, checkpoint, requeue
@@ -177,6 +178,7 @@ class Trainer:
         return ckpt.restore_training_state(path, *parts, self.state, self.dist, fall_back)
 
     def save(self) -> None:
+        self.guard.resolve(self.logger)  # a skip read late is counted before the state is saved
         parts = (self.raw_model, self.optimizer, self.loader)
         ckpt.save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
                                  dist=self.dist, keep=self.cfg.keep_checkpoints,
