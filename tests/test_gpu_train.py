@@ -63,3 +63,27 @@ def test_compiled_cuda_run_with_evaluations(tmp_path, sotu_dir):
     assert summary["steps"] == 6
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val_loss" in r] == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw"])
+def test_train_step_with_the_device_decision_makes_no_host_sync(tmp_path, sotu_dir, optimizer):
+    """nonfinite.decision=device: a training step (forward, backward, clip, check, optimizer
+    step) between log steps waits for no queued GPU work; the one read is of the step before's
+    flags (an event on a finished copy, which the sync debug mode does not count)."""
+    import trainer.trainer as trainer_mod
+
+    typed, _ = fast_config(tmp_path, sotu_dir, f"optimizer={optimizer}", "device=cuda",
+                           "nonfinite.decision=device", "log_every=100")  # fmt: skip
+    trainer = trainer_mod.Trainer(typed, train.init_distributed("cuda"), out_dir=tmp_path)
+    for _ in range(3):  # warm-up: compiles, state, the loader's prefetch
+        trainer.train_step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            trainer.train_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    trainer.guard.resolve()
+    assert trainer.state.skipped_steps == 0
+    train.destroy()
