@@ -69,11 +69,12 @@ def final_loss(run: rr.Run) -> float | None:
 
 
 def changed(items: dict[str, Any], base: dict[str, Any] | None) -> str:
-    """The config values where ``items`` differs from the baseline's (keys both have, and the
-    optimizer's name), as ``key=value`` text."""
+    """The config values where ``items`` differs from the baseline's, as ``key=value`` text.
+    Under another optimizer only the keys both have count (the rest belong to one of them)."""
     if base is None:
         return ""
-    keys = [k for k in items if k in base and items[k] != base[k]]
+    same = items.get("optimizer.name") == base.get("optimizer.name")
+    keys = [k for k in items if (same or k in base) and items[k] != base.get(k)]
     return ", ".join(f"{k.removeprefix('optimizer.')}={items[k]}" for k in keys)
 
 
@@ -201,7 +202,8 @@ def render_ablations(sections: list[dict[str, Any]]) -> str:
         "- fwd-bwd tokens: training tokens x forward-backward passes per step (2 in exact mode; "
         "metrics.jsonl's `tokens` counts training tokens only). best at mars's compute: the best "
         "loss among evaluations within the `mars` row's fwd-bwd tokens: the per-FLOP comparison.",
-        "- changed: the config values that differ from the `mars` row's (keys both have).",
+        "- changed: the config values that differ from the `mars` row's (under another "
+        "optimizer, of the keys both have).",
     ]
     return "\n".join(out) + "\n"
 
