@@ -42,6 +42,10 @@ def composed(experiment: str) -> dict:
     return flatten(plain)
 
 
+def composed_with(*overrides: str) -> dict:
+    return train.to_typed(compose_config(*overrides))[1]
+
+
 @pytest.fixture(scope="module")
 def mars():
     return {s: composed(f"{s}/mars") for s in SETS}
@@ -138,6 +142,8 @@ def test_equal_compute_row_keeps_half_of_a_shorter_set(capsys, no_gpu, tmp_path)
     half = [line for line in lines if "exact-half" in line]
     assert half[0].endswith("max_steps=20 max_steps=10")  # the last override wins in Hydra
     assert all(line.endswith("max_steps=20") for line in lines if line not in half)
+    args = half[0].split("train.py ")[1].split()  # the command as train.py composes it
+    assert composed_with(*args)["max_steps"] == 10
     run = tmp_path / "ablation-cpu" / "exact-half"  # finished at its 10 steps: skipped
     run.mkdir(parents=True)
     (run / "summary.json").write_text(json.dumps({"steps": 10}))
