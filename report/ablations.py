@@ -148,15 +148,15 @@ def ablation_sections(runs: list[rr.Run], warnings: list[str]) -> list[dict[str,
         mine = {k: v for k, v in entries.items() if k[0] == set_name}
         if not mine:
             continue
-        bases = [v for k, v in mine.items() if k[1] == BASELINE]
+        bases = [k for k in mine if k[1] == BASELINE]
         if len(bases) > 1:
             warnings.append(f"ablation set {set_name}: {len(bases)} differing `{BASELINE}` "
-                            "configurations; the first is the baseline")  # fmt: skip
-        base = entry_row(BASELINE, bases[0], None) if bases else None
+                            "configurations; the first found is the baseline")  # fmt: skip
+        base = entry_row(BASELINE, mine[bases[0]], None) if bases else None
         if base is None:
             warnings.append(f"ablation set {set_name}: no `{BASELINE}` run, so no differences "
                             f"to the baseline (run it: --only '{set_name}/{BASELINE}')")  # fmt: skip
-        rows = [entry_row(k[1], v, base) for k, v in mine.items() if k[1] != BASELINE or not base]
+        rows = [entry_row(k[1], v, base) for k, v in mine.items() if not bases or k != bases[0]]
         if base is not None:
             base["changed"], base["delta_best"] = "", 0.0
             rows.insert(0, base)

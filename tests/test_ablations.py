@@ -225,6 +225,12 @@ def test_lr_grid_rows_are_told_apart_by_their_lrs(tmp_path):
         "mars", "lr-grid lr=0.003 lr_1d=0.0015", "lr-grid lr=0.012 lr_1d=0.003",
     ]  # fmt: skip
     assert sec["rows"][1]["changed"] == "lr=0.003, lr_1d=0.0015"
+    make_run(tmp_path, "ablation", "mars", falling(3.5), opt={"eps": 1e-6}, dirname="other")
+    warnings: list[str] = []
+    (sec,) = abl.ablation_sections([load_run(p, [], warnings) for p in sorted(tmp_path.iterdir())],
+                                   warnings)  # fmt: skip
+    assert [r["label"] for r in sec["rows"]].count("mars") == 2  # a second baseline: kept, noted
+    assert any("2 differing `mars`" in w for w in warnings)
 
 
 def test_no_baseline_is_a_warning_and_other_runs_are_no_rows(tmp_path):
