@@ -8,7 +8,8 @@ Arguments are run directories (``config.yaml`` + ``metrics.jsonl``), globs, pare
 Writes into ``--out``: report.md (also printed), report.json (the same data), val_loss.csv,
 downstream.csv (when any downstream result exists) and per (dataset, size) the figures
 ``val_loss_<dataset>_<size>_tokens.png`` and ``..._time.png``. Published values come from
-docs/published.yaml.
+docs/published.yaml. Runs of an ablation set (configs/experiment/ablation*/) also get the
+ablation table (report/ablations.py, docs/ablations.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from evals import tasks as et
+from report import ablations as abl
 from report import analysis as ana
 from report import runs as rr
 from report.render import render
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         extra=extra,
         warnings=warnings,
     )
-    text = render(report)
+    text = abl.with_ablations(render(report), report["ablations"])
     (out / "report.md").write_text(text, encoding="utf-8")
     (out / "report.json").write_text(
         json.dumps(jsonable(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8"

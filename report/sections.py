@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evals import tasks as et
+from report import ablations as abl
 from report import analysis as ana
 from report import conditions as rcond
 from report import figures as figs
@@ -359,6 +360,7 @@ def build_report(
         "runs": run_rows(sorted(runs, key=lambda r: rel(r.path)), variant_of),
         "unfinished": unfinished(sorted(runs, key=lambda r: rel(r.path))),
         "missing": missing_runs(runs, published),
+        "ablations": abl.ablation_sections(runs, warnings),  # docs/ablations.md
     }
     report["warnings"] = warnings
     return report

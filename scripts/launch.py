@@ -24,6 +24,11 @@ model, the worst optimizer state of the size's runs, the loss path, DDP's bucket
 context) fits the GPU; without a GPU or --gpu-mem, the official one or the largest divisor below
 it. If a run still runs out of memory, pass --micro-batch with a smaller divisor (the global batch
 and the update stay the same). Run it as `python -m scripts.launch` from the repository root.
+
+The ablation sets (docs/ablations.md) are tables too: `--table ablation` (GPT-2 small on
+OpenWebText) and `--table ablation-cpu` (a tiny GPT on the embedded corpus; one CPU process when
+no GPU is visible). A `-- max_steps=N` override shortens a set; its equal-compute row
+(exact-half) then takes N/2.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from bench.configs import ROOT
 from bench.memory_model import GIB, fitting_micro_batch
 from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the tests' too)
     BUCKET_VIEW,
+    CPU_TABLES,
     TABLES,
     LaunchError,
     Run,
@@ -158,6 +164,19 @@ def extra_max_steps(extra: list[str]) -> int | None:
     return int(value) if value is not None else None
 
 
+def run_steps(run: Run, extra: list[str]) -> int | None:
+    """The max_steps override of ``run``: a `max_steps=N` in ``extra``, times the run's share
+    (a row pinned to a share of the set's steps, the equal-compute exact-half, keeps it)."""
+    n = extra_max_steps(extra)
+    return None if n is None else max(1, round(n * run.steps_fraction))
+
+
+def run_extra(run: Run, extra: list[str]) -> list[str]:
+    """The overrides of ``run``: ``extra``, then its own share of a max_steps override."""
+    n = run_steps(run, extra)
+    return extra if run.steps_fraction == 1.0 or n is None else [*extra, f"max_steps={n}"]
+
+
 def _exe(name: str) -> str | None:
     """This Python's `name` script: plain `name` when PATH finds that one, else its path."""
     sibling = Path(sys.executable).parent / name
@@ -192,7 +211,9 @@ def slurm_commands(runs: list[Run], runs_dir: str, micro: dict, args, extra) -> 
     """One Hydra --multirun (submitit) command per group of runs that share their overrides."""
     groups: dict[tuple, list[str]] = {}
     for run in runs:
-        groups.setdefault((micro[run.size], run.suffix, run.overrides), []).append(run.experiment)
+        tail = tuple(run_extra(run, extra)[len(extra):])  # after extra: an equal-compute row's
+        key = (micro[run.size], run.suffix, run.overrides, tail)
+        groups.setdefault(key, []).append(run.experiment)
     launcher = ["hydra/launcher=submitit_slurm", f"hydra.launcher.nodes={args.nodes}",
                 f"hydra.launcher.tasks_per_node={args.gpus}",
                 f"hydra.launcher.gpus_per_node={args.gpus}",
@@ -200,10 +221,11 @@ def slurm_commands(runs: list[Run], runs_dir: str, micro: dict, args, extra) -> 
     if args.slurm_partition:
         launcher.append(f"hydra.launcher.partition={args.slurm_partition}")
     commands = []
-    for (micro_batch, suffix, overrides), experiments in groups.items():
+    for (micro_batch, suffix, overrides, tail), experiments in groups.items():
         sweep = ["--multirun", "experiment=" + ",".join(experiments)]
         train = [f"out_dir={runs_dir}/${{name}}{suffix}", f"micro_batch_size={micro_batch}"]
-        commands.append([*python_cmd(), "train.py", *sweep, *train, *launcher, *overrides, *extra])
+        commands.append([*python_cmd(), "train.py", *sweep, *train, *launcher, *overrides, *extra,
+                         *tail])  # fmt: skip
     return commands
 
 
@@ -238,7 +260,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m scripts.launch",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage="%(prog)s --table {owt,fineweb,mars-m} [options] [-- hydra overrides...]",
+        usage=f"%(prog)s --table {{{','.join(TABLES)}}} [options] [-- hydra overrides...]",
     )
     for flag, kwargs in OPTIONS:
         ap.add_argument(flag, **kwargs)
@@ -286,6 +308,8 @@ def check_args(args: argparse.Namespace, extra: list[str]) -> None:
     args.slurm_time = args.slurm_time or SLURM_MINUTES
     if args.gpus is None:
         args.gpus = visible_gpus()
+        if args.gpus == 0 and args.table in CPU_TABLES:
+            args.gpus = 1  # a CPU-scale table: one process on the CPU (gloo)
         if args.gpus == 0 and not args.dry_run:
             raise LaunchError("no GPU visible; pass --gpus N (GPUs per node), or use --dry-run")
         args.gpus = args.gpus or DRY_RUN_GPUS
@@ -314,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, extra = parse_args(argv)
         runs = select_runs(table_runs(args.table), args.only)
-        max_steps = extra_max_steps(extra)
+        extra_max_steps(extra)  # a bad max_steps fails here, before any run
         micro = plan_micro_batches(runs, args)
     except LaunchError as e:
         print(f"launch: error: {e}", file=sys.stderr)
@@ -324,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# commands run from {ROOT}")
     todo = []
     for run in runs:
-        done, state = run_state(runs_dir / run.name, max_steps)
-        cmd = torchrun_command(run, f"{shown_dir}/{run.name}", micro[run.size], args, extra)
+        run_over = run_extra(run, extra)
+        done, state = run_state(runs_dir / run.name, run_steps(run, extra))
+        cmd = torchrun_command(run, f"{shown_dir}/{run.name}", micro[run.size], args, run_over)
         if done:
             shown = f": {shlex.join(cmd)}" if args.dry_run and not args.slurm else ""
             print(f"# skipped {run.name} ({state}){shown}")

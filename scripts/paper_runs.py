@@ -1,4 +1,5 @@
-"""The paper tables' runs, read from configs/experiment/<dataset>/, and their memory estimate
+"""The paper tables' runs, read from configs/experiment/<dataset>/, the ablation sets'
+(configs/experiment/ablation/, ablation-cpu/; docs/ablations.md), and their memory estimate
 (bench/memory_model.py) for scripts/launch.py."""
 
 from __future__ import annotations
@@ -18,6 +19,17 @@ TABLES = {
     "fineweb": (("fineweb-edu",), ("adamw", "mars-adamw")),
     "mars-m": (("owt", "fineweb-edu"), ("adamw", "moonlight", "mars-m")),
 }
+# The ablation sets (docs/ablations.md): one file per row, run in this order; lr-grid runs as the
+# grid of ABLATION_GRID factors of its lr and lr_1d, less the centre (the `mars` row).
+ABLATION_ROWS = ("mars", "adamw", "gamma0", "gamma0-noclip", "adamw-mars-hparams", "lr-grid",
+                 "optimize-1d", "exact", "exact-half", "clip-global", "first-plain")  # fmt: skip
+ABLATION_GRID = (0.5, 1.0, 2.0)
+TABLES.update({"ablation": (("ablation",), ABLATION_ROWS),
+               "ablation-cpu": (("ablation-cpu",), ABLATION_ROWS)})  # fmt: skip
+CPU_TABLES = ("ablation-cpu",)  # run on one CPU process when no GPU is visible
+# Rows pinned to a share of the set's steps (exact-half: two gradients a step, half the steps):
+# a `max_steps=N` override gives them that share of N.
+STEPS_FRACTION = {"exact-half": 0.5}
 MARS_M_GAMMAS = ("0.01",)  # the MARS-M plots show gamma 0.025 (the configs') and 0.01
 BUCKET_VIEW = GRADIENT_AS_BUCKET_VIEW  # the Trainer's DDP setting, for the memory estimate
 
@@ -39,6 +51,11 @@ class Run:
     @property
     def config(self) -> dict:
         return _experiment(self.experiment)
+
+    @property
+    def steps_fraction(self) -> float:
+        """The share of the set's steps this run takes (STEPS_FRACTION; 1 for most)."""
+        return STEPS_FRACTION.get(self.experiment.rsplit("/", 1)[-1], 1.0)
 
     @property
     def size(self) -> str:
@@ -66,6 +83,8 @@ def table_runs(table: str) -> list[Run]:
     if table not in TABLES:
         raise LaunchError(f"unknown table {table!r}; valid tables: {', '.join(TABLES)}")
     dirs, optimizers = TABLES[table]
+    if optimizers is ABLATION_ROWS:
+        return ablation_runs(dirs[0])
     runs = []
     for d in dirs:
         found = []
@@ -79,6 +98,24 @@ def table_runs(table: str) -> list[Run]:
             if table == "mars-m" and run.experiment.endswith("-mars-m"):
                 runs += [Run(run.experiment, f"-gamma{g}", (f"optimizer.gamma={g}",))
                          for g in MARS_M_GAMMAS]  # fmt: skip
+    return runs
+
+
+def ablation_runs(folder: str) -> list[Run]:
+    """The rows of an ablation set (configs/experiment/<folder>/), lr-grid as its grid."""
+    runs = []
+    for row in ABLATION_ROWS:
+        if row != "lr-grid":
+            runs.append(Run(f"{folder}/{row}"))
+            continue
+        centre = _experiment(f"{folder}/lr-grid")["optimizer"]
+        for f in ABLATION_GRID:
+            for f1 in ABLATION_GRID:
+                if f == f1 == 1.0:
+                    continue  # the centre is the `mars` row
+                lr, lr_1d = f"{centre['lr'] * f:g}", f"{centre['lr_1d'] * f1:g}"
+                runs.append(Run(f"{folder}/lr-grid", f"-lr{lr}-lr1d{lr_1d}",
+                                (f"optimizer.lr={lr}", f"optimizer.lr_1d={lr_1d}")))  # fmt: skip
     return runs
 
 
