@@ -56,6 +56,8 @@ def run(trainer: Trainer) -> None:
     if state.step == 0 and cfg.eval_every:
         trainer.evaluate()
     flops_per_token = trainer.raw_model.flops_per_token(cfg.sequence_length)
+    if getattr(trainer.optimizer, "needs_reference_grad", False):
+        flops_per_token *= 2  # exact mode: a second forward and backward per step (MFU counts it)
     meter = Meter(cfg, trainer.dist, state, trainer.logger, flops_per_token, trainer.elapsed)
     while state.step < cfg.max_steps:
         loss, grad_norm, lr = trainer.train_step()
