@@ -42,9 +42,10 @@ def assert_close_metrics(a: dict, b: dict, rel: float) -> None:
 
 
 def assert_close_weights(a, b, rel: float) -> None:
-    wa, wb = load_checkpoint(latest_checkpoint(a))["model"], load_checkpoint(latest_checkpoint(b))[
-        "model"
-    ]
+    wa, wb = (
+        load_checkpoint(latest_checkpoint(a))["model"],
+        load_checkpoint(latest_checkpoint(b))["model"],
+    )
     assert wa.keys() == wb.keys()
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=rel, atol=rel, msg=k)
@@ -104,8 +105,9 @@ def test_fsdp_checkpoint_reads_whole_with_ddp_keys(runs):
     """Every rank wrote its shards; read back on one process: full tensors under DDP's keys."""
     step3 = runs / "fsdp" / "checkpoints" / "step_0000003"
     assert sorted(p.name for p in step3.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    sharded, replicated = load_checkpoint(step3), load_checkpoint(
-        runs / "ddp" / "checkpoints" / "step_0000003"
+    sharded, replicated = (
+        load_checkpoint(step3),
+        load_checkpoint(runs / "ddp" / "checkpoints" / "step_0000003"),
     )
     assert sharded["model"].keys() == replicated["model"].keys()
     for k, v in replicated["model"].items():
