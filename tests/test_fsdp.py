@@ -170,3 +170,34 @@ def test_model_state_of_a_plain_model_stores_the_tied_head_once(tmp_path, sotu_d
 
     state = model_state(GPT(typed.model))
     assert "transformer.wte.weight" in state and "lm_head.weight" not in state
+
+
+# --- the memory model -----------------------------------------------------------------------------
+
+
+def test_fsdp_memory_parts_are_the_arithmetic():
+    """bench/memory_model.py: the sharded parts are 1/N of DDP's, plus the gathered units."""
+    from bench.harness import model_config
+    from bench.memory_model import estimate_fsdp_memory, estimate_memory, rank_memory
+    from model import GPT
+
+    cfg = model_config("gpt2-medium")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    n = model.num_params()
+    block = sum(p.numel() for p in model.transformer.h[0].parameters())
+    root = n - cfg.n_layer * block  # embeddings, ln_f, the tied head
+    kw = dict(state_bytes=8 * n, micro_batch=15)
+    ddp = estimate_memory(cfg, ddp=True, **kw)
+    four = estimate_fsdp_memory(cfg, world_size=4, **kw)
+    assert (four.weights, four.grads, four.optimizer_state) == (n, n, 2 * n)  # 4n, 4n, 8n over 4
+    assert four.step_temporaries == n and four.bf16_weights == 0 and four.ddp_buckets == 0
+    assert four.gathered == 2 * (root + 2 * block) + 4 * max(root, block)
+    assert (four.activations, four.loss) == (ddp.activations, ddp.loss)
+    static = 4 * n + four.gathered
+    assert four.allocated == static + max(ddp.activations + ddp.loss, n)
+    assert four.total == four.allocated + four.cuda_context + four.fragmentation
+    assert four.total < rank_memory(cfg, parallel="fsdp", world_size=2, **kw).total < ddp.total
+    assert rank_memory(cfg, parallel="fsdp", world_size=1, **kw) == estimate_memory(cfg, **kw)
+    with pytest.raises(ValueError, match="unknown parallel 'zero'"):
+        rank_memory(cfg, parallel="zero", world_size=2, **kw)
