@@ -282,5 +282,7 @@ def fsdp_table(optimizers: dict, *, memory_gib: float = 80.0, gpus=GPU_COUNTS) -
                        for s in sizes}  # fmt: skip
                 fits = [s for s in sizes if gib[s] <= memory_gib]
                 cells = " | ".join(f"{gib[s]:.1f}" for s in sizes)
-                rows.append(f"| {label} | {parallel} | {n} | {cells} | {fits[-1] if fits else '-'} |")
+                rows.append(
+                    f"| {label} | {parallel} | {n} | {cells} | {fits[-1] if fits else '-'} |"
+                )
     return "\n".join(rows)

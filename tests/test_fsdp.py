@@ -118,6 +118,12 @@ def test_fsdp_checkpoint_reads_whole_with_ddp_keys(runs):
         assert so["state"][i].keys() == s.keys()
         for name, v in s.items():
             assert torch.as_tensor(so["state"][i][name]).shape == torch.as_tensor(v).shape
+    from evals.loading import load_model  # eval.py and export read it as they read DDP's
+
+    loaded = load_model(step3)
+    assert loaded.step == 3
+    for k, v in loaded.model.state_dict().items():
+        assert torch.equal(v, sharded["model"].get(k, v)), k
 
 
 @pytest.mark.slow
