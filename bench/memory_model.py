@@ -261,19 +261,22 @@ def rank_memory(cfg: GPTConfig, *, parallel: str, world_size: int, **kw) -> Memo
     return estimate_memory(cfg, ddp=world_size > 1, **kw)
 
 
-def fsdp_table(optimizers: dict, *, memory_gib: float = 80.0, gpus=GPU_COUNTS) -> str:
+def fsdp_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0, gpus=GPU_COUNTS) -> str:
     """Markdown: for each optimizer (label -> config), parallel mode and GPU count, one rank's
     GiB for each GPT-2 size at the papers' micro-batch and the largest size that fits
-    ``memory_gib`` (docs/fsdp.md)."""
+    ``memory_gib`` (docs/fsdp.md). ``state_bytes(cfg, opt_cfg)``: the optimizer state's bytes
+    (``bench.memory.meta_state_bytes(...)[0]``, passed in: bench.memory imports this module).
+
+        fsdp_table({"adamw": AdamWConfig()}, state_bytes=lambda c, o: meta_state_bytes(c, o)[0])
+    """
     from bench.harness import model_config
-    from bench.memory import meta_state_bytes
 
     sizes = list(PAPER_MICRO_BATCH)
     head = "| optimizer | parallel | GPUs | " + " | ".join(sizes) + " | largest that fits |"
     rows = [head, "|" + "---|" * (len(sizes) + 4)]
     for label, opt_cfg in optimizers.items():
         cfgs = {s: model_config(s) for s in sizes}
-        states = {s: meta_state_bytes(c, opt_cfg)[0] for s, c in cfgs.items()}
+        states = {s: state_bytes(c, opt_cfg) for s, c in cfgs.items()}
         for parallel in ("ddp", "fsdp"):
             for n in gpus:
                 gib = {s: rank_memory(cfgs[s], parallel=parallel, world_size=n,
