@@ -174,3 +174,118 @@ def describe(est: MemoryEstimate) -> str:
     rows.append(f"  {'allocated peak':<18}{est.allocated / GIB:8.2f} GiB")
     rows.append(f"  {'total':<18}{est.total / GIB:8.2f} GiB")
     return "\n".join(rows)
+
+
+# --- FSDP (parallel=fsdp, trainer/fsdp.py) -------------------------------------------------------
+
+# The papers' micro-batch: 480 sequences on 8 GPUs with the official grad accumulation of 4
+# (small, medium) or 12 (large, XL): 480 / 8 / 4 = 15 and 480 / 8 / 12 = 5.
+PAPER_MICRO_BATCH = {"gpt2-small": 15, "gpt2-medium": 15, "gpt2-large": 5, "gpt2-xl": 5}
+GPU_COUNTS = (1, 2, 4, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class FsdpMemoryEstimate(MemoryEstimate):
+    """One FSDP rank: ``weights``, ``grads``, ``optimizer_state`` and ``step_temporaries`` are
+    this rank's shards (1/world size); ``bf16_weights`` is 0 (no autocast copy of the model:
+    units are gathered in the compute dtype); ``gathered`` is what FSDP gathers at its peak: the
+    root unit (kept gathered from its forward to its backward), the block being computed and the
+    next one (prefetched) in the compute dtype, and the largest unit's unsharded float32
+    gradients before their reduce-scatter."""
+
+    gathered: int = 0
+
+    @property
+    def allocated(self) -> int:
+        return super().allocated + self.gathered
+
+
+def fsdp_units_params(cfg: GPTConfig) -> tuple[int, int]:
+    """(root unit's parameters, largest block's parameters): the FSDP units of trainer/fsdp.py;
+    the root holds every parameter outside the blocks (embeddings, ln_f, the tied head)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    blocks = [sum(p.numel() for p in b.parameters()) for b in model.transformer.h]
+    return model.num_params() - sum(blocks), max(blocks)
+
+
+def estimate_fsdp_memory(
+    cfg: GPTConfig,
+    *,
+    state_bytes: int,
+    micro_batch: int,
+    world_size: int,
+    seq_len: int | None = None,
+    loss_chunk_tokens: int = 4096,
+    activation_checkpointing: bool = False,
+    low_precision: bool = True,
+    cuda: bool = True,
+) -> FsdpMemoryEstimate:
+    """Peak memory of one of ``world_size`` FSDP ranks (``FsdpMemoryEstimate``); activations and
+    the loss are a DDP rank's (``estimate_memory``): each rank runs its own micro-batch."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    ddp = estimate_memory(
+        cfg, state_bytes=state_bytes, micro_batch=micro_batch, seq_len=seq_len,
+        loss_chunk_tokens=loss_chunk_tokens, activation_checkpointing=activation_checkpointing,
+        low_precision=low_precision, cuda=False,
+    )  # fmt: skip
+    root, block = fsdp_units_params(cfg)
+    a = 2 if low_precision else 4
+    est = FsdpMemoryEstimate(
+        weights=-(-ddp.weights // world_size),
+        grads=-(-ddp.grads // world_size),
+        ddp_buckets=0,
+        optimizer_state=-(-state_bytes // world_size),
+        bf16_weights=0,
+        activations=ddp.activations,
+        loss=ddp.loss,
+        step_temporaries=-(-ddp.step_temporaries // world_size),
+        cuda_context=0,
+        fragmentation=0,
+        gathered=a * (root + 2 * block) + 4 * max(root, block),
+    )
+    if not cuda:
+        return est
+    margin = int(FRAGMENTATION * est.allocated)
+    return dataclasses.replace(est, cuda_context=CUDA_CONTEXT_BYTES, fragmentation=margin)
+
+
+def rank_memory(cfg: GPTConfig, *, parallel: str, world_size: int, **kw) -> MemoryEstimate:
+    """One rank's estimate under ``parallel`` (ddp | fsdp) on ``world_size`` GPUs: the function
+    the launcher calls; ``kw`` as ``estimate_memory``'s."""
+    if parallel == "fsdp" and world_size > 1:
+        return estimate_fsdp_memory(cfg, world_size=world_size, **kw)
+    if parallel not in ("ddp", "fsdp"):
+        raise ValueError(f"unknown parallel {parallel!r}; valid: ['ddp', 'fsdp']")
+    return estimate_memory(cfg, ddp=world_size > 1, **kw)
+
+
+def fsdp_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0, gpus=GPU_COUNTS) -> str:
+    """Markdown: for each optimizer (label -> config), parallel mode and GPU count, one rank's
+    GiB for each GPT-2 size at the papers' micro-batch and the largest size that fits
+    ``memory_gib`` (docs/fsdp.md). ``state_bytes(cfg, opt_cfg)``: the optimizer state's bytes
+    (``bench.memory.meta_state_bytes(...)[0]``, passed in: bench.memory imports this module).
+
+        fsdp_table({"adamw": AdamWConfig()}, state_bytes=lambda c, o: meta_state_bytes(c, o)[0])
+    """
+    from bench.harness import model_config
+
+    sizes = list(PAPER_MICRO_BATCH)
+    head = "| optimizer | parallel | GPUs | " + " | ".join(sizes) + " | largest that fits |"
+    rows = [head, "|" + "---|" * (len(sizes) + 4)]
+    for label, opt_cfg in optimizers.items():
+        cfgs = {s: model_config(s) for s in sizes}
+        states = {s: state_bytes(c, opt_cfg) for s, c in cfgs.items()}
+        for parallel in ("ddp", "fsdp"):
+            for n in gpus:
+                gib = {s: rank_memory(cfgs[s], parallel=parallel, world_size=n,
+                                      state_bytes=states[s],
+                                      micro_batch=PAPER_MICRO_BATCH[s]).total / GIB
+                       for s in sizes}  # fmt: skip
+                fits = [s for s in sizes if gib[s] <= memory_gib]
+                cells = " | ".join(f"{gib[s]:.1f}" for s in sizes)
+                rows.append(
+                    f"| {label} | {parallel} | {n} | {cells} | {fits[-1] if fits else '-'} |"
+                )
+    return "\n".join(rows)

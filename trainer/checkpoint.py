@@ -24,6 +24,7 @@ from model.gpt import tied_state_dict
 from runtime.distributed import DistInfo, broadcast_object, gather_objects
 from runtime.files import atomic_open
 from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp
+from trainer.fsdp import has_dtensors
 
 log = logging.getLogger(__name__)
 
@@ -276,6 +277,21 @@ def restore_training_state(
     return path
 
 
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with the tied head stored once (``tied_state_dict``). A sharded
+    (FSDP) model's tensors are DTensors, whose storage has no address to compare: the tied one is
+    the same parameter object, which is how it is recognised there."""
+    if not has_dtensors(model.state_dict()):
+        return tied_state_dict(model)
+    seen: set[int] = set()
+    out = {}
+    for key, t in model.state_dict(keep_vars=True).items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[key] = t.detach()
+    return out
+
+
 def save_training_state(
     out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any,
     state: Any, *, config: dict, dist: DistInfo, keep: int, elapsed: Callable[[], float],
@@ -298,7 +314,7 @@ def save_training_state(
         "skipped_steps": state.skipped_steps,
     }
     if dcp_saver is not None:
-        states = {"model": tied_state_dict(model), "optimizer": optimizer.state_dict()}
+        states = {"model": model_state(model), "optimizer": optimizer.state_dict()}
         side = {"format_version": FORMAT_VERSION, "step": state.step, **extra}
         prune = (lambda _: prune_checkpoints(out_dir, keep)) if keep > 0 else (lambda _: None)
         dcp_saver.save(checkpoint_dir(out_dir), state.step, states, side, prune)

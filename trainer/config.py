@@ -13,6 +13,7 @@ from trainer.nonfinite import NonFiniteConfig
 
 WANDB_MODES = ("online", "offline", "disabled")
 CHECKPOINT_FORMATS = ("file", "dcp")
+PARALLEL_MODES = ("ddp", "fsdp")
 
 
 @dataclass
@@ -61,6 +62,10 @@ class TrainConfig:
     checkpoint_format: str = "file"
     async_checkpoint: bool = False
     log_every: int = 10
+    # How several processes share the work (docs/fsdp.md): ddp replicates the model and the
+    # optimizer state on every rank; fsdp shards parameters, gradients and optimizer state over
+    # the ranks (torch FSDP2) and writes DCP checkpoints (checkpoint_format file becomes dcp).
+    parallel: str = "ddp"
     compile: bool = False
     # Execution choices of the model (GPT's attributes of the same names, model/gpt.py): the loss
     # over this many tokens at a time without the full logits tensor (0: the plain head and
@@ -83,6 +88,19 @@ class TrainConfig:
             raise ValueError(
                 f"unknown checkpoint_format {self.checkpoint_format!r}; valid: {CHECKPOINT_FORMATS}"
             )
+        if self.parallel not in PARALLEL_MODES:
+            raise ValueError(
+                f"unknown parallel {self.parallel!r}; valid: {list(PARALLEL_MODES)} "
+                "(parallel=fsdp shards the model over the ranks, docs/fsdp.md)"
+            )
+        if self.parallel == "fsdp":
+            if self.async_checkpoint:
+                raise ValueError(
+                    "async_checkpoint=true is not supported with parallel=fsdp: drop it "
+                    "(the sharded DCP save is synchronous) or use parallel=ddp"
+                )
+            # Every rank writes its own shards: a single file would gather the whole state.
+            self.checkpoint_format = "dcp"
         if self.async_checkpoint and self.checkpoint_format != "dcp":
             raise ValueError("async_checkpoint=true needs checkpoint_format=dcp")
         if self.grad_scale <= 0:
@@ -110,6 +128,7 @@ RESUMABLE_KEYS = frozenset(
         "ckpt_every",
         "keep_checkpoints",
         "checkpoint_format",  # resume reads either format
+        "parallel",  # the same numbers sharded or replicated; checkpoints reshard on resume
         "async_checkpoint",
         "log_every",
         "compile",

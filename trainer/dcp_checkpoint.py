@@ -5,7 +5,9 @@ A DCP checkpoint is the directory ``<out_dir>/checkpoints/step_<N>/`` holding
 - DCP's files: every tensor of the model and optimizer state (``__<rank>_0.distcp`` per rank and
   the ``.metadata`` index). With DDP every rank holds the same tensors; each rank hands DCP only
   its share of them (``my_share``: balanced by bytes), so N ranks write, and for an asynchronous
-  save copy to CPU, about 1/N each.
+  save copy to CPU, about 1/N each. With FSDP (``parallel=fsdp``) the model and optimizer tensors
+  are DTensors: each rank writes its own shards, and the index records where each shard lies in
+  the full tensor, so the same keys read back whole (``load_dcp``) on any number of processes.
 - ``train_state.pt``: everything else, written by rank 0 (``torch.save``, loaded with
   ``weights_only=True``): the step, counters, config, loader position, every rank's RNG state,
   and the *skeleton* of the model and optimizer state dicts (their structure, non-tensor values
@@ -37,6 +39,7 @@ import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.tensor import DTensor
 
 from runtime.files import atomic_open
 
@@ -214,7 +217,10 @@ class DcpCheckpointer:
         partial = _partial_dir(final)
         tensors: dict[str, torch.Tensor] = {}
         skeleton = {name: split_tensors(sd, name, tensors) for name, sd in states.items()}
-        tensors = {k: tensors[k] for k in my_share(tensors, self.rank, self.world_size)}
+        # DTensors (FSDP's shards): every rank writes its own; replicated tensors: its share.
+        plain = {k: t for k, t in tensors.items() if not isinstance(t, DTensor)}
+        mine = set(my_share(plain, self.rank, self.world_size))
+        tensors = {k: t for k, t in tensors.items() if k in mine or isinstance(t, DTensor)}
         if self.is_main:
             _remove(partial)  # a save killed earlier
             partial.mkdir(parents=True)

@@ -29,6 +29,7 @@ from runtime.device import autocast, check_torch, resolve_dtype, torch_older_tha
 from runtime.distributed import DistInfo
 from runtime.seeding import seed_everything
 from trainer import checkpoint as ckpt
+from trainer import fsdp
 from trainer.config import TrainConfig, grad_accum_steps
 from trainer.dcp_checkpoint import DcpCheckpointer
 from trainer.evaluation import validation_loss
@@ -42,13 +43,18 @@ log = logging.getLogger("train")
 
 
 def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
-    """Accumulate ``scale * loss`` gradients over ``batches``; DDP syncs on the last one only.
+    """Accumulate ``scale * loss`` gradients over ``batches``; DDP and FSDP sync (all-reduce,
+    reduce-scatter) on the last one only.
 
+    Autocast stays on under FSDP: its bf16 parameters make it a no-op for the matmuls, and it
+    keeps the LayerNorms, softmax and loss in float32 as in a DDP run.
     Returns the mean loss over ``batches`` as a tensor (no host synchronisation)."""
     total = torch.zeros((), device=dist.device)
     for i, (x, y) in enumerate(batches):
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not isinstance(model, DDP) else model.no_sync()
+        if fsdp.is_sharded(model):
+            fsdp.set_gradient_sync(model, last)
         with sync:
             with autocast(dist.device, dtype):
                 _, loss = model(x, y)
@@ -150,18 +156,28 @@ class Trainer:
         return round(self.state.elapsed_s + time.perf_counter() - self.session_start, 3)
 
     def wrap(self) -> None:
-        """torch.compile (optional, in place, region by region), then DDP when there are several
-        processes."""
-        if self.cfg.compile and self.dist.distributed and self.cfg.loss_chunk_tokens > 0:
+        """torch.compile (optional, in place, region by region), then, with several processes,
+        DDP or (``parallel=fsdp``) FSDP2's sharding, after which the optimizer is rebuilt over
+        the sharded parameters with its (restored) state sharded alike (trainer/fsdp.py)."""
+        sharded = self.cfg.parallel == "fsdp" and self.dist.distributed
+        ddp = self.dist.distributed and not sharded
+        if self.cfg.compile and ddp and self.cfg.loss_chunk_tokens > 0:
             keep_ddp_optimizer_safe()
         model = self.raw_model
         if self.cfg.compile:
             # Region by region (GPT.compile_regions): one block compiled for all alike, not the
             # whole model traced at once. dynamic=False: every shape is fixed (validation batches
             # are padded to the micro-batch); a dynamic graph is slower and differs across ranks.
+            # Before fully_shard, as torchtitan: FSDP's hooks stay outside the compiled blocks.
             model.compile_regions(dynamic=False)
-        self.eval_model = model
-        if self.dist.distributed:
+        if self.cfg.parallel == "fsdp" and not sharded:
+            log.info("parallel=fsdp with one process: nothing to shard, the plain model runs")
+        if sharded:
+            fsdp.shard_model(model, self.dist.device, self.dist.world_size, self.dtype)
+            self.optimizer = fsdp.rebuild_optimizer(
+                self.optimizer, lambda: optim.build_optimizer(model, self.cfg.optimizer)
+            )
+        elif ddp:
             cuda = self.dist.device.type == "cuda"
             model = DDP(
                 model,
@@ -169,6 +185,7 @@ class Trainer:
                 bucket_cap_mb=ddp_bucket_cap_mb(self.raw_model),
                 gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
             )
+        self.eval_model = self.raw_model  # under FSDP the sharded root: every rank runs it
         self.model = model
 
     def restore(self, path: Path) -> Path:
@@ -196,6 +213,8 @@ class Trainer:
             device=dist.device,
         )
         loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
+        if fsdp.is_sharded(self.eval_model):
+            fsdp.reshard(self.eval_model)  # the root stays gathered after a forward alone
         log_val_loss(loss, self.state, self.logger, self.elapsed())
         return loss
 
@@ -218,7 +237,10 @@ class Trainer:
 
     def clip_grads(self) -> torch.Tensor:
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        return torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+        # Under FSDP the gradients are DTensor shards: the norm is the whole model's (DTensor's
+        # norm reduces over the ranks) and comes back as a DTensor, made a plain tensor here.
+        norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
+        return fsdp.full_norm(norm)
 
     def reference_grad(self, scale: float) -> torch.Tensor | None:
         """Exact MARS through optim.reference_pass (a no-op for other optimizers): the gradient
