@@ -150,5 +150,7 @@ def model_from_hf(hf: dict, state: dict[str, torch.Tensor], source: str) -> Llam
         raise ValueError(f"{source}: weights do not fit (missing {exc})") from None
     missing, unexpected = model.load_state_dict(ours, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{source}: weights do not fit (missing {missing}, unexpected {unexpected})")
+        raise ValueError(
+            f"{source}: weights do not fit (missing {missing}, unexpected {unexpected})"
+        )
     return model
