@@ -25,7 +25,7 @@ import torch
 import optim
 from bench.data import device_line
 from bench.harness import model_config
-from model import GPT
+from model import build_model
 from runtime.distributed import barrier, destroy, init_distributed
 from trainer import checkpoint as ckpt
 from trainer.dcp_checkpoint import DcpCheckpointer, split_tensors
@@ -35,7 +35,7 @@ FORMATS = ("file", "dcp", "dcp-async")
 
 
 def build(model_name: str, optimizer: str, device: torch.device):
-    model = GPT(model_config(model_name))
+    model = build_model(model_config(model_name))
     model.to(device)
     cls = optim.get_spec(optimizer).config_cls
     opt = optim.build_optimizer(model, cls())

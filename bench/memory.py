@@ -25,7 +25,7 @@ import optim
 from bench.harness import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
 from bench.memory_model import GIB, describe, estimate_memory
 from bench.optim import state_bytes
-from model import GPT, GPTConfig
+from model import GPTConfig, build_model
 from trainer.config import TrainConfig
 
 PER_RANK = 60  # 480 sequences per step over 8 GPUs: the launcher's default candidates
@@ -45,7 +45,7 @@ def state_bytes_after_step(model: torch.nn.Module, opt_cfg) -> int:
 def meta_state_bytes(cfg: GPTConfig, opt_cfg) -> tuple[int, int]:
     """(state bytes, parameter count) of one step on ``cfg``'s model built on the meta device."""
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = build_model(cfg)
     return state_bytes_after_step(model, opt_cfg), model.num_params()
 
 

@@ -34,7 +34,16 @@ it in (B, T, H, D) layout, so the transpose's .contiguous() copies nothing), c_f
 input and c_proj's input: (1 + 3 + 1 + 1 + 4 + 4) C = 14 C elements; the LayerNorms' mean and
 rstd, 16 B; the attention's fp32 log-sum-exp, 4 H B. Under bf16 that is 36 C + 16 + 4 H bytes
 (Korthikanti et al.'s 34 C counts the residual stream in bf16); with dropout > 0 (no paper run)
-the model adds the 2 C one-byte masks, an approximation. torch.compile's fusions save somewhat less: the model is an upper bound there.
+the model adds the 2 C one-byte masks, an approximation. torch.compile's fusions save somewhat less:
+the model is an upper bound there.
+
+LLaMA-style blocks (``arch=llama``, model/llama.py; F = the SwiGLU width), measured the same way:
+each RMSNorm keeps its fp32 input, its fp32 normalised output and the 4-byte rstd (8 C + 4 B);
+c_attn's input, the q/k/v output (v keeps the whole stacked storage), the rotated q and k and
+the attention output, (1 + 3 + 1 + 1 + 1) C = 7 C elements; the MLP's input (once in fp32, twice
+under autocast: w1 and w2 each cast it), w1's and w2's outputs, the SiLU output and c_proj's
+input, 4 F elements; the log-sum-exp, 4 H B. Under bf16: 16 C + 8 + 2 (9 C + 4 F) + 4 H bytes.
+The rotary tables (cos and sin, per position, not per sequence) are left out.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ import dataclasses
 
 import torch
 
-from model import GPT, GPTConfig
+from model import GPTConfig, build_model
 
 GIB = 2**30
 MIB = 2**20
@@ -84,8 +93,17 @@ class MemoryEstimate:
 def block_activation_bytes_per_token(cfg: GPTConfig, *, low_precision: bool) -> int:
     """Bytes one block saves for its backward pass per token (module docstring)."""
     a = 2 if low_precision else 4
-    masks = 2 * cfg.n_embd if cfg.dropout > 0 else 0
-    return cfg.n_embd * (8 + 14 * a) + 16 + 4 * cfg.n_head + masks
+    C = cfg.n_embd
+    masks = 2 * C if cfg.dropout > 0 else 0
+    if cfg.arch == "llama":
+        mlp_inputs = 2 if low_precision else 1  # autocast casts the MLP input for w1 and w2
+        return (
+            2 * (8 * C + 4)
+            + a * ((7 + mlp_inputs) * C + 4 * cfg.ffn_hidden)
+            + 4 * cfg.n_head
+            + masks
+        )
+    return C * (8 + 14 * a) + 16 + 4 * cfg.n_head + masks
 
 
 def activation_bytes(
@@ -97,7 +115,10 @@ def activation_bytes(
         per_token = 4 * cfg.n_embd * cfg.n_layer + block
     else:
         per_token = block * cfg.n_layer
-    embed_and_ln_f = 8 + 4 * cfg.n_embd + 8  # int64 token ids; ln_f's fp32 input and stats
+    if cfg.arch == "llama":  # int64 token ids; the final RMSNorm's fp32 input, output and rstd
+        embed_and_ln_f = 8 + 8 * cfg.n_embd + 4
+    else:  # int64 token ids; ln_f's fp32 input and stats
+        embed_and_ln_f = 8 + 4 * cfg.n_embd + 8
     return tokens * (per_token + embed_and_ln_f)
 
 
@@ -128,7 +149,8 @@ def estimate_memory(
     gradient_as_bucket_view: bool = True,
     cuda: bool = True,
 ) -> MemoryEstimate:
-    """Peak memory of one rank training ``cfg`` with ``micro_batch`` sequences of ``seq_len``.
+    """Peak memory of one rank training ``cfg`` (GPT-2 or LLaMA) with ``micro_batch`` sequences
+    of ``seq_len``.
 
     ``state_bytes`` is the optimizer's state (``bench.memory.meta_state_bytes``);
     ``low_precision`` is bf16/fp16 autocast; ``ddp`` means several ranks (DDP buckets exist);
@@ -137,7 +159,7 @@ def estimate_memory(
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = build_model(cfg)
     n = model.num_params()
     tokens = micro_batch * (seq_len or cfg.block_size)
     parts = dict(

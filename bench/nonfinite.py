@@ -25,7 +25,7 @@ import torch
 
 import optim
 from bench.configs import load_config
-from model import GPT, GPTConfig
+from model import GPTConfig, build_model
 from runtime.device import resolve_dtype
 from runtime.distributed import DistInfo, pick_device
 from trainer.nonfinite import NonFiniteConfig, NonFiniteGuard
@@ -76,7 +76,7 @@ def main() -> None:
           f"torch {torch.__version__}, model {args.model}, optimizer {args.optimizer}, "
           f"micro-batch {args.micro_batch} x {cfg.block_size} x {args.accum}")  # fmt: skip
     torch.manual_seed(0)
-    model = GPT(cfg).to(device)
+    model = build_model(cfg).to(device)
     opt = optim.build_optimizer(model, opt_cfg)
     x = torch.randint(0, 50257, (args.micro_batch, cfg.block_size), device=device)
     batches = [(x, x)] * args.accum

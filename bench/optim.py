@@ -21,7 +21,7 @@ import torch
 
 import optim
 from bench.harness import model_config
-from model import GPT
+from model import build_model
 from runtime.distributed import pick_device
 
 
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     device = pick_device(args.device, 0)
-    model = GPT(model_config(args.model)).to(device)
+    model = build_model(model_config(args.model)).to(device)
     n = sum(p.numel() for p in model.parameters())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(f"device: {device} ({name or platform.machine()}), torch {torch.__version__}")

@@ -26,7 +26,7 @@ import torch
 import optim
 import optim.fused
 from bench.harness import model_config
-from model import GPT
+from model import build_model
 from runtime.distributed import pick_device
 
 # tensors a fused step reads + writes per parameter: p, g, state (and g_ref, plus the norm pass
@@ -100,7 +100,7 @@ def main() -> None:
     device = pick_device(args.device, 0)
     if args.grouping != "auto":
         optim.fused.GROUPING[device.type] = args.grouping
-    model = GPT(model_config(args.model))
+    model = build_model(model_config(args.model))
     params = [p for p in model.to(device).parameters()]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3

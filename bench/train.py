@@ -48,7 +48,7 @@ from bench.harness import (  # noqa: F401 (model_config, paper_micro_batch: benc
     time_call,
 )
 from bench.memory_model import estimate_memory
-from model import GPT
+from model import build_model
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
 from trainer.config import TrainConfig
@@ -190,7 +190,7 @@ def build_cases(args, device: torch.device) -> list[dict]:
                 cases.append(dict(model=model, chunk=chunk, opt="nanoGPT adamw", cfg=cfg))
     for c in cases:  # model FLOPs per token (nanoGPT's model has the same shape)
         with torch.device("meta"):
-            c["fpt"] = GPT(c["cfg"].model).flops_per_token(c["cfg"].sequence_length)
+            c["fpt"] = build_model(c["cfg"].model).flops_per_token(c["cfg"].sequence_length)
     return cases
 
 

@@ -19,7 +19,7 @@ import torch
 
 import optim
 from bench.harness import model_config
-from model import GPT
+from model import build_model
 from runtime.device import peak_flops, resolve_dtype, tune_host_allocator
 from runtime.distributed import DistInfo, pick_device
 from trainer.config import TrainConfig
@@ -50,7 +50,7 @@ def main() -> None:
         f"allocator tuned: {bool(tuned)}, model {args.model}"
     )
     torch.manual_seed(0)
-    model = GPT(cfg).to(device)
+    model = build_model(cfg).to(device)
     model.loss_chunk_tokens = args.loss_chunk_tokens  # as training sets it (0: the plain loss)
     runner = torch.compile(model) if args.compile else model
     opt = optim.build_optimizer(model, optim.AdamWConfig())

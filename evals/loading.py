@@ -2,8 +2,8 @@
 
 ``load_model(PATH)`` accepts a checkpoint file (``runs/X/checkpoints/step_N.pt``) or DCP directory
 (``runs/X/checkpoints/step_N/``: only its model is read), a run directory
-(its newest checkpoint), or a Hugging Face GPT-2 directory (``config.json`` + weights, e.g. one
-written by ``scripts/export_hf.py``). Checkpoints carry their run's resolved config, so the model
+(its newest checkpoint), or a Hugging Face GPT-2 or LLaMA directory (``config.json`` + weights,
+e.g. one written by ``scripts/export_hf.py``). Checkpoints carry their run's resolved config, so the model
 (and, for validation loss, the data) is rebuilt exactly as trained.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from model import GPT, GPTConfig
+from model import CausalLM, GPTConfig, build_model
 from model.hf import is_hf_dir, load_hf
 from trainer import checkpoint as ckpt
 from trainer.dcp_checkpoint import METADATA, TRAIN_STATE, load_dcp
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     """A model in eval mode and what is known of where it came from."""
 
-    model: GPT
+    model: CausalLM  # GPT or Llama
     source: Path  # the checkpoint file or the HF directory
     kind: str  # "checkpoint" or "hf"
     step: int | None = None
@@ -96,7 +96,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> LoadedMo
         config = c["config"]
         if not isinstance(config, dict) or "model" not in config:
             raise ValueError(f"{source} carries no model config; cannot rebuild the model")
-        model = GPT(gpt_config(config["model"], str(source)))
+        model = build_model(gpt_config(config["model"], str(source)))
         # the run's loss path, so the validation loss equals the one training logged, bit for bit
         model.loss_chunk_tokens = int(config.get("loss_chunk_tokens") or 0)
         ckpt.load_model_state(model, c["model"], str(source))

@@ -1,4 +1,4 @@
-"""Hugging Face ``GPT2LMHeadModel`` export and import.
+"""Hugging Face ``GPT2LMHeadModel`` export and import (LLaMA: model/hf_llama.py).
 
 Export writes a directory that ``transformers`` and ``lm_eval --model hf`` load: ``config.json``,
 ``model.safetensors`` and the GPT-2 tokenizer files (``model/hf_tokenizer.py``). Differences
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT, VOCAB_SIZE
+from model.base import CausalLM
 from model.gpt import GPT, GPTConfig
 from model.hf_tokenizer import write_tokenizer_files
 from runtime.files import current_umask
@@ -95,31 +96,47 @@ def to_hf_state_dict(model: GPT, vocab_size: int | None = None) -> dict[str, tor
 
 
 def save_hf(
-    model: GPT,
+    model: CausalLM,
     out_dir: str | Path,
     *,
     keep_vocab_padding: bool = False,
     dtype: str = "float32",
 ) -> Path:
-    """Write ``model`` as a HF GPT2LMHeadModel directory (config, safetensors, tokenizer)."""
-    from safetensors.torch import save_file
-
+    """Write ``model`` as a HF directory (config, safetensors, tokenizer): a GPT2LMHeadModel, or a
+    LlamaForCausalLM for ``arch=llama`` (model/hf_llama.py)."""
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {sorted(_DTYPES)}")
     cfg = model.config
     vocab = cfg.vocab_size if keep_vocab_padding else min(VOCAB_SIZE, cfg.vocab_size)
+    if cfg.arch == "llama":
+        from model import hf_llama
+
+        tensors, config = (
+            hf_llama.to_hf_state_dict(model, vocab),
+            hf_llama.hf_config(cfg, vocab, dtype),
+        )
+    else:
+        tensors, config = to_hf_state_dict(model, vocab), hf_config(cfg, vocab, dtype)
+    return write_hf_dir(out_dir, tensors, config, dtype=dtype, block_size=cfg.block_size)
+
+
+def write_hf_dir(
+    out_dir: str | Path, tensors: dict, config: dict, *, dtype: str, block_size: int
+) -> Path:
+    """model.safetensors (in ``dtype``), config.json, generation_config.json and the GPT-2
+    tokenizer files in ``out_dir``."""
+    from safetensors.torch import save_file
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        k: v.to(_DTYPES[dtype]).contiguous() for k, v in to_hf_state_dict(model, vocab).items()
-    }
+    tensors = {k: v.to(_DTYPES[dtype]).contiguous() for k, v in tensors.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o666 & ~current_umask())  # save_file makes it 0600
-    (out / "config.json").write_text(json.dumps(hf_config(cfg, vocab, dtype), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": EOT, "eos_token_id": EOT}, indent=2) + "\n"
     )
-    write_tokenizer_files(out, model_max_length=cfg.block_size)
+    write_tokenizer_files(out, model_max_length=block_size)
     return out
 
 
@@ -191,21 +208,34 @@ def is_hf_dir(path: str | Path) -> bool:
     return p.is_dir() and (p / "config.json").is_file()
 
 
-def load_hf(path: str | Path) -> GPT:
-    """Our GPT with the weights of the HF GPT-2 directory ``path`` (fp32, eval mode)."""
+def load_hf(path: str | Path) -> CausalLM:
+    """Our model with the weights of the HF directory ``path`` (fp32, eval mode): a GPT-2
+    (``model_type`` gpt2) or a LLaMA (``llama``, model/hf_llama.py)."""
     d = Path(path)
     if not is_hf_dir(d):
         raise FileNotFoundError(f"{d} is not a Hugging Face model directory (no config.json)")
     hf = json.loads((d / "config.json").read_text())
-    if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"{d} holds a {hf.get('model_type')!r} model, not GPT-2")
-    state = read_hf_weights(d)
+    kind = hf.get("model_type", "gpt2")
+    if kind == "llama":
+        from model import hf_llama
+
+        model = hf_llama.model_from_hf(hf, read_hf_weights(d), str(d))
+    elif kind == "gpt2":
+        model = _gpt2_from_hf(hf, read_hf_weights(d), str(d))
+    else:
+        raise ValueError(f"{d} holds a {kind!r} model; supported: gpt2, llama")
+    log.info("loaded %s: %.2fM parameters", d, model.num_params() / 1e6)
+    return model.eval()
+
+
+def _gpt2_from_hf(hf: dict, state: dict[str, torch.Tensor], source: str) -> GPT:
     biases = [t for k, t in state.items() if k.endswith(".bias") and ".attn.bias" not in k]
     bias = any(bool(t.any()) for t in biases if t.is_floating_point())
     model = GPT(gpt_config_from_hf(hf, bias=bias))
     ours = from_hf_state_dict(state, bias)
     missing, unexpected = model.load_state_dict(ours, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{d}: weights do not fit (missing {missing}, unexpected {unexpected})")
-    log.info("loaded %s: %.2fM parameters", d, model.num_params() / 1e6)
-    return model.eval()
+        raise ValueError(
+            f"{source}: weights do not fit (missing {missing}, unexpected {unexpected})"
+        )
+    return model

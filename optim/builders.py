@@ -221,7 +221,12 @@ def _build_moonlight(model: nn.Module, cfg: MoonlightConfig) -> torch.optim.Opti
     return _moonlight_like(model, cfg, "muon")
 
 
-MUON_ROUTINGS = {"mars-repo": ("matrix", "embedding", "other"), "recommended": ("matrix",)}
+# mars-repo: the MARS repo's CombinedOptimizer puts every tensor with ndim >= 2 on Muon, so an
+# untied head (2-D) goes there too; recommended: Keller Jordan's block matrices only.
+MUON_ROUTINGS = {
+    "mars-repo": ("matrix", "embedding", "head", "other"),
+    "recommended": ("matrix",),
+}
 choice("routing", MUON_ROUTINGS)
 
 

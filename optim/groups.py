@@ -4,12 +4,18 @@ Kinds, decided by the module that owns the parameter (not by its name):
 - ``matrix``: weights of ``nn.Linear`` layers that are not tied to an embedding (the block
   matrices: attention and MLP projections);
 - ``embedding``: weights of ``nn.Embedding`` modules, including a head tied to the token
-  embedding (GPT-2's ``wte`` is ``lm_head``);
+  embedding (GPT-2's ``wte`` is ``lm_head``: a tied tensor is one parameter and keeps GPT-2's
+  routing);
+- ``head``: the output projection when it is its own parameter (an untied ``lm_head``, as
+  LLaMA-style models have): the weight of a module's ``lm_head`` attribute, an ``nn.Linear``.
+  The Muon family (Keller Jordan's Muon, Moonlight, MARS-M) keeps it off Newton-Schulz as it
+  keeps the embeddings; docs/models.md tables every optimizer's routing of it;
 - ``gain``: 1-D weights (LayerNorm gains);
 - ``bias``: every parameter named ``bias``;
 - ``other``: anything else (e.g. conv kernels), routed like gains by default.
 
-The official AdamW baseline decays only the ``matrix`` kind; MARS and Muon routings are built from
+The official AdamW baseline decays only the ``matrix`` kind (an untied head is not decayed, as
+the EPFL benchmark's ``get_parameter_group_specs`` puts it in its no-decay set); MARS and Muon routings are built from
 the same kinds in their own optimizers.
 """
 
@@ -19,18 +25,23 @@ from collections.abc import Iterable
 
 import torch.nn as nn
 
-KINDS = ("matrix", "embedding", "gain", "bias", "other")
+KINDS = ("matrix", "embedding", "head", "gain", "bias", "other")
 
 
 def classify_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
     """Map each kind to its ``(name, parameter)`` pairs; every trainable parameter appears once."""
     owner_kind: dict[int, str] = {}
+    # The output head: a module's ``lm_head`` (the model's own, or the one a wrapper holds).
+    heads = {id(m.lm_head.weight) for m in model.modules()
+             if isinstance(getattr(m, "lm_head", None), nn.Linear)}  # fmt: skip
     for module in model.modules():
         for pname, p in module.named_parameters(recurse=False):
             if isinstance(module, nn.Embedding):
                 owner_kind[id(p)] = "embedding"  # an embedding owner wins over a tied Linear
             elif id(p) in owner_kind:
                 continue
+            elif id(p) in heads:
+                owner_kind[id(p)] = "head"
             elif pname == "bias":
                 owner_kind[id(p)] = "bias"
             elif isinstance(module, nn.Linear) and p.ndim == 2:

@@ -1,4 +1,5 @@
-"""Export a checkpoint as a Hugging Face GPT2LMHeadModel directory.
+"""Export a checkpoint as a Hugging Face GPT2LMHeadModel (or, for a LLaMA-style model,
+LlamaForCausalLM) directory.
 
     python -m scripts.export_hf runs/NAME out/NAME-hf
     python -m scripts.export_hf runs/NAME/checkpoints/step_0100000.pt out/hf --keep-vocab-padding
@@ -27,9 +28,9 @@ CHECK_TEXT = "The MARS optimizer reduces the variance of stochastic gradients. H
 @torch.no_grad()
 def check_export(model: torch.nn.Module, out_dir: Path) -> float:
     """Max |logit difference| between ``model`` and the export loaded by transformers."""
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM  # GPT2LMHeadModel or LlamaForCausalLM
 
-    hf = GPT2LMHeadModel.from_pretrained(out_dir).float().eval()
+    hf = AutoModelForCausalLM.from_pretrained(out_dir).float().eval()
     ids = torch.tensor([encode(CHECK_TEXT)[: model.config.block_size]])
     ours = model.float()(ids)[0]
     theirs = hf(ids).logits

@@ -72,10 +72,10 @@ def _experiment(name: str) -> dict:
 def _params(model: str) -> int:
     import torch
 
-    from model import GPT, GPTConfig
+    from model import GPTConfig, build_model
 
     with torch.device("meta"):
-        return GPT(GPTConfig(**load_config(f"model/{model}"))).num_params()
+        return build_model(GPTConfig(**load_config(f"model/{model}"))).num_params()
 
 
 def table_runs(table: str) -> list[Run]:

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import optim
 from data import TokenLoader, shard_files, val_batches
-from model import GPT
+from model import build_model
 from runtime.device import autocast, check_torch, resolve_dtype, torch_older_than
 from runtime.distributed import DistInfo
 from runtime.seeding import seed_everything
@@ -110,7 +110,7 @@ class Trainer:
         self.accum = grad_accum_steps(cfg, dist.world_size)
         self.dtype = resolve_dtype(cfg.dtype, dist.device)
         seed_everything(cfg.seed)  # identical initial weights on every rank
-        self.raw_model = GPT(cfg.model).to(dist.device)
+        self.raw_model = build_model(cfg.model).to(dist.device)
         self.raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
         self.raw_model.activation_checkpointing = cfg.activation_checkpointing
         self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
