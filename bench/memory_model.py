@@ -226,7 +226,7 @@ def fsdp_units_params(cfg: GPTConfig) -> tuple[int, int]:
     """(root unit's parameters, largest block's parameters): the FSDP units of trainer/fsdp.py;
     the root holds every parameter outside the blocks (embeddings, ln_f, the tied head)."""
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = build_model(cfg)
     blocks = [sum(p.numel() for p in b.parameters()) for b in model.transformer.h]
     return model.num_params() - sum(blocks), max(blocks)
 

@@ -102,3 +102,11 @@ def test_bench_script_runs():
     )
     assert proc.returncode == 0, proc.stderr
     assert "device: cpu" in proc.stdout and "tokens/s" in proc.stdout
+
+
+def test_config_differences_accept_a_key_an_earlier_version_lacked_at_its_default():
+    old = {"model": {"n_layer": 2}, "seed": 1}
+    new = {"model": {"n_layer": 2, "arch": "gpt2", "tie_embeddings": None}, "seed": 1}
+    assert config_differences(old, new) == []
+    new["model"]["arch"] = "llama"
+    assert config_differences(old, new) == ["model.arch: '<absent>' -> 'llama'"]

@@ -3,6 +3,7 @@ misspelt key or a wrong type fails when the config is composed, before anything 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,7 +145,10 @@ RESUMABLE_KEYS = frozenset(
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Human-readable ``key: old -> new`` lines for keys that make two configs different runs."""
+    """Human-readable ``key: old -> new`` lines for keys that make two configs different runs.
+
+    A key the old run's config lacks (it was written by an earlier version) is no difference
+    when the new value is that key's default: the earlier version behaved as the default."""
     diffs = []
     for key in sorted(set(old) | set(new)):
         if not prefix and key in RESUMABLE_KEYS:
@@ -152,9 +156,30 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
             diffs += config_differences(a, b, f"{prefix}{key}.")
+        elif a == "<absent>" and _is_default(f"{prefix}{key}", b):
+            continue
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return diffs
+
+
+def _is_default(dotted: str, value: Any) -> bool:
+    """Whether ``value`` is the default of the TrainConfig field ``dotted`` (``model.arch``)."""
+    cls: Any = TrainConfig
+    *sections, name = dotted.split(".")
+    for section in sections:
+        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        if section not in fields or fields[section].default_factory is dataclasses.MISSING:
+            return False
+        cls = type(fields[section].default_factory())
+    if not dataclasses.is_dataclass(cls):
+        return False
+    field_ = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    if field_ is None:
+        return False
+    if field_.default_factory is not dataclasses.MISSING:
+        return value == field_.default_factory()
+    return value == field_.default
 
 
 def grad_accum_steps(cfg: TrainConfig, world_size: int) -> int:
