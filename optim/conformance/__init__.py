@@ -1,0 +1,1 @@
+"""Conformance kit (work in progress)."""
