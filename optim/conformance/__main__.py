@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m optim.conformance", description=__doc__)
     parser.add_argument("target", nargs="?", help="MODULE:NAME of a drop-in class or a make() hook")
     parser.add_argument("--vectors", nargs="+", help="vector names or shell patterns")
+    parser.add_argument("--set-to-none", action="store_true",
+                        help="reset gradients with zero_grad(set_to_none=True), as the official "
+                        "scripts (default: False, which exposes a reference kept as an alias)")
     parser.add_argument("--list", action="store_true", help="list the vectors and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.target is None:
         parser.error("a target MODULE:NAME is needed (or --list)")
     make, entries = plan(resolve(args.target), args.vectors)
-    results = check(make, entries)
+    results = check(make, entries, set_to_none=args.set_to_none)
     for r in results:
         print(report(r))
     failed = [r.name for r in results if not r.passed]

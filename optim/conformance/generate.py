@@ -27,8 +27,16 @@ from pathlib import Path
 import torch
 
 from optim.conformance.scenario import (
-    GRAD_NORMS, LOOKAHEAD_NOISE, SEED, STEPS, TENSORS, WARMUP_ITERS, clipped_steps, gradients,
-    initial_params, official_lr,
+    GRAD_NORMS,
+    LOOKAHEAD_NOISE,
+    SEED,
+    STEPS,
+    TENSORS,
+    WARMUP_ITERS,
+    clipped_steps,
+    gradients,
+    initial_params,
+    official_lr,
 )  # fmt: skip
 from optim.conformance.specs import SPECS
 

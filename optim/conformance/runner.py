@@ -63,15 +63,17 @@ def load(entry: dict, folder: Path = VECTORS) -> dict:
     return torch.load(folder / entry["file"], weights_only=True)
 
 
-def run_vector(make: Callable, entry: dict, folder: Path = VECTORS) -> Result:
-    """Replay one vector through ``make(params, settings)`` (adapters.py) and compare."""
+def run_vector(make: Callable, entry: dict, folder: Path = VECTORS, *,
+               set_to_none: bool = False) -> Result:  # fmt: skip
+    """Replay one vector through ``make(params, settings)`` (adapters.py) and compare.
+    ``set_to_none``: how a returned torch optimizer's gradients are reset (TorchDriver)."""
     vec = load(entry, folder)
     tol = entry["tolerance"]
     result = Result(entry["name"], entry["steps"], tolerance=tol)
     params = {n: vec["init"][n].clone().requires_grad_(True) for n in vec["names"]}
     before = {"ours": dict(vec["init"]), "official": dict(vec["init"])}
     try:
-        driver = _driver(make(params, entry), params)
+        driver = _driver(make(params, entry), params, set_to_none)
         for t in range(entry["steps"]):
             driver.set_lr({n: float(vec["lrs"][n][t]) for n in vec["names"]})
             if entry["mode"] == "exact":
@@ -87,9 +89,9 @@ def run_vector(make: Callable, entry: dict, folder: Path = VECTORS) -> Result:
     return result
 
 
-def _driver(made, params) -> Driver:
+def _driver(made, params, set_to_none: bool) -> Driver:
     if isinstance(made, torch.optim.Optimizer):
-        return TorchDriver(made, params)
+        return TorchDriver(made, params, set_to_none=set_to_none)
     return made
 
 
@@ -118,9 +120,10 @@ def _compare(result: Result, step: int, name: str, got: torch.Tensor, want: torc
     return bad
 
 
-def check(make: Callable, entries: list[dict], folder: Path = VECTORS) -> list[Result]:
+def check(make: Callable, entries: list[dict], folder: Path = VECTORS, *,
+          set_to_none: bool = False) -> list[Result]:  # fmt: skip
     """Every entry's result, in order."""
-    return [run_vector(make, e, folder) for e in entries]
+    return [run_vector(make, e, folder, set_to_none=set_to_none) for e in entries]
 
 
 def report(result: Result) -> str:
