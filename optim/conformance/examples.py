@@ -30,10 +30,11 @@ def make_timm_style(cls: type) -> Callable:
                    mars_type=kw["mars_type"].removeprefix("mars-"),
                    optimize_1d=kw["optimize_1d"], lr_1d_factor=kw["lr_1d"] / kw["lr"],
                    betas_1d=kw["betas_1d"], caution=False)  # fmt: skip
-        # exact mode: name the method that takes the look-ahead gradient from p.grad
+        # timm's Mars has no exact mode (the vectors below are approx). A port that has one names
+        # the method that takes the look-ahead gradient from p.grad, e.g.:
         return TorchDriver(port, params, reference=lambda opt: opt.update_previous_grad())
 
-    make.vectors = ["mars-adamw-*", "mars-lion-*"]
+    make.vectors = ["mars-adamw-approx", "mars-lion-approx"]
     return make
 
 
