@@ -62,8 +62,8 @@ class ReferenceGradMixin:
 
     def _advance_reference(self, state: dict, g: torch.Tensor) -> None:
         """After a tensor's update: approx keeps a copy of g, exact promotes the stored one."""
-        if self.is_approx:
-            state["last_grad"].copy_(g)
+        if self.is_approx:  # ``g`` may be a local block (FSDP2): copy into the local block
+            local(state["last_grad"]).copy_(g)
         elif "previous_grad" in state:
             state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
 
