@@ -97,7 +97,7 @@ def _sharded(us: Tensors, *, dtype: torch.dtype | None, cast_back: bool, **kw) -
     (optim/sharded.py; the results travel back in the Newton-Schulz dtype, cast after), the
     plain ones as ``orthogonalise`` does. The results in the order of ``us``."""
     idx = [i for i, u in enumerate(us) if sharded.is_sharded(u)]
-    rest = [i for i in range(len(us)) if i not in set(idx)]
+    rest = [i for i, u in enumerate(us) if not sharded.is_sharded(u)]
     out: list = [None] * len(us)
     for i, o in zip(rest, orthogonalise([us[i] for i in rest], dtype=dtype, cast_back=cast_back,
                                         **kw) if rest else []):  # fmt: skip

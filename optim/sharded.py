@@ -21,24 +21,31 @@ refused with a ValueError naming it. Plain tensors take the unchanged path. docs
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-try:  # torch >= 2.4 (FSDP2); without it nothing is sharded
-    from torch.distributed.tensor import DTensor, Shard
-except ImportError:  # pragma: no cover (an old or a distributed-less torch)
-    DTensor, Shard = None, None
-
 Tensors = list[torch.Tensor]
+
+
+def _dtensor():
+    """torch's DTensor module if it was imported (a DTensor exists only then), else None.
+    Not imported here: it costs seconds at start-up, for runs that never shard."""
+    return sys.modules.get("torch.distributed.tensor")
+
+
+def _is_dtensor(t) -> bool:
+    mod = _dtensor()
+    return mod is not None and isinstance(t, mod.DTensor)
 
 
 def is_sharded(t: torch.Tensor) -> bool:
     """Whether ``t`` is a DTensor; one this module cannot run on raises ValueError."""
-    if DTensor is None or not isinstance(t, DTensor):
+    if not _is_dtensor(t):
         return False
-    if t.device_mesh.ndim != 1 or tuple(t.placements) != (Shard(0),):
+    if t.device_mesh.ndim != 1 or tuple(t.placements) != (_dtensor().Shard(0),):
         raise ValueError(
             f"a DTensor of shape {tuple(t.shape)} with placements {tuple(t.placements)} on a "
             f"{t.device_mesh.ndim}-D mesh: the optimizers here run on FSDP2's Shard(0) over one "
@@ -50,7 +57,7 @@ def is_sharded(t: torch.Tensor) -> bool:
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The rank-local block of a DTensor (a view of its storage), or ``t`` itself."""
-    return t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
+    return t.to_local() if _is_dtensor(t) else t
 
 
 def local_state(state: dict) -> dict:
@@ -71,7 +78,7 @@ def group_of(shards: list) -> dist.ProcessGroup:
 
 def whole(local_t: torch.Tensor, like) -> torch.Tensor:
     """``local_t`` (a block shaped as ``like``'s local block) as a DTensor shaped as ``like``."""
-    return DTensor.from_local(local_t, like.device_mesh, like.placements, run_check=False,
+    return _dtensor().DTensor.from_local(local_t, like.device_mesh, like.placements, run_check=False,
                               shape=like.shape, stride=like.stride())  # fmt: skip
 
 
@@ -85,11 +92,13 @@ def clip_sharded_(tensors: Tensors, shards: list, scope: str) -> None:
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     sq = torch.stack([n.to(dtype) for n in torch._foreach_norm(tensors)]).square()
     idx = [i for i, s in enumerate(shards) if s is not None]
-    if idx:
-        where = torch.tensor(idx, device=sq.device)
-        part = sq.index_select(0, where)
+    if len(idx) == len(tensors):  # FSDP2: every tensor sharded
+        dist.all_reduce(sq, group=group_of(shards))
+    elif idx:  # picked by Python indices (an index tensor would be a host-to-device copy)
+        part = torch.stack([sq[i] for i in idx])
         dist.all_reduce(part, group=group_of(shards))
-        sq = sq.index_copy(0, where, part)
+        whole_sq = dict(zip(idx, part.unbind(0)))
+        sq = torch.stack([whole_sq.get(i, v) for i, v in enumerate(sq.unbind(0))])
     if scope == "tensor":
         scales = sq.sqrt().clamp_min(1.0).reciprocal()
         torch._foreach_mul_(tensors, [s.to(t.dtype) for s, t in zip(scales.unbind(0), tensors)])
@@ -141,23 +150,25 @@ def orthogonalise_sharded(us: list, ortho: Callable[[Tensors], Tensors],
     own = owners([tuple(u.shape) for u in us], world)
     chunks = [math.ceil(u.shape[0] / world) for u in us]
     full: dict[int, Tensors] = {}
-    works = []
+    works, sent = [], []  # ``sent``: each block stays alive until its gather is waited on
     for i, u in enumerate(us):
         mine = own[i] == rank
         if mine:
             full[i] = [torch.empty((chunks[i], *u.shape[1:]), dtype=u.dtype, device=u.device)
                        for _ in range(world)]  # fmt: skip
-        works.append(dist.gather(_padded(local(u), chunks[i]), full.get(i), group=group,
+        sent.append(_padded(local(u), chunks[i]))
+        works.append(dist.gather(sent[-1], full.get(i), group=group,
                                  dst=dist.get_global_rank(group, own[i]), async_op=True))  # fmt: skip
     _wait(works)
     idx = sorted(full)
     results = dict(zip(idx, ortho([torch.cat(full[i])[: us[i].shape[0]] for i in idx])))
-    outs, works = [], []
+    outs, works, sent = [], [], []
     for i, u in enumerate(us):
         blocks = None
         if i in results:
             assert results[i].dtype == (dtype or u.dtype), "ortho returned another dtype"
             blocks = list(_padded(results[i], chunks[i] * world).chunk(world))
+            sent.append(blocks)
         outs.append(torch.empty((chunks[i], *u.shape[1:]), dtype=dtype or u.dtype,
                                 device=u.device))  # fmt: skip
         works.append(dist.scatter(outs[-1], blocks, group=group,
