@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from optim import fused as fused_path
+from optim import sharded
 from optim.functional import clip_unit_norm_, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
 from optim.options import check_group_keys, check_option
@@ -60,6 +61,11 @@ class Bucket:
     states: list[dict] = field(default_factory=list)
     gs: Tensors = field(default_factory=list)
     cs: Tensors = field(default_factory=list)
+    # FSDP2 (optim/sharded.py): params, states and gs above are then the rank-local blocks;
+    # ``shards`` holds each tensor's DTensor parameter (None: a plain tensor) and ``owners`` the
+    # optimizer's own state dicts (``states`` are views of them with local blocks)
+    shards: list = field(default_factory=list)
+    owners: list[dict] = field(default_factory=list)
 
 
 def route(p: torch.Tensor, group: dict) -> tuple[str, dict]:
@@ -174,7 +180,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         self.last_paths = []
         skip = _skip_flag(getattr(self, "found_inf", None))
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
-        self._last_counted = [s for b in buckets for s in b.states]
+        self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
         buckets = [b for b in buckets if not self._try_fused(b, skip)]
         if skip is not None and buckets and bool(skip):  # the eager paths cannot mask: one read
             buckets = []
@@ -183,24 +189,36 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         for b in buckets:
             b.cs = self._corrections(b, foreach) if b.view.get("variance_reduction") else b.gs
         for scope in ("tensor", "global"):  # a global clip spans every group that asks for it
-            clip_unit_norm_([c for b in buckets if _clip(b) == scope for c in b.cs], scope)
+            clipped = [b for b in buckets if _clip(b) == scope]
+            cs = [c for b in clipped for c in b.cs]
+            shards = [s for b in clipped for s in b.shards]
+            if any(s is not None for s in shards):  # norms over whole tensors, all-reduced
+                sharded.clip_sharded_(cs, shards, scope)
+            else:
+                clip_unit_norm_(cs, scope)
         for b in buckets:
             us = b.momentum.update(b.view, b.states, b.cs, foreach)
             beta1 = b.momentum.beta(b.view)
+            if b.preconditioner.whole_tensors:  # as DTensors: global shapes, whole-matrix work
+                us = [u if s is None else sharded.whole(u, s) for u, s in zip(us, b.shards)]
             step = b.preconditioner.direction(b.states, us, b.cs, b.gs, beta1=beta1,
                                               foreach=foreach)  # fmt: skip
+            step.nums = [sharded.local(n) for n in step.nums]
             apply_step(b.params, step, foreach)
             if b.view.get("variance_reduction"):
-                self._advance_references(b.states, b.gs, foreach)
+                self._advance_references(b.owners, b.states, b.gs, foreach)
         self._reference_pending = False
         return loss
 
-    def _advance_references(self, states: list[dict], gs: Tensors, foreach: bool) -> None:
-        """Every tensor's ``_advance_reference``; approx mode's copies as one foreach copy."""
+    def _advance_references(self, owners: list[dict], states: list[dict], gs: Tensors,
+                            foreach: bool) -> None:  # fmt: skip
+        """Every tensor's ``_advance_reference`` on the optimizer's own state dicts (``owners``;
+        exact mode swaps buffers there); approx mode's copies as one foreach copy (``states``:
+        the same buffers, local blocks under FSDP2)."""
         if foreach and self.is_approx:
             torch._foreach_copy_([s["last_grad"] for s in states], gs)
             return
-        for s, g in zip(states, gs):
+        for s, g in zip(owners, gs):
             self._advance_reference(s, g)
 
     def _buckets(self, group: dict) -> list[Bucket]:
@@ -218,7 +236,13 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             if b.momentum.key not in state:
                 self._init_state(p, state, b)
             state["step"] = state.get("step", 0) + 1  # a state of an older version may lack it
-            b.params.append(p), b.states.append(state), b.gs.append(p.grad)
+            b.shards.append(p if sharded.is_sharded(p) else None)
+            b.owners.append(state)
+            if b.shards[-1] is None:
+                b.params.append(p), b.states.append(state), b.gs.append(p.grad)
+            else:  # FSDP2: the element-wise work on the local blocks (optim/sharded.py)
+                b.params.append(sharded.local(p)), b.gs.append(sharded.local(p.grad))
+                b.states.append(sharded.local_state(state))
         return list(buckets.values())
 
     def device_skip_reason(self) -> str | None:
@@ -237,6 +261,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                             f"{view.get('clip')}) runs eagerly (not on the compiled path)")
                 if self.fused is False or (self.fused is None and p.device.type != "cuda"):
                     return f"the compiled step is off (fused={self.fused}, {p.device.type})"
+                if sharded.is_sharded(p) and view.get("variance_reduction"):
+                    return "a sharded tensor's clip needs the whole tensor (not compiled)"
         return None
 
     def uncount_last_step(self) -> None:
@@ -248,6 +274,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         """Step bucket ``b`` on the compiled path if chosen and covered; whether it did."""
         if not self._want_fused(b) or not fused_path.fusable(b.view):
             return False
+        if _clip(b) == "tensor" and any(s is not None for s in b.shards):
+            return False  # the compiled clip's norm would be the local block's (foreach: whole)
         if not fused_path.same_device_and_dtype(b.params):
             return False
         key = fused_path.signature(b)
@@ -263,7 +291,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         if b.view.get("variance_reduction") and not self.is_approx:
             if skip is not None and bool(skip):  # host read (exact mode: device_skip_reason)
                 return True
-            for s, g in zip(b.states, b.gs):
+            for s, g in zip(b.owners, b.gs):
                 self._advance_reference(s, g)
         return True
 

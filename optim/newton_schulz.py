@@ -31,6 +31,7 @@ import math
 import torch
 import torch.distributed as dist
 
+from optim import sharded
 from optim.functional import newton_schulz
 
 Tensors = list[torch.Tensor]
@@ -58,7 +59,12 @@ def orthogonalise(
     """``NS(u / divisor)`` (``divisor`` None: ``NS(u)``) for each matrix, in ``dtype``
     (None: the matrix's own dtype), or in the matrix's own dtype with ``cast_back`` (one cast
     per shape). ``fused``: the iteration's multiply-adds as ``baddbmm`` (3 ops a step instead of
-    8; rounds differently from the official arithmetic, optim/functional.py)."""
+    8; rounds differently from the official arithmetic, optim/functional.py).
+    DTensors (FSDP2) are orthogonalised whole, each on one owner rank, and returned as DTensors
+    (``_sharded``); ``distributed`` does not apply to them (their work is always split)."""
+    if any(sharded.is_sharded(u) for u in us):
+        return _sharded(us, steps=steps, eps=eps, dtype=dtype, divisor=divisor, batched=batched,
+                        distributed=distributed, fused=fused, cast_back=cast_back)  # fmt: skip
     rank, world = split_world(distributed)
     out: list[torch.Tensor | None] = [None] * len(us)
     pending = []  # the gathers run while the next shape is orthogonalised
@@ -83,6 +89,24 @@ def orthogonalise(
             work.wait()
     if world > 1 and cast_back:
         out = [o.to(u.dtype) for o, u in zip(out, us)]
+    return out
+
+
+def _sharded(us: Tensors, *, dtype: torch.dtype | None, cast_back: bool, **kw) -> Tensors:
+    """``orthogonalise`` where some of ``us`` are DTensors: those whole on their owner ranks
+    (optim/sharded.py; the results travel back in the Newton-Schulz dtype, cast after), the
+    plain ones as ``orthogonalise`` does. The results in the order of ``us``."""
+    idx = [i for i, u in enumerate(us) if sharded.is_sharded(u)]
+    rest = [i for i, u in enumerate(us) if not sharded.is_sharded(u)]
+    out: list = [None] * len(us)
+    for i, o in zip(rest, orthogonalise([us[i] for i in rest], dtype=dtype, cast_back=cast_back,
+                                        **kw) if rest else []):  # fmt: skip
+        out[i] = o
+    kw = {**kw, "distributed": False}  # the owner's matrices: on the owner only
+    results = sharded.orthogonalise_sharded(
+        [us[i] for i in idx], lambda xs: orthogonalise(xs, dtype=dtype, **kw), dtype)
+    for i, r in zip(idx, results):
+        out[i] = r.to(us[i].dtype) if cast_back else r
     return out
 
 

@@ -81,6 +81,10 @@ class Preconditioner:
     """
 
     Options = Options
+    # False: ``direction`` gets the rank-local blocks of sharded (FSDP2) tensors, fine for
+    # element-wise work; True: it gets them as DTensors (global shape; whole-tensor work is its
+    # own, e.g. optim/newton_schulz.py) and may return DTensors (optim/sharded.py)
+    whole_tensors: bool = False
 
     def __init__(self, group: dict) -> None:
         self.group = group
@@ -213,6 +217,7 @@ class NewtonSchulz(Preconditioner):
     """``d = scale * NS5(u)`` on 2-D tensors (Muon, Moonlight, MARS-M, MARS-Shampoo)."""
 
     Options = NewtonSchulzOptions
+    whole_tensors = True  # whole matrices under FSDP2, and the scale of the full shape
 
     def __init__(self, group: dict) -> None:
         super().__init__(group)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from optim.sharded import local
+
 
 class ReferenceGradMixin:
     """Exact-mode protocol shared by MARS and MARS-M (``needs_reference_grad`` and friends).
@@ -41,8 +43,8 @@ class ReferenceGradMixin:
                     continue
                 state = self.state[p]
                 if "previous_grad" not in state:
-                    state["previous_grad"] = torch.zeros_like(p)
-                state["previous_grad"].copy_(p.grad)
+                    state["previous_grad"] = torch.zeros_like(p)  # a DTensor under FSDP2
+                local(state["previous_grad"]).copy_(local(p.grad))  # FSDP2: the local blocks
         self._reference_pending = True
 
     update_previous_grad = store_reference_grad  # the official name
@@ -60,8 +62,8 @@ class ReferenceGradMixin:
 
     def _advance_reference(self, state: dict, g: torch.Tensor) -> None:
         """After a tensor's update: approx keeps a copy of g, exact promotes the stored one."""
-        if self.is_approx:
-            state["last_grad"].copy_(g)
+        if self.is_approx:  # ``g`` may be a local block (FSDP2): copy into the local block
+            local(state["last_grad"]).copy_(g)
         elif "previous_grad" in state:
             state["last_grad"], state["previous_grad"] = state["previous_grad"], state["last_grad"]
 

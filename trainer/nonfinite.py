@@ -133,10 +133,15 @@ class NonFiniteGuard:
         optimizer: Any = None,
     ) -> None:  # fmt: skip
         self.cfg, self.dist, self.state, self.out_dir = cfg, dist, state, Path(out_dir)
-        self.batch_tokens, self.optimizer = batch_tokens, optimizer
+        self.batch_tokens = batch_tokens
         self.consecutive = 0  # non-finite steps in a row, up to the last one read
         self.skipped = False  # whether the last step read was skipped
         self.pending: _Pending | None = None  # device decision: the step not yet read
+        self.bind(optimizer)
+
+    def bind(self, optimizer: Any) -> None:
+        """Check ``optimizer``'s steps (again when it is rebuilt, as FSDP's sharding does)."""
+        self.optimizer = optimizer
         self.on_device = self.enabled and self._choose_device()
 
     def _choose_device(self) -> bool:

@@ -177,6 +177,7 @@ class Trainer:
             self.optimizer = fsdp.rebuild_optimizer(
                 self.optimizer, lambda: optim.build_optimizer(model, self.cfg.optimizer)
             )
+            self.guard.bind(self.optimizer)  # found_inf goes to the optimizer that steps
         elif ddp:
             cuda = self.dist.device.type == "cuda"
             model = DDP(

@@ -1,0 +1,177 @@
+"""Optimizers on sharded parameters: FSDP2's ``fully_shard`` (DTensor, ``Shard(0)``, one mesh dim).
+
+Under ``torch.distributed.fsdp.fully_shard`` every parameter, its gradient and every state
+tensor made with ``zeros_like(p)`` is a DTensor whose rank-local piece is a block of rows (dim 0
+cut as ``torch.chunk`` cuts it; a rank may hold no rows). The core (optim/core.py) then:
+
+- runs every element-wise piece (the MARS correction, momenta, Adam moments, sign, decay, the
+  step) on the local blocks (``to_local()``: views that share the parameter's storage), so the
+  foreach, per-tensor and compiled paths see plain tensors;
+- computes what needs the whole tensor over the whole tensor: the norms of the ``tensor`` and
+  ``global`` clips are a local sum of squares all-reduced over the mesh (``clip_sharded_``);
+- gives Newton-Schulz whole matrices: each matrix is gathered to one owner rank (``owners``:
+  largest first, to the least-loaded rank), orthogonalised there (batched by shape) and
+  scattered back (``orthogonalise_sharded``), so the work is split over the ranks, and the scale
+  rules read the full shape (a DTensor's ``shape`` is the global one).
+
+Anything else (a 2-D mesh as HSDP, ``Shard(1)``, ``Replicate``, parameters on two meshes) is
+refused with a ValueError naming it. Plain tensors take the unchanged path. docs/fsdp-optimizers.md.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+Tensors = list[torch.Tensor]
+
+
+def _dtensor():
+    """torch's DTensor module if it was imported (a DTensor exists only then), else None.
+    Not imported here: it costs seconds at start-up, for runs that never shard."""
+    return sys.modules.get("torch.distributed.tensor")
+
+
+def _is_dtensor(t) -> bool:
+    mod = _dtensor()
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a DTensor; one this module cannot run on raises ValueError."""
+    if not _is_dtensor(t):
+        return False
+    if t.device_mesh.ndim != 1 or tuple(t.placements) != (_dtensor().Shard(0),):
+        raise ValueError(
+            f"a DTensor of shape {tuple(t.shape)} with placements {tuple(t.placements)} on a "
+            f"{t.device_mesh.ndim}-D mesh: the optimizers here run on FSDP2's Shard(0) over one "
+            "mesh dim only (fully_shard on a 1-D mesh); HSDP, tensor parallel and other "
+            "placements are not supported"
+        )
+    return True
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The rank-local block of a DTensor (a view of its storage), or ``t`` itself."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def local_state(state: dict) -> dict:
+    """A new dict: ``state`` with each DTensor replaced by its local block (the same storage)."""
+    return {k: local(v) for k, v in state.items()}
+
+
+def group_of(shards: list) -> dist.ProcessGroup:
+    """The process group of the mesh every DTensor of ``shards`` (None: plain) lives on."""
+    meshes = {s.device_mesh for s in shards if s is not None}
+    if len(meshes) != 1:
+        raise ValueError(
+            f"the sharded parameters of one optimizer live on {len(meshes)} device meshes; "
+            "all must share one mesh (fully_shard every module with the same mesh)"
+        )
+    return meshes.pop().get_group()
+
+
+def whole(local_t: torch.Tensor, like) -> torch.Tensor:
+    """``local_t`` (a block shaped as ``like``'s local block) as a DTensor shaped as ``like``."""
+    return _dtensor().DTensor.from_local(local_t, like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())  # fmt: skip
+
+
+def clip_sharded_(tensors: Tensors, shards: list, scope: str) -> None:
+    """``clip_unit_norm_`` (optim/functional.py) where ``tensors[i]`` is the local block of the
+    DTensor ``shards[i]`` (None: a whole plain tensor): per tensor (``tensor``) or jointly
+    (``global``), ``c / max(1, ||c||)`` with ``||c||`` over the whole tensor. The sums of squares
+    of the blocks are all-reduced in one call; no host synchronisation on NCCL."""
+    if scope == "none" or not tensors:
+        return
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    sq = torch.stack([n.to(dtype) for n in torch._foreach_norm(tensors)]).square()
+    idx = [i for i, s in enumerate(shards) if s is not None]
+    if len(idx) == len(tensors):  # FSDP2: every tensor sharded
+        dist.all_reduce(sq, group=group_of(shards))
+    elif idx:  # picked by Python indices (an index tensor would be a host-to-device copy)
+        part = torch.stack([sq[i] for i in idx])
+        dist.all_reduce(part, group=group_of(shards))
+        whole_sq = dict(zip(idx, part.unbind(0)))
+        sq = torch.stack([whole_sq.get(i, v) for i, v in enumerate(sq.unbind(0))])
+    if scope == "tensor":
+        scales = sq.sqrt().clamp_min(1.0).reciprocal()
+        torch._foreach_mul_(tensors, [s.to(t.dtype) for s, t in zip(scales.unbind(0), tensors)])
+    elif scope == "global":
+        torch._foreach_div_(tensors, sq.sum().sqrt().clamp_min(1.0).to(tensors[0].dtype))
+    else:
+        raise ValueError(f"unknown clip scope {scope!r}; valid scopes: tensor, global, none")
+
+
+def owners(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+    """The rank that orthogonalises each matrix: largest cost (rows * cols * min(rows, cols),
+    Newton-Schulz's) first, each to the least-loaded rank (ties: the lower index, the lower
+    rank). The same on every rank: it depends on the global shapes and their order only."""
+    cost = [math.prod(s) * min(s) for s in shapes]
+    load, out = [0] * world, [0] * len(shapes)
+    for i in sorted(range(len(shapes)), key=lambda i: (-cost[i], i)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        out[i], load[r] = r, load[r] + cost[i]
+    return out
+
+
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` (contiguous) with zero rows appended up to ``rows``."""
+    if x.shape[0] == rows:
+        return x.contiguous()
+    out = x.new_zeros((rows, *x.shape[1:]))
+    out[: x.shape[0]].copy_(x)
+    return out
+
+
+def _wait(works: list) -> None:
+    for w in works:
+        if w is not None:
+            w.wait()
+
+
+def orthogonalise_sharded(us: list, ortho: Callable[[Tensors], Tensors],
+                          dtype: torch.dtype | None) -> list:  # fmt: skip
+    """``ortho`` of each whole matrix of the DTensors ``us`` (Shard(0)), split over the ranks;
+    ``ortho`` returns each result in ``dtype`` (None: the matrix's own dtype).
+
+    Each matrix's row blocks are gathered (padded to ``ceil(rows / W)`` rows) to its owner
+    (``owners``), the owner runs ``ortho`` on all its whole matrices in one call (batched by
+    shape there) and scatters each result's row blocks back. Returns DTensors laid out as ``us``.
+    Every rank takes part in every gather and scatter; they are started together and waited on.
+    """
+    group = group_of(us)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    own = owners([tuple(u.shape) for u in us], world)
+    chunks = [math.ceil(u.shape[0] / world) for u in us]
+    full: dict[int, Tensors] = {}
+    works, sent = [], []  # ``sent``: each block stays alive until its gather is waited on
+    for i, u in enumerate(us):
+        mine = own[i] == rank
+        if mine:
+            full[i] = [torch.empty((chunks[i], *u.shape[1:]), dtype=u.dtype, device=u.device)
+                       for _ in range(world)]  # fmt: skip
+        sent.append(_padded(local(u), chunks[i]))
+        works.append(dist.gather(sent[-1], full.get(i), group=group,
+                                 dst=dist.get_global_rank(group, own[i]), async_op=True))  # fmt: skip
+    _wait(works)
+    idx = sorted(full)
+    results = dict(zip(idx, ortho([torch.cat(full[i])[: us[i].shape[0]] for i in idx])))
+    outs, works, sent = [], [], []
+    for i, u in enumerate(us):
+        blocks = None
+        if i in results:
+            assert results[i].dtype == (dtype or u.dtype), "ortho returned another dtype"
+            blocks = list(_padded(results[i], chunks[i] * world).chunk(world))
+            sent.append(blocks)
+        outs.append(torch.empty((chunks[i], *u.shape[1:]), dtype=dtype or u.dtype,
+                                device=u.device))  # fmt: skip
+        works.append(dist.scatter(outs[-1], blocks, group=group,
+                                  src=dist.get_global_rank(group, own[i]), async_op=True))  # fmt: skip
+    _wait(works)
+    return [whole(o[: local(u).shape[0]], u) for o, u in zip(outs, us)]
