@@ -14,8 +14,6 @@ from trainer.config import TrainConfig
 
 STEPS = ["max_steps=6", "ckpt_every=3", "keep_checkpoints=0", "eval_every=3",
          "schedule.decay_steps=6", "micro_batch_size=2"]  # fmt: skip
-DTENSOR_OPTIM = "MARS on DTensor parameters is the DTensor optimizer work (optim/functional.py's "
-DTENSOR_OPTIM += "in-place foreach clamp of a DTensor norm), not yet merged"
 
 
 def metrics(out_dir, first_step=1):
@@ -160,7 +158,6 @@ def test_fsdp_resumes_in_one_process(runs, sotu_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason=DTENSOR_OPTIM, strict=False)
 @pytest.mark.parametrize("optimizer", ["mars-adamw", "mars-adamw-exact"])
 def test_mars_under_fsdp_equals_one_process(tmp_path, sotu_dir, optimizer):
     """MARS (approximate, and exact with its reference pass) under FSDP(2) and one process."""
