@@ -68,7 +68,7 @@ def flops_per_token(model: dict[str, Any], seq_len: int | None = None) -> float 
     except (KeyError, TypeError, ValueError):
         return None
     bias = bool(model.get("bias", False))
-    per_layer = 12 * d * d + 2 * d + (13 * d if bias else 0)  # weights, LN gains, biases
+    per_layer = 12 * d * d + 2 * d + (11 * d if bias else 0)  # weights, LN gains, biases
     params = vocab * d + n_layer * per_layer + d + (d if bias else 0)  # + the final LN
     seq = seq_len or block
     return float(6 * params + 12 * n_layer * n_head * (d // n_head) * seq)
