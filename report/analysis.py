@@ -1,4 +1,4 @@
-"""The numbers of ``python -m report``: variants, seeds, budgets, curves and speedups.
+"""The numbers of ``python -m report``: variants, seeds, budgets and curves.
 
 Runs of one (dataset, model size, optimizer label) whose configs differ only in the seed and
 bookkeeping keys are seeds of one *variant*; runs differing in anything else (an lr sweep) are
@@ -9,7 +9,6 @@ of processes) are one seed, whose value is the mean of theirs, and the report sa
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -243,7 +242,7 @@ def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict
     return cell
 
 
-# ---- curves and speedup ---------------------------------------------------------------------
+# ---- curves (the speedups: report/speedup.py) --------------------------------------------
 
 
 def seed_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray] | None:
@@ -294,53 +293,3 @@ def time_curve(variant: Variant) -> tuple[dict[str, np.ndarray] | None, list[Run
         return np.array([p.elapsed_s for p in r.evals]), np.array([p.loss for p in r.evals])
 
     return per_seed_curve(variant, points), untimed
-
-
-def first_reach(x: np.ndarray, y: np.ndarray, target: float) -> float | None:
-    """The first x where the piecewise-linear curve (x, y) gets down to ``target``."""
-    hits = np.nonzero(y <= target + 1e-12)[0]
-    if not len(hits):
-        return None
-    i = int(hits[0])
-    if i == 0:
-        return float(x[0])
-    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-    return float(x0 + (y0 - target) / (y0 - y1) * (x1 - x0))
-
-
-def speedup(variants: dict[str, Variant], baseline: str) -> dict[str, Any] | None:
-    """Tokens the baseline needs to reach its best loss L*, over the tokens each other needs.
-
-    ``variants`` maps labels to the chosen variants of one (dataset, size). Curves are seed
-    means (``token_curve``); None when the baseline has no validation curve here.
-    """
-    base = variants.get(baseline)
-    base_curve = token_curve(base) if base else None
-    if base_curve is None:
-        return None
-    i = int(np.argmin(base_curve["mean"]))
-    target, t_base = float(base_curve["mean"][i]), float(base_curve["x"][i])
-    rows = []
-    for label, v in variants.items():
-        if label == baseline:
-            continue
-        curve = token_curve(v)
-        t = first_reach(curve["x"], curve["mean"], target) if curve else None
-        rows.append(
-            {
-                "optimizer": label,
-                "variant": v.describe(),
-                "tokens": t,
-                "ratio": (t_base / t if t else math.inf) if t is not None else None,
-                "best_loss": float(curve["mean"].min()) if curve else None,
-                "finished": all(r.finished for r in v.runs),
-            }
-        )
-    return {
-        "baseline": baseline,
-        "baseline_variant": base.describe(),
-        "best_loss": target,
-        "tokens_base": t_base,
-        "baseline_finished": all(r.finished for r in base.runs),
-        "rows": rows,
-    }

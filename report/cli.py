@@ -7,9 +7,10 @@ Arguments are run directories (``config.yaml`` + ``metrics.jsonl``), globs, pare
 (searched recursively, e.g. a sweep's directory) or lm-eval-harness ``results_*.json`` files.
 Writes into ``--out``: report.md (also printed), report.json (the same data), val_loss.csv,
 downstream.csv (when any downstream result exists) and per (dataset, size) the figures
-``val_loss_<dataset>_<size>_tokens.png`` and ``..._time.png``. Published values come from
-docs/published.yaml. Runs of an ablation set (configs/experiment/ablation*/) also get the
-ablation table (report/ablations.py, docs/ablations.md).
+``val_loss_<dataset>_<size>_tokens.png`` and ``..._time.png``, and per dataset with runs at three
+or more compute values ``loss_fit_<dataset>.png``. Published values come from docs/published.yaml.
+Runs of an ablation set (configs/experiment/ablation*/) also get the ablation table
+(report/ablations.py, docs/ablations.md).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from report.sections import build_report
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "published.yaml"
 REPORT_FILES = ("report.md", "report.json", "val_loss.csv", "downstream.csv")
-FIGURE_PATTERNS = ("val_loss_*_tokens.png", "val_loss_*_time.png")
+FIGURE_PATTERNS = ("val_loss_*_tokens.png", "val_loss_*_time.png", "loss_fit_*.png")
 SKIP_DIRS = {"checkpoints", "hf", "eval", "wandb", "__pycache__"}
 
 

@@ -1,4 +1,4 @@
-"""Validation-loss figures of ``python -m report`` (matplotlib, Agg canvas, PNG).
+"""Validation-loss and loss-fit figures of ``python -m report`` (matplotlib, Agg canvas, PNG).
 
 Figures are drawn through matplotlib's object interface on an Agg canvas (no pyplot, so no
 global state and no display is needed).
@@ -117,3 +117,50 @@ def plot_val_loss(series: list[dict], *, xlabel: str, title: str, path: Path) ->
 def scaled(curve: dict[str, np.ndarray], divisor: float) -> dict[str, np.ndarray]:
     """A copy of ``curve`` with x divided by ``divisor`` (tokens -> billions, s -> hours)."""
     return {**curve, "x": curve["x"] / divisor}
+
+
+def plot_loss_fits(laws: list[dict], *, title: str, path: Path) -> None:
+    """One PNG, log-x: per optimizer (``optimizer``, ``points`` with ``compute``, ``mean`` and
+    ``bests``, ``law`` with ``l_inf``, ``a``, ``alpha`` or None) the seed means as markers with
+    the min-max over seeds as error bars, and the fitted ``L(C) = l_inf + a C^-alpha`` as a line
+    over the points' range and a little beyond."""
+    if not laws:
+        raise ValueError(f"no fits to plot for {path.name}")
+    fig = Figure(figsize=(7.0, 4.5), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    others = sorted(f["optimizer"] for f in laws if f["optimizer"] not in COLORS)
+    computes = [p["compute"] for f in laws for p in f["points"]]
+    grid = np.geomspace(min(computes) / 1.5, max(computes) * 1.5, 100)
+    for f in laws:
+        color = color_of(f["optimizer"], others)
+        c = np.array([p["compute"] for p in f["points"]])
+        mean = np.array([p["mean"] for p in f["points"]])
+        err = np.array(
+            [[m - min(p["bests"]), max(p["bests"]) - m] for m, p in zip(mean, f["points"])]
+        ).T
+        law = f["law"]
+        name = f["optimizer"]
+        if law is not None:
+            name += f": {law['l_inf']:.2f} + {law['a']:.3g} C^-{law['alpha']:.3f}"
+            fitted = law["l_inf"] + law["a"] * np.power(grid, -law["alpha"])
+            ax.plot(grid, fitted, color=color, linewidth=1.4)
+        ax.errorbar(
+            c,
+            mean,
+            yerr=err,
+            color=color,
+            marker="o",
+            markersize=4,
+            linestyle="none",
+            capsize=2,
+            label=name,
+        )
+    ax.set_xscale("log")
+    ax.set_xlabel("training compute C (FLOPs)")
+    ax.set_ylabel("best validation loss")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")

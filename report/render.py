@@ -7,7 +7,10 @@ from typing import Any
 
 from evals import tasks as et
 from report.analysis import EVAL_GAP, PAPER_BUDGETS, format_tokens
+from report.fits import fit_tables
+from report.fits import method_note as fits_note
 from report.runs import order_key, size_name
+from report.speedup import method_note, speedup_table
 
 NOT_REACHED = "*"
 EARLY = "†"
@@ -138,31 +141,16 @@ def render_downstream(section: dict[str, Any]) -> str:
 
 
 def render_speedup(s: dict[str, Any]) -> str:
-    """One (dataset, size): the baseline's L* and each optimizer's tokens and ratio."""
-    variant = s["baseline_variant"]
-    head = (
-        f"Baseline {s['baseline']}{'' if variant.startswith('(') else f' ({variant})'}: "
-        "best validation loss "
-        f"L* = {s['best_loss']:.3f}, first reached at {format_tokens(s['tokens_base'])} tokens"
-        + ("" if s["baseline_finished"] else " (baseline unfinished: L* may still fall)")
-    )
-    rows = []
-    for r in s["rows"]:
-        if r["tokens"] is None:
-            result, tokens = f"not reached (its best {fmt(r['best_loss'])})", "–"
-        else:
-            result, tokens = f"{r['ratio']:.2f}x", format_tokens(r["tokens"])
-        rows.append(
-            [
-                r["optimizer"],
-                r["variant"],
-                tokens,
-                result,
-                "finished" if r["finished"] else "unfinished",
-            ]
-        )
-    headers = ["optimizer", "variant", "tokens to reach L*", "speedup", "status"]
+    """One (dataset, size): the baseline's L*, then per optimizer both speedups (speedup.py)."""
+    head, headers, rows = speedup_table(s)
     return head + "\n\n" + table(headers, rows)
+
+
+def render_fits(section: dict[str, Any]) -> str:
+    """One dataset's loss fits and effective speedups (fits.py)."""
+    parts = [table(headers, rows) for headers, rows in fit_tables(section)]
+    parts += [f"- {section['note']}"] if section["note"] else []
+    return "\n\n".join(parts + [f"- {fits_note(section['baseline'])}"])
 
 
 def render_variants(variants: list[dict[str, Any]]) -> str:
@@ -277,12 +265,13 @@ def render(report: dict[str, Any]) -> str:
             "",
             f"## Speedup over {report['baseline']}",
             "",
-            f"Tokens {report['baseline']} needs to first reach its best validation loss L*, "
-            "over the tokens each optimizer's seed-mean curve (linearly interpolated) needs.",
+            method_note(report["baseline"]),
         ]
         for s in report["speedup"]:
             out += ["", f"### {s['dataset']} {size_name(s['size'])}", ""]
             out += [render_speedup(s) if s.get("rows") is not None else s["note"]]
+    for section in report.get("fits", []):
+        out += ["", f"## Loss against compute: {section['dataset']}", "", render_fits(section)]
     if report["figures"]:
         out += ["", "## Figures", ""] + [render_figure(f) for f in report["figures"]]
     out += ["", "## Runs", "", render_runs(runs), "", render_status(report)]

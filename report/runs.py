@@ -84,10 +84,14 @@ def optimizer_label(opt: dict[str, Any]) -> str:
     return label
 
 
-def order_key(kind: str, value: str) -> tuple[int, str]:
-    """Sort key putting the paper's datasets, sizes or optimizer labels first, in its order."""
+def order_key(kind: str, value: str) -> tuple[int, tuple]:
+    """Sort key putting the paper's datasets, sizes or optimizer labels first, in its order;
+    others follow with their numbers compared as numbers (tiny-64 before tiny-128)."""
     known = {"dataset": PAPER_DATASETS, "size": SIZES, "label": LABEL_ORDER}[kind]
-    return (known.index(value), "") if value in known else (len(known), value.lower())
+    if value in known:
+        return known.index(value), ()
+    parts = re.split(r"(\d+)", value.lower())  # text at even positions, numbers at odd ones
+    return len(known), tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
 
 def to_float(value: Any) -> float | None:

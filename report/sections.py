@@ -13,7 +13,9 @@ from report import ablations as abl
 from report import analysis as ana
 from report import conditions as rcond
 from report import figures as figs
+from report import fits as rfits
 from report import runs as rr
+from report import speedup as rspeed
 
 Groups = dict[tuple[str, str, str], list[ana.Variant]]
 
@@ -235,13 +237,13 @@ def extra_lm_rows(files: list[Path], warnings: list[str]) -> list[dict[str, Any]
 
 
 def speedup_sections(groups: Groups, baseline: str) -> list[dict[str, Any]]:
-    """Per (dataset, size) with an optimizer besides the baseline: ``ana.speedup`` or a note."""
+    """Per (dataset, size) with an optimizer besides the baseline: ``rspeed.speedup`` or a note."""
     out = []
     for dataset, size in dict.fromkeys(k[:2] for k in groups):
         chosen = {k[2]: vs[0] for k, vs in groups.items() if k[:2] == (dataset, size)}
         if len(chosen) < 2 and baseline in chosen:
             continue
-        s = ana.speedup(chosen, baseline)
+        s = rspeed.speedup(chosen, baseline)
         note = f"No {baseline} validation curve for {dataset} {rr.size_name(size)}; no speedup."
         out.append({"dataset": dataset, "size": size, **(s or {"rows": None, "note": note})})
     return out
@@ -356,11 +358,13 @@ def build_report(
         "variants": variant_rows(groups),
         "downstream": downstream_sections(groups, published, extra_lm_rows(extra, warnings)),
         "speedup": speedup_sections(groups, base),
+        "fits": rfits.fit_sections(groups, base, warnings),
         "figures": figures(groups, out, warnings),
         "runs": run_rows(sorted(runs, key=lambda r: rel(r.path)), variant_of),
         "unfinished": unfinished(sorted(runs, key=lambda r: rel(r.path))),
         "missing": missing_runs(runs, published),
         "ablations": abl.ablation_sections(runs, warnings),  # docs/ablations.md
     }
+    report["figures"] += rfits.fit_figures(report["fits"], out)
     report["warnings"] = warnings
     return report

@@ -14,7 +14,7 @@ import yaml
 
 from evals.tasks import TASKS, paper_average
 from report import cli as report
-from report.analysis import Published, first_reach
+from report.analysis import Published
 from report.runs import optimizer_label
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,17 +234,23 @@ def test_speedup_known_ratios(tmp_path):
     runs = tmp_path / "runs"
     make_run(runs, "adamw", linear(4.0, 0.01))  # best 3.0 at step 100
     make_run(runs, "mars", linear(4.0, 0.02), optimizer="mars-adamw")  # 3.0 at step 50
-    make_run(runs, "mars-m", linear(4.0, 0.015), optimizer="mars-m")  # 3.0 at step 66.67
+    make_run(runs, "mars-m", linear(4.0, 0.015), optimizer="mars-m")  # 3.0 between 60 and 70
     make_run(runs, "muon", linear(4.0, 0.005), optimizer="muon")  # best 3.5
     rep, md, _ = run_report(tmp_path, runs)
     (s,) = rep["speedup"]
     assert s["baseline"] == "AdamW" and s["best_loss"] == pytest.approx(3.0)
     assert s["tokens_base"] == pytest.approx(100 * PAPER_STEP_TOKENS)
     rows = {r["optimizer"]: r for r in s["rows"]}
-    assert rows["MARS-approx"]["ratio"] == pytest.approx(2.0)
-    assert rows["MARS-M"]["ratio"] == pytest.approx(1.5)
-    assert rows["Muon"]["ratio"] is None and rows["Muon"]["best_loss"] == pytest.approx(3.5)
-    assert "| 2.00x |" in md and "| 1.50x |" in md and "not reached (its best 3.500)" in md
+    assert rows["MARS-approx"]["tokens"]["ratio"] == pytest.approx(2.0)
+    # Between evaluations the loss is interpolated linearly in log tokens: 2/3 of the way from
+    # step 60 (3.1) to step 70 (2.95) in log steps.
+    mars_m = 60 * (70 / 60) ** (2 / 3)
+    assert rows["MARS-M"]["tokens"]["ratio"] == pytest.approx(100 / mars_m)
+    assert rows["MARS-M"]["time"]["ratio"] == pytest.approx(100 / mars_m)  # elapsed_s ∝ step
+    muon = rows["Muon"]["tokens"]
+    assert muon["ratio"] is None and rows["Muon"]["best_loss"] == pytest.approx(3.5)
+    assert "| 2.00x (1 seed: no interval) |" in md
+    assert "not reached (< 1.00x: more than its whole run; its best 3.500)" in md
     # The baseline may also be given as a label.
     rep, _, _ = run_report(tmp_path / "again", runs, extra=["--baseline", "MARS-approx"])
     assert rep["speedup"][0]["baseline"] == "MARS-approx"
@@ -369,15 +375,6 @@ def test_runs_sharing_a_seed_are_one_seed(tmp_path):
     assert "different numbers of processes" in note and "counted as one seed" in note
     assert "| 0, 1 |" in md
     assert {r["world_size"] for r in rep["runs"] if r["seed"] == 0} == {1, 2}
-
-
-def test_first_reach_interpolates():
-    import numpy as np
-
-    x, y = np.array([0.0, 10.0, 20.0]), np.array([4.0, 3.0, 2.0])
-    assert first_reach(x, y, 2.5) == pytest.approx(15.0)
-    assert first_reach(x, y, 5.0) == 0.0
-    assert first_reach(x, y, 1.0) is None
 
 
 def test_downstream_eval_py_lm_eval_and_avg(tmp_path):
