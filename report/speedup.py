@@ -10,7 +10,8 @@ by side.
   closer to a loss curve's shape than linear in x; from x = 0 (the step-0 evaluation) linearly.
 - An optimizer that never gets down to L* within its run is "not reached": its speedup is below
   the baseline's x over its whole run's x (it would need more than its whole budget).
-- Interval: ``RESAMPLES`` bootstrap resamples (numpy generator seeded with ``BOOTSTRAP_SEED``):
+- Interval: ``RESAMPLES`` bootstrap resamples (numpy ``default_rng(BOOTSTRAP_SEED + the row's
+  index)``, so a report is reproducible):
   each optimizer's seeds, the baseline's included, resampled with replacement, L* and the speedup
   recomputed; the 5th and 95th percentiles give the 90% interval. A resample that does not
   reach L* counts as the lowest speedup. The speedup is within noise when the interval contains

@@ -113,6 +113,24 @@ def test_effective_speedup_equals_the_closed_form():
     assert math.isinf(fits.effective_speedup(below, base, c))
 
 
+def test_fit_speedups_with_one_seed_per_point_say_so():
+    base = fits.PowerLaw(2.0, 30.0, 0.2)
+    faster = fits.PowerLaw(2.0, 30.0 * 1.5**-0.2, 0.2)
+    points = [
+        fits.Point(f"w{i}", c, [float(faster.loss(c))]) for i, c in enumerate((1e12, 1e13, 1e14))
+    ]
+    rows = fits.speedup_rows(points, faster, base, None)
+    assert [r["ratio"] for r in rows] == pytest.approx([1.5] * 3)
+    section = {
+        "baseline": "AdamW",
+        "laws": [],
+        "note": None,
+        "speedups": [{"optimizer": "X", "interval": False, "at": rows}],
+    }
+    (_, (_, speed_rows)) = fits.fit_tables(section)
+    assert all(r[-1] == "1.50x (1 seed per point: no interval)" for r in speed_rows)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_flops_per_token_matches_the_model(bias):
     from model.gpt import GPT, GPTConfig
