@@ -245,12 +245,10 @@ def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict
 # ---- curves (the speedups: report/speedup.py) --------------------------------------------
 
 
-def seed_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray] | None:
-    """Mean, min and max over seeds on the union of their x points within their common range.
-
-    Each seed's curve is interpolated linearly; with one grid shared by the seeds (the usual
-    case) that gives exactly the logged values.
-    """
+def seed_matrix(curves: list[tuple[np.ndarray, np.ndarray]]
+                ) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+    """Per-seed curves on one grid: the union of their x within their common range, each seed
+    interpolated linearly onto it (on a grid the seeds share, exactly their values)."""
     curves = [(x, y) for x, y in curves if len(x)]
     if not curves:
         return None
@@ -258,7 +256,15 @@ def seed_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndar
     grid = np.unique(np.concatenate([x[(x >= lo_x) & (x <= hi_x)] for x, _ in curves]))
     if not len(grid):
         return None
-    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, np.stack([np.interp(grid, x, y) for x, y in curves])
+
+
+def seed_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray] | None:
+    """Mean, min and max over seeds of ``seed_matrix``."""
+    matrix = seed_matrix(curves)
+    if matrix is None:
+        return None
+    grid, ys = matrix
     return {"x": grid, "mean": ys.mean(axis=0), "lo": ys.min(axis=0), "hi": ys.max(axis=0)}
 
 

@@ -26,26 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from report.analysis import Variant, format_tokens, seed_curve
+from report.analysis import Variant, format_tokens, seed_curve, seed_matrix
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
 LEVEL = 0.90
 
 Curves = tuple[np.ndarray, np.ndarray]  # (grid x, per-seed losses: seeds x grid)
-
-
-def seed_matrix(curves: list[tuple[np.ndarray, np.ndarray]]) -> Curves | None:
-    """Per-seed curves on one grid: the union of their x within their common range, each seed
-    interpolated linearly onto it (on a grid the seeds share, exactly their values)."""
-    curves = [(x, y) for x, y in curves if len(x)]
-    if not curves:
-        return None
-    lo_x, hi_x = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
-    grid = np.unique(np.concatenate([x[(x >= lo_x) & (x <= hi_x)] for x, _ in curves]))
-    if not len(grid):
-        return None
-    return grid, np.stack([np.interp(grid, x, y) for x, y in curves])
 
 
 def variant_curves(variant: Variant, *, timed: bool) -> Curves | None:
