@@ -18,6 +18,9 @@ TABLES = {
     "owt": (("owt",), ("adamw", "muon", "mars-adamw", "mars-adamw-exact")),
     "fineweb": (("fineweb-edu",), ("adamw", "mars-adamw")),
     "mars-m": (("owt", "fineweb-edu"), ("adamw", "moonlight", "mars-m")),
+    # the LLaMA experiment set (docs/models.md): LLaMA 124M at the EPFL benchmark's settings
+    "llama": (("llama",), ("adamw", "muon", "mars-adamw", "mars-m")),
+    "llama-cpu": (("llama-cpu",), ("adamw", "muon", "mars-adamw", "mars-m")),
 }
 # The ablation sets (docs/ablations.md): one file per row, run in this order; lr-grid runs as the
 # grid of ABLATION_GRID factors of its lr and lr_1d, less the centre (the `mars` row).
@@ -26,7 +29,7 @@ ABLATION_ROWS = ("mars", "adamw", "gamma0", "gamma0-noclip", "adamw-mars-hparams
 ABLATION_GRID = (0.5, 1.0, 2.0)
 TABLES.update({"ablation": (("ablation",), ABLATION_ROWS),
                "ablation-cpu": (("ablation-cpu",), ABLATION_ROWS)})  # fmt: skip
-CPU_TABLES = ("ablation-cpu",)  # run on one CPU process when no GPU is visible
+CPU_TABLES = ("ablation-cpu", "llama-cpu")  # run on one CPU process when no GPU is visible
 # Rows pinned to a share of the set's steps (exact-half: two gradients a step, half the steps):
 # a `max_steps=N` override gives them that share of N.
 STEPS_FRACTION = {"exact-half": 0.5}

@@ -1,4 +1,5 @@
-"""Shared fixtures: wandb forced off, and one prepared copy of the embedded corpus per session."""
+"""Shared fixtures: wandb forced off, one prepared copy of the embedded corpus per session, and a
+launcher that sees no GPU."""
 
 from __future__ import annotations
 
@@ -19,3 +20,12 @@ def sotu_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sotu")
     prepare_sotu(out)
     return out
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """The launcher sees no GPU (scripts/launch.py): CPU tables run on one CPU process."""
+    from scripts import launch
+
+    monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(launch, "gpu_memory_gib", lambda: None)

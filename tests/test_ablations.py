@@ -116,12 +116,6 @@ def test_every_file_names_its_question_and_source(set_name):
 # ---- the launcher ---------------------------------------------------------------------------
 
 
-@pytest.fixture
-def no_gpu(monkeypatch):
-    monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
-    monkeypatch.setattr(launch, "gpu_memory_gib", lambda: None)
-
-
 def dry_run(capsys, *argv: str) -> list[str]:
     assert launch.main(["--dry-run", *argv]) == 0
     return [line for line in capsys.readouterr().out.splitlines() if "train.py" in line]

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GLOBAL_TOKENS = 491_520
 
 
-RUN_COUNTS = {"owt": 10, "fineweb": 4, "mars-m": 20}
+RUN_COUNTS = {"owt": 10, "fineweb": 4, "llama": 4, "llama-cpu": 4, "mars-m": 20}  # mars-m last
 
 
 @pytest.fixture(autouse=True)
