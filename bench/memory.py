@@ -4,6 +4,7 @@
     python -m bench.memory                        # GPT-2 small..XL, every optimizer, paper batch
     python -m bench.memory --parts --models gpt2-xl --optimizers mars-adamw --micro-batch 5
     python -m bench.memory --pick 80              # the largest micro-batch that fits 80 GB
+    python -m bench.memory --largest 78 --optimizers adamw mars-adamw muon  # per GPU count, DDP/FSDP
     python -m bench.memory --models tiny gpt2-small --micro-batch 1 --seq-len 256 --ddp
 
 State bytes per parameter are measured, not estimated: each optimizer takes one step on the model
@@ -23,7 +24,7 @@ import torch
 
 import optim
 from bench.harness import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
-from bench.memory_model import GIB, describe, estimate_memory
+from bench.memory_model import GIB, describe, estimate_memory, largest_table
 from bench.optim import state_bytes
 from model import GPTConfig, build_model
 from trainer.config import TrainConfig
@@ -132,7 +133,16 @@ def main() -> None:
                     help="DDP gradient_as_bucket_view (default: on)")  # fmt: skip
     ap.add_argument("--parts", action="store_true", help="print every part of each estimate")
     ap.add_argument("--pick", type=float, metavar="GIB", help="the micro-batch that fits GIB")
+    ap.add_argument("--largest", type=float, metavar="GIB",
+                    help="per GPU count, the largest model that fits GIB, DDP and FSDP")  # fmt: skip
     args = ap.parse_args()
+    if args.largest:
+        opts = dict(optimizer_variants(args.optimizers or ["adamw", "mars-adamw"], exact=False))
+        print(f"the largest model whose one-rank ESTIMATE fits {args.largest:g} GiB "
+              "(bench/memory_model.py: largest_table), papers' micro-batch:")  # fmt: skip
+        print(largest_table(opts, state_bytes=lambda c, o: meta_state_bytes(c, o)[0],
+                            memory_gib=args.largest))  # fmt: skip
+        return
     opts = optimizer_variants(args.optimizers or optim.available(), exact=True)
     print(f"loss_chunk_tokens {args.loss_chunk_tokens} (plain loss: 0), activation checkpointing "
           f"{args.activation_checkpointing}, DDP {args.ddp} (bucket view {args.bucket_view}); "

@@ -204,6 +204,11 @@ def describe(est: MemoryEstimate) -> str:
 # (small, medium) or 12 (large, XL): 480 / 8 / 4 = 15 and 480 / 8 / 12 = 5.
 PAPER_MICRO_BATCH = {"gpt2-small": 15, "gpt2-medium": 15, "gpt2-large": 5, "gpt2-xl": 5}
 GPU_COUNTS = (1, 2, 4, 8)
+# Past GPT-2 XL: GPT-2 models of GPT-3's shapes (Brown et al. 2020, "Language Models are Few-Shot
+# Learners", Table 2.1: layers, d_model, heads; 13B's d_model is printed as 5140 there, 40 heads of
+# 128 make 5120), context 1024 and XL's micro-batch of 5, to find where a GPU count runs out.
+LARGER = {"gpt3-2.7b": (32, 2560, 32), "gpt3-6.7b": (32, 4096, 32), "gpt3-13b": (40, 5120, 40)}
+LARGER_MICRO_BATCH = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,4 +315,42 @@ def fsdp_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0, gpus=
                 rows.append(
                     f"| {label} | {parallel} | {n} | {cells} | {fits[-1] if fits else '-'} |"
                 )
+    return "\n".join(rows)
+
+
+def ladder() -> dict[str, tuple[GPTConfig, int]]:
+    """The sizes ``largest_table`` tries, smallest first: each GPT-2 preset at the papers'
+    micro-batch, then ``LARGER`` at XL's (name -> (config, micro-batch))."""
+    from bench.harness import model_config
+
+    sizes = {s: (model_config(s), PAPER_MICRO_BATCH[s]) for s in PAPER_MICRO_BATCH}
+    xl = model_config("gpt2-xl")
+    for name, (layers, width, heads) in LARGER.items():
+        cfg = dataclasses.replace(xl, name=name, n_layer=layers, n_embd=width, n_head=heads)
+        sizes[name] = (cfg, LARGER_MICRO_BATCH)
+    return sizes
+
+
+def largest_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0,
+                  gpus=GPU_COUNTS) -> str:  # fmt: skip
+    """Markdown: per GPU count, the largest size of ``ladder()`` whose one-rank estimate fits
+    ``memory_gib``, for each optimizer (label -> config) under DDP and under FSDP (README,
+    docs/fsdp.md); ``state_bytes`` as ``fsdp_table``'s."""
+    sizes = ladder()
+    states = {(label, s): state_bytes(cfg, opt) for label, opt in optimizers.items()
+              for s, (cfg, _) in sizes.items()}  # fmt: skip
+    cols = [(label, parallel) for label in optimizers for parallel in ("ddp", "fsdp")]
+    rows = ["| GPUs | " + " | ".join(f"{label}, {p.upper()}" for label, p in cols) + " |",
+            "|---|" + "---|" * len(cols)]  # fmt: skip
+    for n in gpus:
+        cells = []
+        for label, parallel in cols:
+            fits = "-"
+            for s, (cfg, micro) in sizes.items():
+                est = rank_memory(cfg, parallel=parallel, world_size=n, micro_batch=micro,
+                                  state_bytes=states[label, s])  # fmt: skip
+                if est.total / GIB <= memory_gib:
+                    fits = f"{s} ({est.total / GIB:.0f} GiB)"
+            cells.append(fits)
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

@@ -12,6 +12,8 @@ from bench.memory_model import (
     activation_bytes,
     block_activation_bytes_per_token,
     estimate_memory,
+    ladder,
+    largest_table,
     loss_bytes,
 )
 from model import GPT, GPTConfig
@@ -134,3 +136,27 @@ def test_bench_trainer_runs_the_training_step():
     trainer = BenchTrainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")))
     loss, _, _ = trainer.train_step()
     assert torch.isfinite(loss) and trainer.state.step == 1
+
+
+def test_largest_model_per_gpu_count():
+    """The README's table: DDP's largest size does not grow with GPUs, FSDP's does not shrink,
+    and the sizes past XL are GPT-3's shapes (Brown et al. 2020, Table 2.1)."""
+    sizes = ladder()
+    assert list(sizes)[-3:] == ["gpt3-2.7b", "gpt3-6.7b", "gpt3-13b"]
+    assert abs(sizes["gpt3-13b"][0].n_embd / sizes["gpt3-13b"][0].n_head - 128) < 1e-9
+    with torch.device("meta"):
+        params = {n: GPT(c).num_params() for n, (c, _) in sizes.items()}
+    assert 2.6e9 < params["gpt3-2.7b"] < 2.8e9 and 12.5e9 < params["gpt3-13b"] < 13.5e9
+
+    def adam_state(cfg, opt):  # two float32 moments per parameter, without building a step
+        with torch.device("meta"):
+            return 8 * GPT(cfg).num_params()
+
+    table = largest_table({"adamw": None}, state_bytes=adam_state, memory_gib=78, gpus=(1, 2, 8))
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    order = list(sizes)
+    ddp = [order.index(r[1].split()[0]) for r in rows]
+    fsdp = [order.index(r[2].split()[0]) for r in rows]
+    assert len(set(ddp)) == 1 and fsdp == sorted(fsdp) and fsdp[-1] > ddp[0]
+    none = largest_table({"adamw": None}, state_bytes=adam_state, memory_gib=1, gpus=(1,))
+    assert none.splitlines()[-1] == "| 1 | - | - |"
