@@ -86,7 +86,7 @@ def main() -> None:
         config = NonFiniteConfig(policy=policy, decision=decision)
         try:
             guards[variant] = NonFiniteGuard(config, dist, RunState(), ROOT, 0, optimizer=opt)
-        except ValueError as e:  # the optimizer cannot mask its step on a device flag
+        except ValueError as e:  # the optimizer cannot skip on a device flag (non-fused AdamW)
             print(f"decision=device: not measured ({e})")
 
     def make_step(guard: NonFiniteGuard):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from optim import fused as fused_path
-from optim import sharded
+from optim import masked, sharded
 from optim.functional import clip_unit_norm_, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
 from optim.options import check_group_keys, check_option
@@ -182,8 +182,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
         buckets = [b for b in buckets if not self._try_fused(b, skip)]
-        if skip is not None and buckets and bool(skip):  # the eager paths cannot mask: one read
-            buckets = []
+        # the eager paths cannot mask their writes: under a flag they step on copies
+        staged = masked.Staged(buckets) if skip is not None and buckets else None
         self.last_paths += ["foreach" if foreach else "loop"] * len(buckets)
         self.path_counts.update(self.last_paths)
         for b in buckets:
@@ -207,8 +207,17 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             apply_step(b.params, step, foreach)
             if b.view.get("variance_reduction"):
                 self._advance_references(b.owners, b.states, b.gs, foreach)
+        if staged is not None:
+            staged.commit(skip, compiled=self._compiled_commit(buckets))
         self._reference_pending = False
         return loss
+
+    def _compiled_commit(self, buckets: list[Bucket]) -> bool:
+        """Whether the masked commit of staged buckets is compiled: on CUDA, where the compiled
+        step may run (a list of ``where`` in one wrapper call instead of two launches each)."""
+        if self.fused is False or self._fused_off or buckets[0].params[0].device.type != "cuda":
+            return False
+        return fused_path.unavailable_reason("cuda") is None
 
     def _advance_references(self, owners: list[dict], states: list[dict], gs: Tensors,
                             foreach: bool) -> None:  # fmt: skip
@@ -248,17 +257,22 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     def device_skip_reason(self) -> str | None:
         """Why a step cannot honour a device-side ``found_inf`` flag without a host read (the
         protocol of torch's grad scaler: set ``optimizer.found_inf``, a 0-d tensor, 1 to skip;
-        trainer/nonfinite.py), or None when every tensor takes the compiled path, which masks
-        its writes on the device. The step counts, host ints, are then put back by
-        ``uncount_last_step`` once the flag has been read."""
+        trainer/nonfinite.py): never here. The compiled path masks its writes in its kernels,
+        the eager paths step on copies committed under the flag (optim/masked.py); the step
+        counts, host ints, are put back by ``uncount_last_step`` once the flag has been read."""
+        return None
+
+    def device_skip_cost(self) -> str | None:
+        """What honouring ``found_inf`` costs beyond the masks of the compiled path, or None:
+        the eager buckets' copies and commit (optim/masked.py), exact mode's masked swap."""
         if not self.is_approx and any(g.get("variance_reduction") for g in self.param_groups):
-            return "exact mode swaps its reference buffers on the host"
+            return "exact mode's reference swap becomes masked copies"
         for group in self.param_groups:
             for p in group["params"]:
                 view = route(p, group)[1]
                 if not fused_path.fusable(view):
                     return (f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
-                            f"{view.get('clip')}) runs eagerly (not on the compiled path)")
+                            f"{view.get('clip')}) runs eagerly: it steps on copies")
                 if self.fused is False or (self.fused is None and p.device.type != "cuda"):
                     return f"the compiled step is off (fused={self.fused}, {p.device.type})"
                 if sharded.is_sharded(p) and view.get("variance_reduction"):
@@ -289,10 +303,13 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             self._fused_ok.add(key)
             self.last_paths.append("fused")
         if b.view.get("variance_reduction") and not self.is_approx:
-            if skip is not None and bool(skip):  # host read (exact mode: device_skip_reason)
-                return True
-            for s, g in zip(b.owners, b.gs):
-                self._advance_reference(s, g)
+            if skip is None:
+                for s, g in zip(b.owners, b.gs):
+                    self._advance_reference(s, g)
+            else:  # exact mode's swap as masked copies: no host read
+                masked.masked_swap(skip, [(sharded.local(s["last_grad"]),
+                                           sharded.local(s["previous_grad"]))
+                                          for s in b.owners if "previous_grad" in s])  # fmt: skip
         return True
 
     def _want_fused(self, b: Bucket) -> bool:

@@ -65,7 +65,7 @@ def test_compiled_cuda_run_with_evaluations(tmp_path, sotu_dir):
     assert [r["step"] for r in rows if "val_loss" in r] == [0, 2, 4, 6]
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw"])
+@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw", "muon", "mars-m"])
 def test_train_step_with_the_device_decision_makes_no_host_sync(tmp_path, sotu_dir, optimizer):
     """nonfinite.decision=device: a training step (forward, backward, clip, check, optimizer
     step) between log steps waits for no queued GPU work; the one read is of the step before's

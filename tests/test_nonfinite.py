@@ -216,11 +216,26 @@ def test_two_gloo_processes_agree_on_skips_and_stop(tmp_path, sotu_dir):
 DEVICE = ["nonfinite.decision=device", "optimizer.fused=true", "log_every=10"]
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw"])
+# the compiled path (masks in its kernels) and the eager paths (steps on copies, optim/masked.py):
+# Newton-Schulz (muon, mars-m, mars-shampoo), the global clip, exact mode's swap, the loop
+DEVICE_CASES = {
+    "adamw": ["optimizer=adamw"],
+    "mars-adamw": ["optimizer=mars-adamw"],
+    "muon": ["optimizer=muon"],
+    "mars-m": ["optimizer=mars-m"],
+    "mars-m-exact": ["optimizer=mars-m", "optimizer.mode=exact"],
+    "mars-shampoo": ["optimizer=mars-shampoo"],
+    "mars-adamw-exact": ["optimizer=mars-adamw", "optimizer.mode=exact"],
+    "mars-adamw-global": ["optimizer=mars-adamw", "optimizer.clip=global"],
+    "mars-adamw-eager": ["optimizer=mars-adamw", "optimizer.fused=false"],
+}
+
+
+@pytest.mark.parametrize("case", DEVICE_CASES)
 def test_device_decision_skip_touches_nothing_and_is_read_a_step_late(
-    tmp_path, sotu_dir, inject, optimizer
+    tmp_path, sotu_dir, inject, case
 ):
-    typed, _ = fast_config(tmp_path, sotu_dir, f"optimizer={optimizer}", "max_steps=4", *DEVICE)
+    typed, _ = fast_config(tmp_path, sotu_dir, "max_steps=4", *DEVICE, *DEVICE_CASES[case])
     trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
     assert trainer.guard.on_device
     inject({2: "nan"})
@@ -276,7 +291,37 @@ def test_device_decision_counts_and_stops_like_the_host_one(tmp_path, sotu_dir, 
 
 
 def test_device_decision_refuses_an_optimizer_that_cannot_mask(tmp_path, sotu_dir):
-    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=muon", "nonfinite.decision=device")
-    with pytest.raises(ValueError, match="nonfinite.decision=device: .*runs eagerly"):
+    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", "optimizer.fused=false",
+                           "nonfinite.decision=device")  # fmt: skip
+    with pytest.raises(ValueError, match="nonfinite.decision=device: .*only with fused=True"):
         trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
     train.destroy()
+
+
+@pytest.mark.parametrize("case", ["muon", "mars-m-exact", "mars-adamw-exact"])
+def test_device_decision_on_copies_computes_the_host_decisions_run(tmp_path, sotu_dir, case):
+    """Without NaN, the eager buckets' steps on copies (optim/masked.py) and the masked swap give
+    the host decision's numbers bit for bit; ``auto`` takes the host for them (their cost)."""
+    host = run(tmp_path / "host", sotu_dir, "max_steps=3", *DEVICE_CASES[case], *DEVICE[1:])
+    dev = run(tmp_path / "dev", sotu_dir, "max_steps=3", *DEVICE_CASES[case], *DEVICE)
+    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(tmp_path / "host")]
+    assert strip == [{k: v for k, v in r.items() if k not in TIMING}
+                     for r in read_metrics(tmp_path / "dev")]  # fmt: skip
+    del host, dev
+    a = torch.load(tmp_path / "host" / "checkpoints" / "step_0000003.pt", weights_only=True)
+    b = torch.load(tmp_path / "dev" / "checkpoints" / "step_0000003.pt", weights_only=True)
+    assert_same_state(a["model"], b["model"])
+    assert_same_state(a["optimizer"], b["optimizer"], skip=())
+
+
+def test_auto_takes_the_host_where_the_device_would_copy():
+    from optim import build_optimizer
+    from optim.registry import get_spec
+    from trainer.nonfinite import device_skip_reason
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    for name, cost in (("muon", "steps on copies"), ("mars-adamw", "compiled step is off")):
+        opt = build_optimizer(model, get_spec(name).config_cls())
+        assert device_skip_reason(opt) is None and cost in opt.device_skip_cost()
+    opt = build_optimizer(model, get_spec("mars-adamw").config_cls(fused=True))
+    assert opt.device_skip_cost() is None

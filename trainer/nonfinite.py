@@ -16,13 +16,15 @@ step; ``python -m bench.nonfinite`` measures it). ``device``: torch's grad-scale
 flag goes to the optimizer as ``optimizer.found_inf`` (a 0-d tensor, 1 = skip) and the step is
 always called; an optimizer that supports it writes nothing where the flag is set, with no host
 read (torch's fused AdamW; the core's compiled step, optim/fused.py, masking every write with
-``torch.where``). The host reads the flags one step late: a non-blocking copy made after the
+``torch.where``; the core's eager paths, Newton-Schulz and the rest, stepping on copies that are
+committed under the flag, optim/masked.py, at the cost of one copy of what they write). The host reads the flags one step late: a non-blocking copy made after the
 backward pass is read during the next step, after that step's forward and backward are queued,
 so the host never waits on queued work; a skip is then counted and reported, the core's host
 step counters are taken back (``uncount_last_step``), and a stop raised, before the next
 optimizer step. The log steps and checkpoints read it at once (they synchronise anyway).
-``auto`` (default): ``device`` on CUDA when the optimizer supports it, else ``host``; the choice
-and its reason are logged once.
+``auto`` (default): ``device`` on CUDA when the optimizer supports it with no copies (every tensor
+on the compiled path, or torch's fused AdamW), else ``host``; the choice and its reason are
+logged once.
 
 What a skipped step does (``skip``): the optimizer is not stepped, so the weights and the
 optimizer state (moments, per-tensor step counts and bias corrections, MARS's ``last_grad``) are
@@ -152,6 +154,11 @@ class NonFiniteGuard:
         if self.cfg.decision == "device" and reason:
             raise ValueError(f"nonfinite.decision=device: {reason}; use nonfinite.decision=auto "
                              "(the host decides then) or host")  # fmt: skip
+        cost = getattr(self.optimizer, "device_skip_cost", lambda: None)()
+        if self.cfg.decision == "device" and cost:
+            log.info("non-finite check on the device at a cost: %s (optim/masked.py)", cost)
+        if self.cfg.decision == "auto" and not reason and cost:
+            reason = f"{cost}; nonfinite.decision=device takes that cost instead"
         if self.cfg.decision == "auto" and not reason and self.dist.device.type != "cuda":
             reason = f"on {self.dist.device.type} a host read costs nothing to hide"
         log.info("non-finite check: decided %s", "on the device, read one step late" if not
