@@ -90,6 +90,9 @@ def gpu_steps(memory_gib: float) -> list[Step]:
         Step("nonfinite", "the non-finite check decided on the host vs on the device",
              [*py, "-m", "bench.nonfinite", "--model", "gpt2-small", "--device", "cuda",
               "--micro-batch", "8", "--optimizer", "mars-adamw", "--rounds", "3"], 60),
+        Step("nonfinite-muon", "the same for Muon (device: steps on copies, optim/masked.py)",
+             [*py, "-m", "bench.nonfinite", "--model", "gpt2-small", "--device", "cuda",
+              "--micro-batch", "8", "--optimizer", "muon", "--rounds", "3"], 60),
     ]  # fmt: skip
 
 
