@@ -89,8 +89,9 @@ def run(cmd: list[str], dry_run: bool) -> None:
         )
 
 
-def seed_stage(out: Path, extra: list[str], dry_run: bool) -> list[Path]:
-    """Per (width, optimizer) the sweep's best lr with SEEDS; the chosen runs' directories."""
+def seed_stage(out: Path, extra: list[str], dry_run: bool, train: bool = True) -> list[Path]:
+    """Per (width, optimizer) the sweep's best lr with SEEDS; the chosen runs' directories
+    (``train=False``: only those, nothing run)."""
     chosen = []
     seeds = "seed=" + ",".join(map(str, SEEDS))
     for width in WIDTHS:
@@ -106,7 +107,8 @@ def seed_stage(out: Path, extra: list[str], dry_run: bool) -> list[Path]:
                 lr_text = repr(lr)
                 print(f"# best lr for {name}: {lr_text} ({job.name})")
             values = [f"optimizer.lr={lr_text}", seeds]
-            run(train_cmd(width, opt, out / "seeds" / name, values, extra), dry_run)
+            if train:
+                run(train_cmd(width, opt, out / "seeds" / name, values, extra), dry_run)
             chosen += [job, out / "seeds" / name]
     return chosen
 
@@ -122,16 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", type=Path, default=Path("runs/scaling-cpu"), help="study directory")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--reports-only", action="store_true",
+                    help="only the two reports, of the runs there are (no training)")  # fmt: skip
     args = ap.parse_args(argv)
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
-    for width in WIDTHS:
+    for width in WIDTHS if not args.reports_only else ():
         for opt in OPTIMIZERS:
             values = ["optimizer.lr=" + ",".join(LRS[opt])]
             run(
                 train_cmd(width, opt, out / "sweep" / f"w{width}-{opt}", values, extra),
                 args.dry_run,
             )
-    chosen = seed_stage(out, extra, args.dry_run)
+    chosen = seed_stage(out, extra, args.dry_run, train=not args.reports_only)
     report = [sys.executable, "-m", "report"]
     run(
         [

@@ -272,3 +272,16 @@ def test_the_study_command_dry_run(tmp_path, capsys):
 def test_best_run_needs_a_finished_sweep(tmp_path):
     with pytest.raises(SystemExit, match="no finished sweep run"):
         scaling_cpu.best_run(tmp_path)
+
+
+def test_reports_only_reruns_the_two_reports_of_the_runs_there(tmp_path, monkeypatch):
+    out = tmp_path / "study"
+    make_study(out)
+    monkeypatch.setattr(scaling_cpu, "OPTIMIZERS", STUDY_OPTIMIZERS)
+    cmds = []
+    monkeypatch.setattr(scaling_cpu, "run", lambda cmd, dry_run: cmds.append(cmd))
+    assert scaling_cpu.main(["--out", str(out), "--reports-only"]) == 0
+    assert [c[1:3] for c in cmds] == [["-m", "report"]] * 2  # no train.py
+    chosen = cmds[1][3 : cmds[1].index("--out")]
+    assert len(chosen) == 2 * len(scaling_cpu.WIDTHS) * len(STUDY_OPTIMIZERS)
+    assert str(out / "sweep" / "w64-adamw" / "optimizer.lr=6e-4") in chosen
