@@ -79,6 +79,16 @@ def best_run(sweep_dir: Path) -> tuple[Path, float]:
     return job, lr
 
 
+def edge_note(opt: str, lr: float) -> str:
+    """A warning when ``lr`` is the smallest or largest of the sweep: its optimum may lie
+    beyond, so the comparison is at a bound of the grid, not at a tuned lr."""
+    grid = sorted(float(x) for x in LRS[opt])
+    if lr in (grid[0], grid[-1]):
+        side = "largest" if lr == grid[-1] else "smallest"
+        return f"; WARNING: the {side} lr swept, the best may lie beyond it"
+    return ""
+
+
 def run(cmd: list[str], dry_run: bool) -> None:
     """Print the command; run it unless ``dry_run`` (a failure stops the study)."""
     print(("" if dry_run else "+ ") + shlex.join(cmd), flush=True)
@@ -105,7 +115,7 @@ def seed_stage(out: Path, extra: list[str], dry_run: bool, train: bool = True) -
             else:
                 job, lr = best_run(out / "sweep" / name)
                 lr_text = repr(lr)
-                print(f"# best lr for {name}: {lr_text} ({job.name})")
+                print(f"# best lr for {name}: {lr_text} ({job.name}){edge_note(opt, lr)}")
             values = [f"optimizer.lr={lr_text}", seeds]
             if train:
                 run(train_cmd(width, opt, out / "seeds" / name, values, extra), dry_run)

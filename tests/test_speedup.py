@@ -285,3 +285,9 @@ def test_reports_only_reruns_the_two_reports_of_the_runs_there(tmp_path, monkeyp
     chosen = cmds[1][3 : cmds[1].index("--out")]
     assert len(chosen) == 2 * len(scaling_cpu.WIDTHS) * len(STUDY_OPTIMIZERS)
     assert str(out / "sweep" / "w64-adamw" / "optimizer.lr=6e-4") in chosen
+
+
+def test_a_best_lr_at_the_edge_of_the_sweep_is_flagged():
+    assert "largest lr swept" in scaling_cpu.edge_note("adamw", 1.2e-3)
+    assert "smallest lr swept" in scaling_cpu.edge_note("muon", 1e-2)
+    assert scaling_cpu.edge_note("mars-adamw", 6e-3) == ""
