@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -40,3 +41,10 @@ def fast_config(out_dir: Path, data_dir: Path, *overrides: str):
 
     cfg = compose_config(*FAST, f"out_dir={out_dir}", f"data.dir={data_dir}", *overrides)
     return train.to_typed(cfg)
+
+
+def free_port() -> int:
+    """A free TCP port on localhost, for a spawned process group's MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,7 +1,6 @@
 """Newton-Schulz over many matrices (optim/newton_schulz.py): batched by shape equals one matrix
 at a time, and the split over DDP ranks (2 gloo processes) gives the single-process parameters."""
 
-import socket
 
 import pytest
 import torch
@@ -9,6 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import optim.newton_schulz as ns
+from helpers import free_port
 from optim import MARS, MARS_M, Muon
 from optim.functional import newton_schulz
 
@@ -139,19 +139,13 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
     """Each rank orthogonalises half the matrices and gathers the rest; the parameters after 3
     steps equal the single-process ones exactly (float32 and bf16 NS on CPU: a slice of a batched
     matmul rounds as the single matmul), and so does the split turned off."""
     world = 2
-    mp.spawn(_worker, args=(world, _free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name in OPTIMIZERS:
         want = run_steps(name)

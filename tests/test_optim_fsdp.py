@@ -10,7 +10,6 @@ the reference pass the trainer runs).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import torch.nn.functional as F
 
 import optim
 import optim.newton_schulz as ns
+from helpers import free_port
 from optim.sharded import owners
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "optimizer"
@@ -159,17 +159,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def spawned(tmp_path_factory) -> list[dict]:
     """Both ranks' results: every optimizer under FSDP2 and DDP (one spawn for the module)."""
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
