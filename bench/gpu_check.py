@@ -1,41 +1,49 @@
 """The first GPU hour in one command: the GPU tests and every GPU figure the docs promise, each
-step under its own time limit, into one Markdown report.
+measurement in its own process under its own time limit, into one Markdown report written as it
+goes (a step cut off by its limit, or a check cut off by its machine, keeps what it measured).
 
     python -m bench.gpu_check                      # on the GPU machine (no network needed)
     scripts/gpu_check.sh --out runs/gpu_check.md   # the same
-    python -m bench.gpu_check --dry-run            # list the steps and commands, run nothing
+    python -m bench.gpu_check --dry-run            # the steps, their limits and parts
+    python -m bench.gpu_check --part 2             # the steps that did not fit the first budget
     python -m bench.gpu_check --cpu                # the same steps, tiny and on the CPU
-    python -m bench.gpu_check --only train-small xl
+    python -m bench.gpu_check --only small-adamw xl-mars-adamw
 
-Steps (in order, the whole within --budget seconds, 570 by default: 10 minutes on one H100):
-the GPU tests (``pytest -m gpu``); tokens/s, MFU, peak memory against bench.memory_model's
-estimate, the compile (first step) and graph/break/recompile counts of GPT-2 small with each
-optimizer family, and of XL with AdamW and MARS-AdamW at the micro-batch the launcher would pick
-for 8 of these GPUs (``python -m bench.train``); the XL estimate part by part; each optimizer's
+First the import check (``bench.preflight``): a missing package stops the check before any step,
+with one line per package and the command that brings it (docs/offline-install.md). Then the
+steps, most valuable first: the GPU tests (``pytest -m gpu``); tokens/s, MFU, peak memory against
+bench.memory_model's estimate, the compile (first step) and graph/break/recompile counts of GPT-2
+small with each optimizer family, one process each (``bench.train``); XL with AdamW and MARS-AdamW
+at the micro-batch the launcher picks for 8 of these GPUs; exact mode's cost; each optimizer's
 step against torch's fused AdamW and its share of the copy bandwidth (``bench.optim_fused``);
-Newton-Schulz's share of a MARS-M step (``bench.newton_schulz``); the checkpoint stall
-(``bench.checkpoint``); DDP's graph pieces (``bench.graphs``). A step that fails or runs out of
-time is recorded in the report with its output and the next step runs.
+Newton-Schulz's share of a MARS-M step; the checkpoint stall; the graphs per block of the
+Trainer's compiled DDP layout (``bench.graphs``); the non-finite decision on host vs device.
+
+The steps' limits are packed, in order, into parts that each fit ``--budget`` (570 s: one
+10-minute command on a GPU machine, less start-up); a plain run goes on past the first part while
+time is left and records the rest as not run, with the ``--part`` that takes them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from bench.configs import ROOT
-from bench.harness import device_line, model_config
 
-FAMILIES = ["adamw", "lion", "mars-adamw", "mars-lion", "mars-shampoo", "mars-m", "muon",
-            "moonlight"]  # fmt: skip
-BUDGET_S = 570
+FAMILIES = ["adamw", "mars-adamw", "muon", "mars-m", "lion", "mars-lion", "mars-shampoo",
+            "moonlight"]  # fmt: skip  (most asked-about first)
+BUDGET_S = 570  # one 10-minute command, less the machine's start and the install
+STARTUP_S = 30  # this process's start, the import check and the report, out of each part
 TAIL = 6000  # characters of each step's output kept in the report
+LIVE_TAIL = 14  # lines of each step's output echoed to the console when it ends
 
 
 @dataclass
@@ -47,135 +55,220 @@ class Step:
 
 
 def xl_micro_batch(memory_gib: float) -> int:
-    """The micro-batch the launcher picks for XL with MARS-AdamW on 8 GPUs of ``memory_gib``."""
-    import optim
-    from bench.memory import meta_state_bytes
-    from bench.memory_model import estimate_memory, fitting_micro_batch
-    from trainer.config import TrainConfig
+    """The micro-batch scripts/launch.py picks for XL with MARS-AdamW on 8 GPUs of
+    ``memory_gib``: the launcher's own choice (its memory estimate, the Trainer's DDP settings)."""
+    from scripts.launch import choose_micro_batch
+    from scripts.paper_runs import Run
 
-    cfg = model_config("gpt2-xl")
-    state, _ = meta_state_bytes(cfg, optim.get_spec("mars-adamw").config_cls())
-    view = getattr(TrainConfig, "gradient_as_bucket_view", False)
-    kw = dict(state_bytes=state, ddp=True, gradient_as_bucket_view=view)
-    cands = [d for d in range(1, 61) if 60 % d == 0]
-    pick = fitting_micro_batch(
-        cands, memory_gib, lambda b: estimate_memory(cfg, micro_batch=b, **kw)
-    )
-    return pick or 1
+    runs = [Run("fineweb-edu/xl-mars-adamw")]
+    args = argparse.Namespace(micro_batch=None, gpu_mem=memory_gib, gpus=8, nodes=1)
+    cfg = runs[0].config
+    per_rank = cfg["batch_tokens"] // cfg["model"]["block_size"] // 8
+    return choose_micro_batch(runs, per_rank, args)[0]
 
 
-def gpu_steps(memory_gib: float) -> list[Step]:
-    py, xl = [sys.executable], str(xl_micro_batch(memory_gib))
-    train = [*py, "-m", "bench.train", "--device", "cuda", "--no-exact"]
-    return [
-        Step("gpu-tests", "pytest -m gpu", [*py, "-m", "pytest", "-q", "-m", "gpu", "tests"], 90),
-        Step("train-small", "GPT-2 small, each optimizer family",
-             [*train, "--models", "gpt2-small", "--optimizers", *FAMILIES, "--steps", "5",
-              "--warmup", "2"], 180),
-        Step("xl", f"GPT-2 XL at micro-batch {xl}",
-             [*train, "--models", "gpt2-xl", "--optimizers", "adamw", "mars-adamw",
-              "--micro-batch", xl, "--steps", "3", "--warmup", "2"], 120),
+def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
+    """Every step, most valuable first; ``cpu``: the same steps, tiny, on the CPU."""
+    py, dev = [sys.executable], "cpu" if cpu else "cuda"
+    small, big = ("tiny", "tiny") if cpu else ("gpt2-small", "gpt2-xl")
+    xl = "1" if cpu else str(xl_micro_batch(memory_gib))
+    short = ["--steps", "1", "--warmup", "1", "--rounds", "1"] if cpu else ["--steps", "5",
+                                                                            "--warmup", "2"]
+    train = [*py, "-m", "bench.train", "--device", dev, *short]
+    tests = ["tests/test_gpu.py"] if cpu else ["tests"]
+    out = [Step("gpu-tests", "pytest -m gpu", [*py, "-m", "pytest", "-q", "-m", "gpu", *tests],
+                100)]  # fmt: skip
+    for i, name in enumerate(FAMILIES):  # the first compiles the model; the others hit its cache
+        lim = 75 if i == 0 else 45 if "lion" in name else 55
+        out.append(Step(f"small-{name}", f"{small}, {name}", [*train, "--models", small,
+                        "--no-exact", "--optimizers", name], lim))  # fmt: skip
+    for name in ("adamw", "mars-adamw"):
+        out.append(Step(f"xl-{name}", f"{big} at micro-batch {xl}, {name}", [*train, "--models",
+                        big, "--no-exact", "--optimizers", name, "--micro-batch", xl], 110))
+    opt_dev = ["--device", dev, "--model", small]
+    out += [
+        Step("exact", f"{small}, MARS-AdamW approx and exact: exact mode's cost",
+             [*train, "--models", small, "--exact", "--optimizers", "mars-adamw"], 70),
         Step("xl-estimate", "the XL estimate part by part",
-             [*py, "-m", "bench.memory", "--parts", "--models", "gpt2-xl", "--optimizers",
-              "adamw", "mars-adamw", "--micro-batch", xl], 30),
+             [*py, "-m", "bench.memory", "--parts", "--models", big, "--optimizers", "adamw",
+              "mars-adamw", "--micro-batch", xl], 20),
         Step("optim-fused", "optimizer steps vs fused AdamW, copy bandwidth",
-             [*py, "-m", "bench.optim_fused", "--device", "cuda", "--only", "adamw",
-              "mars-adamw", "mars-lion", "lion", "--rounds", "3"], 60),
+             [*py, "-m", "bench.optim_fused", *opt_dev, "--only", "adamw", "mars-adamw",
+              "mars-lion", "lion", "--rounds", "1" if cpu else "3"], 60),
         Step("newton-schulz", "Newton-Schulz's share of a MARS-M step",
-             [*py, "-m", "bench.newton_schulz", "--device", "cuda"], 45),
+             [*py, "-m", "bench.newton_schulz", "--device", dev, "--model", small,
+              *(["--layers", "1"] if cpu else [])], 45),
         Step("checkpoint", "the checkpoint stall",
-             [*py, "-m", "bench.checkpoint", "--device", "cuda", "--saves", "2"], 45),
-        Step("graphs", "DDP graph pieces per bucket cap",
-             [*py, "-m", "bench.graphs", "--model", "gpt2-small"], 30),
+             [*py, "-m", "bench.checkpoint", *opt_dev, "--saves", "1" if cpu else "2"], 45),
+        Step("graphs", "graphs per block of the Trainer's compiled DDP layout",
+             [*py, "-m", "bench.graphs", "--model", small], 40),
         Step("nonfinite", "the non-finite check decided on the host vs on the device",
-             [*py, "-m", "bench.nonfinite", "--model", "gpt2-small", "--device", "cuda",
-              "--micro-batch", "8", "--optimizer", "mars-adamw", "--rounds", "3"], 60),
+             [*py, "-m", "bench.nonfinite", *opt_dev, "--micro-batch", "8", "--optimizer",
+              "mars-adamw", "--rounds", "1" if cpu else "3"], 50),
         Step("nonfinite-muon", "the same for Muon (device: steps on copies, optim/masked.py)",
-             [*py, "-m", "bench.nonfinite", "--model", "gpt2-small", "--device", "cuda",
-              "--micro-batch", "8", "--optimizer", "muon", "--rounds", "3"], 60),
+             [*py, "-m", "bench.nonfinite", *opt_dev, "--micro-batch", "8", "--optimizer",
+              "muon", "--rounds", "1" if cpu else "3"], 50),
     ]  # fmt: skip
+    return out
 
 
-def cpu_steps() -> list[Step]:
-    """The same steps, tiny, on the CPU: the check of the check."""
-    py = [sys.executable]
-    train = [*py, "-m", "bench.train", "--device", "cpu", "--no-exact", "--models", "tiny",
-             "--steps", "1", "--warmup", "1", "--rounds", "1", "--optimizers"]  # fmt: skip
-    return [
-        Step("gpu-tests", "pytest -m gpu (skipped on the CPU)",
-             [*py, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py"], 60),
-        Step("train-small", "tiny, two optimizers", [*train, "adamw", "mars-adamw"], 60),
-        Step("xl-estimate", "an estimate part by part",
-             [*py, "-m", "bench.memory", "--parts", "--models", "tiny", "--optimizers",
-              "adamw"], 30),
-        Step("graphs", "DDP graph pieces", [*py, "-m", "bench.graphs", "--model", "tiny"], 60),
-    ]  # fmt: skip
+def parts(all_steps: list[Step], budget: float) -> list[list[Step]]:
+    """The steps, in order, packed into parts whose limits add up to ``budget - STARTUP_S``."""
+    room, out = budget - STARTUP_S, [[]]
+    for s in all_steps:
+        if s.limit_s > room:
+            raise SystemExit(f"gpu_check: step {s.name} needs {s.limit_s:.0f} s, more than a "
+                             f"budget of {budget:.0f} s leaves ({room:.0f} s); raise --budget")
+        if sum(t.limit_s for t in out[-1]) + s.limit_s > room:
+            out.append([])
+        out[-1].append(s)
+    return out
 
 
-def run_step(step: Step, limit_s: float) -> dict:
-    """Run one step; never raises: a failure or a timeout is a result."""
+def run_step(step: Step, limit_s: float, log: Path | None = None) -> dict:
+    """Run one step in its own process group, its output into ``log`` (a temporary file when
+    None); never raises: a failure or a timeout is a result with whatever the step printed
+    until then (children run unbuffered). What the step leaves running is ended with it."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(step.argv, cwd=ROOT, capture_output=True, text=True,
-                              timeout=max(limit_s, 1))  # fmt: skip
-        out, status = proc.stdout + proc.stderr, "ok" if proc.returncode == 0 else "failed"
-        rc = proc.returncode
-    except subprocess.TimeoutExpired as e:
-        out = _text(e.stdout) + _text(e.stderr)
-        status, rc = f"timed out after {limit_s:.0f} s", None
-    return dict(step=step, status=status, rc=rc, seconds=time.perf_counter() - t0, output=out)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = log or Path(tmp) / "out.log"
+        with open(path, "wb") as f:
+            proc = subprocess.Popen(step.argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)  # fmt: skip
+            try:
+                proc.wait(timeout=max(limit_s, 1))
+                status, rc = ("ok" if proc.returncode == 0 else "failed"), proc.returncode
+            except subprocess.TimeoutExpired:
+                status, rc = f"timed out after {limit_s:.0f} s", None
+            _kill_group(proc)
+        text = path.read_bytes().decode(errors="replace")
+    return dict(step=step, status=status, rc=rc, seconds=time.perf_counter() - t0, output=text)
 
 
-def _text(b: bytes | str | None) -> str:
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the step's whole group (torchrun, compile workers), then SIGKILL what stays."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if sig == signal.SIGTERM:
+            time.sleep(0.2)  # a group whose leader exited may still hold workers
 
 
-def report(results: list[dict], device: str) -> str:
+def _cmd(argv: list[str]) -> str:
+    return " ".join(a if a != sys.executable else "python" for a in argv)
+
+
+def report(results: list[dict], device: str, not_run: list[tuple[Step, str]] = ()) -> str:
     """The Markdown report: device, torch, then each step's command, status and output."""
+    import torch
+
     lines = ["# GPU check", "", f"- {device}", f"- torch {torch.__version__}, "
              f"CUDA {torch.version.cuda}", f"- {time.strftime('%Y-%m-%d %H:%M:%S')}", "",
-             "| step | status | seconds |", "|---|---|---|"]  # fmt: skip
-    lines += [f"| {r['step'].name} | {r['status']} | {r['seconds']:.0f} |" for r in results]
+             "| step | status | seconds | limit |", "|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {r['step'].name} | {r['status']} | {r['seconds']:.0f} | "
+              f"{r['step'].limit_s:.0f} |" for r in results]  # fmt: skip
+    lines += [f"| {s.name} | not run: {why} | - | {s.limit_s:.0f} |" for s, why in not_run]
     for r in results:
-        cmd = " ".join(a if a != sys.executable else "python" for a in r["step"].argv)
-        lines += ["", f"## {r['step'].name}: {r['step'].what}", "", f"`{cmd}`: {r['status']}",
-                  "", "```", r["output"][-TAIL:].rstrip(), "```"]  # fmt: skip
+        lines += ["", f"## {r['step'].name}: {r['step'].what}", "",
+                  f"`{_cmd(r['step'].argv)}`: {r['status']}", "", "```",
+                  r["output"][-TAIL:].rstrip(), "```"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_check.md")
+    ap.add_argument("--logs", type=Path, default=None,
+                    help="each step's whole output (default: beside --out, in OUT-logs/)")
     ap.add_argument("--dry-run", action="store_true", help="list the steps, run nothing")
-    ap.add_argument("--cpu", action="store_true", help="tiny steps on the CPU")
+    ap.add_argument("--cpu", action="store_true", help="the same steps, tiny, on the CPU")
     ap.add_argument("--only", nargs="+", metavar="STEP", help="these steps only")
+    ap.add_argument("--part", type=int, default=None, help="this part only (see --dry-run)")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all the steps")
-    args = ap.parse_args(argv)
+    ap.add_argument("--skip-preflight", action="store_true", help="no import check first")
+    return ap.parse_args(argv)
+
+
+def select(args: argparse.Namespace, memory_gib: float) -> tuple[list[list[Step]], list[Step]]:
+    """(all parts, the steps to run) for --only / --part."""
+    every = steps(memory_gib, cpu=args.cpu)
+    names = [s.name for s in every]
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            raise SystemExit(f"gpu_check: unknown step(s) {unknown}; the steps: {', '.join(names)}")
+        every = [s for s in every if s.name in args.only]
+    packed = parts(every, args.budget)
+    if args.part is not None:
+        if not 1 <= args.part <= len(packed):
+            raise SystemExit(f"gpu_check: --part {args.part}; there are parts 1 to {len(packed)}")
+        return packed, packed[args.part - 1]
+    return packed, every
+
+
+def dry_run(packed: list[list[Step]], budget: float) -> None:
+    for i, part in enumerate(packed, 1):
+        total = sum(s.limit_s for s in part)
+        print(f"part {i}: {len(part)} steps, limits {total:.0f} s + {STARTUP_S} s start-up "
+              f"<= budget {budget:.0f} s")  # fmt: skip
+        for s in part:
+            print(f"  {s.name} ({s.limit_s:.0f} s): {s.what}\n      {_cmd(s.argv)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
     cuda = torch.cuda.is_available() and not args.cpu
     if not cuda and not (args.cpu or args.dry_run):
         raise SystemExit("gpu_check: no GPU visible; use --dry-run (list) or --cpu (tiny, CPU)")
+    if not (args.dry_run or args.skip_preflight):
+        from bench import preflight
+
+        gone = preflight.missing()
+        if gone:
+            print("\n".join(preflight.report(gone)))
+            return 2
     mem = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 80.0
-    steps = cpu_steps() if args.cpu else gpu_steps(mem)
-    if args.only:
-        unknown = set(args.only) - {s.name for s in steps}
-        if unknown:
-            names = ", ".join(s.name for s in steps)
-            raise SystemExit(f"gpu_check: unknown step(s) {sorted(unknown)}; the steps: {names}")
-        steps = [s for s in steps if s.name in args.only]
+    packed, todo = select(args, mem)
     if args.dry_run:
-        for s in steps:
-            cmd = " ".join(a if a != sys.executable else "python" for a in s.argv)
-            print(f"{s.name} ({s.limit_s:.0f} s): {s.what}\n    {cmd}")
+        dry_run(packed, args.budget)
         return 0
-    deadline, results = time.monotonic() + args.budget, []
-    for s in steps:
+    return run_all(todo, packed, args, "cuda" if cuda else "cpu")
+
+
+def run_all(todo: list[Step], packed: list[list[Step]], args, device: str) -> int:
+    """Run the steps in order within the budget, rewriting the report after each one."""
+    from bench.harness import device_line
+
+    dev_line = device_line(device)
+    logs = args.logs or args.out.with_name(args.out.stem + "-logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    deadline, results = time.monotonic() + args.budget - STARTUP_S, []
+    print(dev_line, flush=True)
+    for i, s in enumerate(todo):
         left = deadline - time.monotonic()
-        results.append(run_step(s, min(s.limit_s, left)))
-        print(f"{s.name}: {results[-1]['status']} ({results[-1]['seconds']:.0f} s)", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report(results, device_line("cuda" if cuda else "cpu")))
+        if left < min(s.limit_s, 20):
+            part = next(k for k, p in enumerate(packed, 1) if s in p)
+            why = f"budget spent; run it with --part {part}"
+            args.out.write_text(report(results, dev_line, [(t, why) for t in todo[i:]]))
+            print(f"{len(todo) - i} steps not run: {why}")
+            break
+        r = run_step(s, min(s.limit_s, left), logs / f"{s.name}.log")
+        results.append(r)
+        tail = "\n".join(r["output"].rstrip().splitlines()[-LIVE_TAIL:])
+        print(f"== {s.name}: {r['status']} ({r['seconds']:.0f} s of {s.limit_s:.0f})\n{tail}",
+              flush=True)  # fmt: skip
+        args.out.write_text(report(results, dev_line))
     print(f"report: {args.out}")
-    return 0 if all(r["status"] == "ok" for r in results) else 1
+    return 0 if results and all(r["status"] == "ok" for r in results) else 1
 
 
 if __name__ == "__main__":

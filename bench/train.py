@@ -247,27 +247,33 @@ def estimate_bytes(case: dict, device: torch.device) -> int:
     return est.allocated
 
 
-def print_table(cases: list[dict], device: torch.device) -> None:
-    """tokens/s, MFU, the peak against bench.memory_model's estimate, the first step (the
-    compile, with --compile), and the case's graphs / graph breaks / recompilations."""
-    peak = peak_flops(device)
-    print(f"{'model':<12}{'chunk':>6} {'optimizer':<22}{'tokens/s':>12}{'MFU':>7}{'peak mem':>11}"
+HEADER = (f"{'model':<12}{'chunk':>6} {'optimizer':<22}{'tokens/s':>12}{'MFU':>7}{'peak mem':>11}"
           f"{'estimate':>10}{'vs adamw':>10}{'1st step':>10}  graphs/breaks/recompiles")  # fmt: skip
+
+
+def table_row(c: dict, cases: list[dict], device: torch.device) -> str:
+    """One case's row: tokens/s, MFU, the peak against bench.memory_model's estimate, the first
+    step (the compile, with --compile), and the case's graphs / graph breaks / recompilations."""
+    if c.get("oom"):
+        return f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{'out of memory':>30}"
+    peak = peak_flops(device)
+    base = next((b for b in cases if (b["model"], b["chunk"], b["opt"])
+                 == (c["model"], c["chunk"], "adamw")), None)  # fmt: skip
+    vs = f"{100 * (base['tok_s'] / c['tok_s'] - 1):+.1f}%" if base and "tok_s" in base else "-"
+    mfu = f"{100 * c['fpt'] * c['tok_s'] / peak:.1f}%" if peak else "-"
+    mem = f"{c['peak'] / 2**30:.2f} GiB"
+    est = f"{c['estimate'] / 2**30:.2f}" if c.get("estimate") else "-"
+    first = f"{c['first_step_s']:.1f} s" if c.get("first_step_s") is not None else "-"
+    n = c.get("counters", {})
+    counts = f"{n.get('graphs', 0)}/{n.get('graph_breaks', 0)}/{n.get('recompiles', 0)}"
+    return (f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{c['tok_s']:>12,.0f}{mfu:>7}"
+            f"{mem:>11}{est:>10}{vs:>10}{first:>10}  {counts}")  # fmt: skip
+
+
+def print_table(cases: list[dict], device: torch.device) -> None:
+    print(HEADER)
     for c in cases:
-        if c.get("oom"):
-            print(f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{'out of memory':>30}")
-            continue
-        base = next((b for b in cases if (b["model"], b["chunk"], b["opt"])
-                     == (c["model"], c["chunk"], "adamw")), None)  # fmt: skip
-        vs = f"{100 * (base['tok_s'] / c['tok_s'] - 1):+.1f}%" if base and "tok_s" in base else "-"
-        mfu = f"{100 * c['fpt'] * c['tok_s'] / peak:.1f}%" if peak else "-"
-        mem = f"{c['peak'] / 2**30:.2f} GiB"
-        est = f"{c['estimate'] / 2**30:.2f}" if c.get("estimate") else "-"
-        first = f"{c['first_step_s']:.1f} s" if c.get("first_step_s") is not None else "-"
-        n = c.get("counters", {})
-        counts = f"{n.get('graphs', 0)}/{n.get('graph_breaks', 0)}/{n.get('recompiles', 0)}"
-        print(f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{c['tok_s']:>12,.0f}{mfu:>7}"
-              f"{mem:>11}{est:>10}{vs:>10}{first:>10}  {counts}")  # fmt: skip
+        print(table_row(c, cases, device), flush=True)
 
 
 def main() -> None:
@@ -291,9 +297,15 @@ def main() -> None:
             f"micro-batch {c['cfg'].micro_batch_size} x {c['cfg'].sequence_length} tokens, "
             f"best of {args.steps} steps x {args.rounds} rounds after {args.warmup} warm-up"
         )
+    if args.rounds == 1:  # each row the moment it is measured: a run cut short keeps its rows
+        print(HEADER, flush=True)
+        for case in cases:
+            run_case(case, args, dist, keep=False)
+            print(table_row(case, cases, device), flush=True)
+        return
     for _ in range(args.rounds):
         for case in cases:
-            run_case(case, args, dist, keep=args.rounds > 1)
+            run_case(case, args, dist, keep=True)
     print_table(cases, device)
 
 
