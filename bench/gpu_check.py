@@ -54,24 +54,34 @@ class Step:
     limit_s: float
 
 
-def xl_micro_batch(memory_gib: float) -> int:
-    """The micro-batch scripts/launch.py picks for XL with MARS-AdamW on 8 GPUs of
-    ``memory_gib``: the launcher's own choice (its memory estimate, the Trainer's DDP settings)."""
+def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> tuple[int, int]:
+    """(micro-batch, gradient accumulation) that scripts/launch.py picks for ``experiment`` on
+    ``gpus`` GPUs of ``memory_gib``: the launcher's own choice (its memory estimate, the
+    Trainer's DDP settings), so the check measures what a paper run would run."""
     from scripts.launch import choose_micro_batch
     from scripts.paper_runs import Run
 
-    runs = [Run("fineweb-edu/xl-mars-adamw")]
-    args = argparse.Namespace(micro_batch=None, gpu_mem=memory_gib, gpus=8, nodes=1)
+    runs = [Run(experiment)]
+    args = argparse.Namespace(micro_batch=None, gpu_mem=memory_gib, gpus=gpus, nodes=1)
     cfg = runs[0].config
-    per_rank = cfg["batch_tokens"] // cfg["model"]["block_size"] // 8
-    return choose_micro_batch(runs, per_rank, args)[0]
+    per_rank = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"]) // gpus
+    b = choose_micro_batch(runs, per_rank, args)[0]
+    return b, per_rank // b
+
+
+def xl_micro_batch(memory_gib: float) -> int:
+    """The micro-batch the launcher picks for XL with MARS-AdamW on 8 GPUs of ``memory_gib``."""
+    return launcher_micro_batch("fineweb-edu/xl-mars-adamw", memory_gib)[0]
 
 
 def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
     """Every step, most valuable first; ``cpu``: the same steps, tiny, on the CPU."""
     py, dev = [sys.executable], "cpu" if cpu else "cuda"
     small, big = ("tiny", "tiny") if cpu else ("gpt2-small", "gpt2-xl")
-    xl = "1" if cpu else str(xl_micro_batch(memory_gib))
+    # the papers' per-GPU step on 8 GPUs: small at its micro-batch 15 with 4 micro-batches per
+    # optimizer step (480 sequences); XL at the launcher's micro-batch for this GPU's memory
+    xl, xl_accum = (1, 1) if cpu else launcher_micro_batch("fineweb-edu/xl-mars-adamw", memory_gib)
+    accum = ["--accum", "1" if cpu else "4"]
     short = ["--steps", "1", "--warmup", "1", "--rounds", "1"] if cpu else ["--steps", "5",
                                                                             "--warmup", "2"]
     train = [*py, "-m", "bench.train", "--device", dev, *short]
@@ -79,22 +89,23 @@ def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
     out = [Step("gpu-tests", "pytest -m gpu", [*py, "-m", "pytest", "-q", "-m", "gpu", *tests],
                 100)]  # fmt: skip
     for i, name in enumerate(FAMILIES):  # the first compiles the model; the others hit its cache
-        lim = 75 if i == 0 else 45 if "lion" in name else 55
+        lim = 75 if i == 0 else 100 if name == "mars-adamw" else 60
         out.append(Step(f"small-{name}", f"{small}, {name}", [*train, "--models", small,
-                        "--no-exact", "--optimizers", name], lim))  # fmt: skip
+                        *accum, "--no-exact", "--optimizers", name], lim))  # fmt: skip
     for name in ("adamw", "mars-adamw"):
-        out.append(Step(f"xl-{name}", f"{big} at micro-batch {xl}, {name}", [*train, "--models",
-                        big, "--no-exact", "--optimizers", name, "--micro-batch", xl], 110))
+        out.append(Step(f"xl-{name}", f"{big} at micro-batch {xl} x {xl_accum}, {name}",
+                        [*train, "--models", big, "--no-exact", "--optimizers", name,
+                         "--micro-batch", str(xl), "--accum", str(xl_accum)], 110))  # fmt: skip
     opt_dev = ["--device", dev, "--model", small]
     out += [
         Step("exact", f"{small}, MARS-AdamW approx and exact: exact mode's cost",
-             [*train, "--models", small, "--exact", "--optimizers", "mars-adamw"], 70),
+             [*train, "--models", small, *accum, "--exact", "--optimizers", "mars-adamw"], 90),
         Step("xl-estimate", "the XL estimate part by part",
              [*py, "-m", "bench.memory", "--parts", "--models", big, "--optimizers", "adamw",
-              "mars-adamw", "--micro-batch", xl], 20),
+              "mars-adamw", "--micro-batch", str(xl)], 20),
         Step("optim-fused", "optimizer steps vs fused AdamW, copy bandwidth",
              [*py, "-m", "bench.optim_fused", *opt_dev, "--only", "adamw", "mars-adamw",
-              "mars-lion", "lion", "--rounds", "1" if cpu else "3"], 60),
+              "mars-lion", "lion", "--rounds", "1" if cpu else "3"], 80),
         Step("newton-schulz", "Newton-Schulz's share of a MARS-M step",
              [*py, "-m", "bench.newton_schulz", "--device", dev, "--model", small,
               *(["--layers", "1"] if cpu else [])], 45),

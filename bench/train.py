@@ -139,6 +139,13 @@ def _proc_kib(key: str) -> int:
     return 0
 
 
+def break_reasons() -> list[tuple[str, int]]:
+    """Dynamo's graph-break reasons since the last reset, most frequent first."""
+    from torch._dynamo.utils import counters
+
+    return sorted(counters["graph_break"].items(), key=lambda kv: -kv[1])
+
+
 def time_steps(trainer, steps: int, device: torch.device) -> float:
     """Best wall-clock seconds of ``steps`` training steps."""
     return best_time(trainer.train_step, device, steps)
@@ -149,6 +156,9 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
     ap.add_argument("--models", nargs="+", default=None, help="configs/model presets")
     ap.add_argument("--micro-batch", type=int, default=None, help="default: the papers' / 2")
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches per optimizer step (4: the papers' GPT-2 small/medium "
+                         "on 8 GPUs, 12: large/XL)")  # fmt: skip
     ap.add_argument("--seq-len", type=int, default=None, help="default: block_size / 128 on CPU")
     ap.add_argument("--optimizers", nargs="+", default=None, help="default: all registered")
     ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True)
@@ -171,7 +181,7 @@ def train_config(args, model: str, opt_cfg, chunk: int, device: torch.device) ->
     seq = args.seq_len or (m.block_size if device.type == "cuda" else min(128, m.block_size))
     compile_ = device.type == "cuda" if args.compile is None else args.compile
     return TrainConfig(model=m, optimizer=opt_cfg, micro_batch_size=mb, seq_len=seq,
-                       batch_tokens=mb * seq, compile=compile_, dtype=args.dtype, device=str(device),
+                       batch_tokens=mb * seq * args.accum, compile=compile_, dtype=args.dtype, device=str(device),
                        loss_chunk_tokens=chunk, max_steps=10**6,
                        activation_checkpointing=args.activation_checkpointing)  # fmt: skip
 
@@ -218,13 +228,14 @@ def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
             best = time_steps(case["runner"], args.steps, dist.device)
             case["peak"] = mem.peak_bytes()  # the first round's: build, warm-up and timed steps
             case["counters"] = compile_counters()
+            case["break_reasons"] = break_reasons()
         else:
             best = time_steps(case["runner"], args.steps, dist.device)
     except torch.OutOfMemoryError:
         case["oom"], keep = True, False
     else:
         cfg = case["cfg"]
-        tok_s = cfg.micro_batch_size * cfg.sequence_length / best
+        tok_s = cfg.batch_tokens / best  # every micro-batch of the step
         case["tok_s"] = max(case.get("tok_s", 0.0), tok_s)
     if not keep:
         case.pop("runner", None)
@@ -294,7 +305,8 @@ def main() -> None:
           f"activation checkpointing {args.activation_checkpointing}")  # fmt: skip
     for c in cases[:1]:
         print(
-            f"micro-batch {c['cfg'].micro_batch_size} x {c['cfg'].sequence_length} tokens, "
+            f"micro-batch {c['cfg'].micro_batch_size} x {c['cfg'].sequence_length} tokens "
+            f"x {args.accum} per optimizer step, "
             f"best of {args.steps} steps x {args.rounds} rounds after {args.warmup} warm-up"
         )
     if args.rounds == 1:  # each row the moment it is measured: a run cut short keeps its rows
@@ -302,6 +314,8 @@ def main() -> None:
         for case in cases:
             run_case(case, args, dist, keep=False)
             print(table_row(case, cases, device), flush=True)
+            for reason, n in case.get("break_reasons", [])[:3]:
+                print(f"    graph break x{n}: {reason[:200]}")
         return
     for _ in range(args.rounds):
         for case in cases:

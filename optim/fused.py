@@ -117,7 +117,9 @@ def _multi_step(params, grads, refs, ms, vs, vmaxs, table, **flags) -> None:
 # per rank and rule: seconds; the calls cost tens of microseconds each, nothing beside a CPU
 # step); "list": one compiled step over the bucket's tensors (no per-tensor calls, for GPU
 # launch overhead, but on a CPU the compile grows by seconds per tensor: minutes for GPT-2).
+# "list" calls the compiled step once per chunk of at most CHUNK same-shape tensors (shape_chunks).
 GROUPING = {"cpu": "tensor", "cuda": "list"}
+CHUNK = 16
 _COMPILED: dict = {}
 
 
@@ -226,7 +228,6 @@ def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True,
     dtype = torch.promote_types(params[0].dtype, torch.float32)
     cuda = params[0].is_cuda  # pinned (torch's caching host allocator): an async copy, no sync
     rows = hyper_table(view, steps, beta, kappa, momentum)
-    table = torch.tensor(rows, dtype=dtype, pin_memory=cuda).to(params[0].device, non_blocking=True)
     adam = view["preconditioner"] == "adam"
     options = AdamOptions.from_group(view) if adam else None
     amsgrad = adam and options.amsgrad
@@ -240,17 +241,39 @@ def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True,
     )
     if skip is not None:  # absent otherwise: the compiled code is the one without masks
         flags["skip"] = skip
-    args = (
+    lists = (
         params,
         bucket.gs,
         [s["last_grad"] for s in states] if reduce else [],
         [s[bucket.momentum.key] for s in states],
         [s["exp_avg_sq"] for s in states] if adam else [],
         [s["max_exp_avg_sq"] for s in states] if amsgrad else [],
-        table,
     )
     grouping = GROUPING.get(params[0].device.type, "list")
-    return _run(grouping, args, flags, may_fall_back)
+    chunks = shape_chunks(params) if grouping == "list" else [list(range(len(params)))]
+    for k, idx in enumerate(chunks):
+        sub = [[a[i] for i in idx] if a else [] for a in lists]
+        table = torch.tensor([rows[i] for i in idx], dtype=dtype, pin_memory=cuda)
+        args = (*sub, table.to(params[0].device, non_blocking=True))
+        why = _run(grouping, args, flags, may_fall_back)
+        if why is not None:  # this chunk ran eagerly; so do the rest (no second failed compile)
+            for rest in chunks[k + 1 :]:
+                sub = [[a[i] for i in rest] if a else [] for a in lists]
+                table = torch.tensor([rows[i] for i in rest], dtype=dtype, device=params[0].device)
+                _multi_step(*sub, table, **flags)
+            return why
+    return None
+
+
+def shape_chunks(params: Tensors, size: int = CHUNK) -> list[list[int]]:
+    """Indices of ``params`` in chunks of at most ``size`` tensors of one shape, for the "list"
+    grouping: each distinct (shape, length) is one compiled graph, so the compile does not grow
+    with depth (GPT-2 XL compiles the graphs GPT-2 small does), and no graph is so large that
+    inductor takes minutes over it (the whole of GPT-2 small's 148 tensors as one list did)."""
+    by_shape: dict[tuple, list[int]] = {}
+    for i, p in enumerate(params):
+        by_shape.setdefault((tuple(p.shape), p.dtype), []).append(i)
+    return [idx[k : k + size] for idx in by_shape.values() for k in range(0, len(idx), size)]
 
 
 def same_device_and_dtype(params: Tensors) -> bool:

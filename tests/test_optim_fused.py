@@ -87,6 +87,24 @@ def test_mars_adamw_compiled_equals_foreach_without_recompiling_and_state_dicts_
     assert graphs() == compiled
 
 
+def test_list_grouping_runs_same_shape_chunks_and_equals_foreach(monkeypatch):
+    """The GPU's grouping ("list"), run on the CPU: tensors go to the compiled step in chunks of
+    one shape (at most CHUNK), each (shape, length) one graph; a deeper model of the same shapes
+    adds calls, not graphs; the numbers are the foreach path's."""
+    assert fused_path.shape_chunks([torch.empty(2, 3)] * 5 + [torch.empty(4)], size=2) == [
+        [0, 1], [2, 3], [4], [5]]  # fmt: skip
+    monkeypatch.setitem(fused_path.GROUPING, "cpu", "list")
+    monkeypatch.setattr(fused_path, "CHUNK", 2)
+    monkeypatch.setattr(fused_path.shape_chunks, "__defaults__", (2,))
+    shapes = [(3, 2)] * 4
+    ref_p, fus_p = make_params(shapes), make_params(shapes)
+    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, fused=False)
+    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, fused=True)
+    run(ref, ref_p, 3), run(fus, fus_p, 3)
+    assert fus._fused_off is None and fus.path_counts["fused"] == 3
+    assert_same(ref_p, ref, fus_p, fus)
+
+
 def check_rule(make, steps=3):
     ref_p, fus_p = make_params(), make_params()
     ref, fus = make(ref_p, False), make(fus_p, True)
