@@ -110,8 +110,8 @@ class CausalLM(nn.Module):
         instead of ``n_layer`` of them (docs/gpu-readiness.md has the first-step times).
 
         Blocks must not differ by a constant Dynamo compiles in (one by one they would cost a
-        compile each): GPT-2's per-layer attention scale is applied outside the graph
-        (model/gpt.py, ``_attend_untraced``)."""
+        compile each): GPT-2's per-layer attention scale is a buffer, a graph input
+        (model/gpt.py, ``layer_scale``)."""
         for block in self.transformer.h:
             block.compile(**kwargs)
         self.transformer.ln_f.compile(**kwargs)

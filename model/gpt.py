@@ -43,9 +43,6 @@ def _attend(attn: CausalSelfAttention, q: torch.Tensor, k: torch.Tensor, v: torc
     )
 
 
-_attend_untraced = torch.compiler.disable(_attend)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, layer_idx: int) -> None:
         super().__init__()
@@ -56,19 +53,22 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.dropout = cfg.dropout
         self.scale = 1.0 / math.sqrt(self.head_dim)
-        if cfg.scale_attn_by_inverse_layer_idx:
-            self.scale /= layer_idx + 1
-            # The scale differs by layer, and SDPA takes it as a float that Dynamo compiles in as
-            # a constant: a graph per layer. Called outside the graph (the same aten call, so the
-            # same rounding), the blocks share their compiled graphs before and after it.
-        self.attend_outside_graph = cfg.scale_attn_by_inverse_layer_idx
+        # The papers' 1/(layer+1) on the scores (scale_attn_by_inverse_layer_idx) is applied to q
+        # as a 0-d buffer: SDPA's ``scale`` is a float that Dynamo compiles in as a constant (a
+        # graph per layer), a buffer is a graph input, so every block shares one compiled graph
+        # with attention inside it. Non-persistent: checkpoints and exports are unchanged.
+        self.layer_scaled = cfg.scale_attn_by_inverse_layer_idx
+        if self.layer_scaled:
+            self.register_buffer("layer_scale", torch.tensor(1.0 / (layer_idx + 1)),
+                                 persistent=False)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
-        attend = _attend_untraced if self.attend_outside_graph else _attend
-        y = attend(self, q, k, v)
+        if self.layer_scaled:
+            q = q * self.layer_scale  # stays q's dtype: a 0-d tensor does not promote
+        y = _attend(self, q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

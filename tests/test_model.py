@@ -48,7 +48,33 @@ def test_inverse_layer_idx_scale():
     model = GPT(GPTConfig(**SMALL, scale_attn_by_inverse_layer_idx=True))
     head_dim = 16
     for i, block in enumerate(model.transformer.h):
-        assert block.attn.scale == pytest.approx(1 / (head_dim**0.5 * (i + 1)))
+        effective = block.attn.scale * block.attn.layer_scale.item()
+        assert effective == pytest.approx(1 / (head_dim**0.5 * (i + 1)))
+    assert "transformer.h.0.attn.layer_scale" not in model.state_dict()  # not persistent
+
+
+def test_layer_scaled_blocks_share_one_graph_with_attention_inside():
+    """The per-layer scale is a graph input: compiled block by block (the Trainer's layout),
+    every block runs one graph, SDPA inside it, no graph break (CPU, the eager backend)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = GPT(GPTConfig(**SMALL, scale_attn_by_inverse_layer_idx=True))
+    graphs = []
+
+    def backend(gm, example_inputs):  # noqa: ANN001, ANN202
+        graphs.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return gm.forward
+
+    for block in model.transformer.h:
+        block.compile(backend=backend)
+    x = torch.randn(2, 10, 32, requires_grad=True)  # as every block's input in training
+    for block in model.transformer.h:
+        x = block(x)
+    torch._dynamo.reset()
+    assert len(graphs) == 1 and not counters["graph_break"], (len(graphs), counters["graph_break"])
+    assert torch.nn.functional.scaled_dot_product_attention in graphs[0]
 
 
 def test_scaled_attention_matches_manual():

@@ -185,6 +185,9 @@ class Trainer:
                 device_ids=[self.dist.local_rank] if cuda else None,
                 bucket_cap_mb=ddp_bucket_cap_mb(self.raw_model),
                 gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
+                # the models' only buffers are constants (GPT-2's layer scale): no broadcast
+                # before every forward
+                broadcast_buffers=False,
             )
         self.eval_model = self.raw_model  # under FSDP the sharded root: every rank runs it
         self.model = model
