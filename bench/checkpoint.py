@@ -14,6 +14,7 @@ was on disk and committed. Prints the device line and the medians.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -38,7 +39,8 @@ def build(model_name: str, optimizer: str, device: torch.device):
     model = build_model(model_config(model_name))
     model.to(device)
     cls = optim.get_spec(optimizer).config_cls
-    opt = optim.build_optimizer(model, cls())
+    kw = {"fused": False} if "fused" in {f.name for f in dataclasses.fields(cls)} else {}
+    opt = optim.build_optimizer(model, cls(**kw))  # the state is what a save moves: no compile
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     if getattr(opt, "needs_reference_grad", False):
@@ -91,21 +93,22 @@ def main() -> None:
         "dcp": DcpCheckpointer(asynchronous=False, rank=dist.rank, world_size=dist.world_size),
         "dcp-async": DcpCheckpointer(asynchronous=True, rank=dist.rank, world_size=dist.world_size),
     }
-    times: dict[str, list[tuple[float, float]]] = {f: [] for f in FORMATS}
-    for i in range(args.saves):
-        for fmt in FORMATS:
-            times[fmt].append(save_once(fmt, base / fmt, i + 1, model, opt, savers, dist.is_main))
-    if dist.is_main:
+    if dist.is_main:  # each format's row as soon as it is measured
         name = torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else "CPU"
         print(f"device: {dist.device} ({name}); {device_line()}; {dist.world_size} process(es)")
         print(f"model {args.model} + {args.optimizer} state: {nbytes / 1e9:.2f} GB per checkpoint,"
               f" written under {base}")  # fmt: skip
         print(f"{'format':<12}{'stall s':>10}{'written s':>11}{'stall GB/s':>12}  (median of "
-              f"{args.saves})")  # fmt: skip
-        for fmt in FORMATS:
-            stall = statistics.median(t[0] for t in times[fmt])
-            written = statistics.median(t[1] for t in times[fmt])
-            print(f"{fmt:<12}{stall:>10.2f}{written:>11.2f}{nbytes / 1e9 / stall:>12.2f}")
+              f"{args.saves})", flush=True)  # fmt: skip
+    for fmt in FORMATS:
+        times = [save_once(fmt, base / fmt, i + 1, model, opt, savers, dist.is_main)
+                 for i in range(args.saves)]  # fmt: skip
+        if dist.is_main:
+            stall = statistics.median(t[0] for t in times)
+            written = statistics.median(t[1] for t in times)
+            print(f"{fmt:<12}{stall:>10.2f}{written:>11.2f}{nbytes / 1e9 / stall:>12.2f}",
+                  flush=True)  # fmt: skip
+    if dist.is_main:
         shutil.rmtree(base, ignore_errors=True)
     destroy()
 

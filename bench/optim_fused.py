@@ -120,6 +120,7 @@ def main() -> None:
         one_step(opts[label], 0)
         sync(device)
         first[label] = time.perf_counter() - t0
+        print(f"  {label}: first step (state, any compile) {first[label]:.2f} s", flush=True)
     for r in range(args.rounds):
         for label, _, _ in runs:
             for s in range(args.steps):

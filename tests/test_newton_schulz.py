@@ -82,14 +82,21 @@ def test_split_blocks_cover_every_matrix_once(monkeypatch, world, batched):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_batched_close_to_one_at_a_time_on_cuda():
-    """cuBLAS may pick another kernel for a batched GEMM: bf16 results are close, not equal."""
+    """cuBLAS may pick another kernel for a batched GEMM: in float64 the results agree; in
+    bf16 five iterations amplify the other rounding (an element 0.035 apart was seen on an H100,
+    torch 2.11), so the test is that batching costs no accuracy: both are as far from the
+    float64 result as each other."""
     us = [u.cuda() for u in matrices(1, torch.float32)]
-    for dtype, atol in ((torch.float64, 1e-12), (torch.bfloat16, 2e-2)):
-        kw = dict(steps=5, eps=1e-7, dtype=dtype, distributed=False)
-        batched = ns.orthogonalise(us, batched=True, **kw)
-        single = ns.orthogonalise(us, batched=False, **kw)
-        for b, s in zip(batched, single):
-            torch.testing.assert_close(b.double(), s.double(), rtol=0, atol=atol)
+    kw = dict(steps=5, eps=1e-7, distributed=False)
+    exact = ns.orthogonalise(us, batched=False, dtype=torch.float64, **kw)
+    batched = ns.orthogonalise(us, batched=True, dtype=torch.float64, **kw)
+    for b, s in zip(batched, exact):
+        torch.testing.assert_close(b, s, rtol=0, atol=1e-12)
+    batched = ns.orthogonalise(us, batched=True, dtype=torch.bfloat16, **kw)
+    single = ns.orthogonalise(us, batched=False, dtype=torch.bfloat16, **kw)
+    for b, s, x in zip(batched, single, exact):
+        err_b, err_s = ((t.double() - x).norm() / x.norm() for t in (b, s))
+        assert err_b <= 1.5 * err_s + 1e-2, (err_b, err_s)
 
 
 def test_split_is_off_without_a_process_group():
