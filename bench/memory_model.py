@@ -15,8 +15,10 @@ measured peak). Every part is named, so a printout shows where the memory goes:
     activations        the tensors autograd saves, per token per block (below); with activation
                        checkpointing only each block's fp32 input plus one block's worth
     loss               chunked: the saved fp32 dL/dh (4 n_embd/token), the fp32 dL/dW buffer
-                       (4 V n_embd) and one chunk's logits in flight (8 V per chunk token: bf16
-                       logits, fp32 log-probabilities turned into the gradient, its bf16 copy);
+                       (4 V n_embd) and one chunk in flight: under bf16 its logits and their
+                       gradient, both bf16 (4 V per chunk token; one compiled kernel turns one
+                       into the other), plus the chunk's fp32 G^T h before it is added to dL/dW
+                       (4 V n_embd); in fp32 the logits and the gradient (8 V per chunk token);
                        plain: 12 V bytes per token at the backward's peak (fp32 log-softmax saved,
                        its incoming gradient and its output gradient)
     step_temporaries   the optimizer step's temporaries, one fp32 tensor per parameter (the foreach
@@ -126,7 +128,9 @@ def loss_bytes(cfg: GPTConfig, tokens: int, *, chunk: int, low_precision: bool) 
     """The loss path's memory at the backward's peak (module docstring)."""
     V, C = cfg.vocab_size, cfg.n_embd
     if chunk > 0:
-        return 4 * C * tokens + 4 * V * C + 8 * V * min(chunk, tokens)
+        rows = min(chunk, tokens)
+        in_flight = 4 * V * rows + 4 * V * C if low_precision else 8 * V * rows
+        return 4 * C * tokens + 4 * V * C + in_flight
     head_input = (2 if low_precision else 4) * C  # lm_head's saved (autocast-cast) input
     return tokens * (head_input + 12 * V)
 
