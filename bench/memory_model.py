@@ -218,10 +218,11 @@ LARGER_MICRO_BATCH = 5
 @dataclasses.dataclass(frozen=True)
 class FsdpMemoryEstimate(MemoryEstimate):
     """One FSDP rank: ``weights``, ``grads``, ``optimizer_state`` and ``step_temporaries`` are
-    this rank's shards (1/world size); ``bf16_weights`` is 0 (no autocast copy of the model:
-    units are gathered in the compute dtype); ``gathered`` is what FSDP gathers at its peak: the
-    root unit (kept gathered from its forward to its backward), the block being computed and the
-    next one (prefetched) in the compute dtype, and the largest unit's unsharded float32
+    this rank's shards (1/world size); ``bf16_weights`` is autocast's copy of the tied head alone
+    (the blocks are gathered in the compute dtype, the root in float32); ``gathered`` is what
+    FSDP gathers at its peak: the root unit in float32 (kept gathered from its forward to its
+    backward; float32 so that the residual stream is, as under DDP), the block being computed
+    and the next one (prefetched) in the compute dtype, and the largest unit's unsharded float32
     gradients before their reduce-scatter."""
 
     gathered: int = 0
@@ -268,13 +269,13 @@ def estimate_fsdp_memory(
         grads=-(-ddp.grads // world_size),
         ddp_buckets=0,
         optimizer_state=-(-state_bytes // world_size),
-        bf16_weights=0,
+        bf16_weights=2 * cfg.vocab_size * cfg.n_embd if low_precision else 0,
         activations=ddp.activations,
         loss=ddp.loss,
         step_temporaries=-(-ddp.step_temporaries // world_size),
         cuda_context=0,
         fragmentation=0,
-        gathered=a * (root + 2 * block) + 4 * max(root, block),
+        gathered=4 * root + a * 2 * block + 4 * max(root, block),
     )
     if not cuda:
         return est

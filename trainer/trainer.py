@@ -46,8 +46,9 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
     """Accumulate ``scale * loss`` gradients over ``batches``; DDP and FSDP sync (all-reduce,
     reduce-scatter) on the last one only.
 
-    Autocast stays on under FSDP: its bf16 parameters make it a no-op for the matmuls, and it
-    keeps the LayerNorms, softmax and loss in float32 as in a DDP run.
+    Autocast stays on under FSDP: its bf16 blocks make it a no-op for their matmuls, and it
+    keeps the LayerNorms, softmax and loss in float32 as in a DDP run; the residual stream is
+    float32 under both (trainer/fsdp.py: shard_model).
     Returns the mean loss over ``batches`` as a tensor (no host synchronisation)."""
     total = torch.zeros((), device=dist.device)
     for i, (x, y) in enumerate(batches):
