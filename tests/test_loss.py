@@ -215,3 +215,21 @@ def test_bench_counts_fewer_bytes_after(capsys):
     main(["--model", "tiny", "--no-time"])
     out = capsys.readouterr().out
     assert out.startswith("device: cpu") and "after / before" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fused_kernel_and_fp32_head_gradient():
+    """What CUDA runs: the compiled kernel within one bf16 rounding of float64, and each
+    chunk's G^T h added in fp32 (a float32-output matmul where torch has one)."""
+    logits, target, valid, scale = (t.cuda() for t in _kernel_inputs(torch.bfloat16, n=64, v=512))
+    nll, g = loss_mod._grad_logits(logits.device)(logits, target, valid, scale)
+    ref_nll, ref_g = grad_logits_inplace(logits.double(), target, valid.double(), scale.double())
+    assert g.dtype == torch.bfloat16
+    torch.testing.assert_close(nll.double(), ref_nll, rtol=1e-5, atol=1e-5)
+    assert ((g.double() - ref_g).abs() <= ref_g.abs() * 2**-8 + 1e-30).all()
+    h = torch.randn(64, 32, device="cuda").to(torch.bfloat16)
+    acc = loss_mod.add_product(None, g[:32].t(), h[:32])
+    acc = loss_mod.add_product(acc, g[32:].t(), h[32:])
+    assert acc.dtype == torch.float32
+    torch.testing.assert_close(acc.double(), g.t().double() @ h.double(), rtol=1e-5, atol=1e-6)
