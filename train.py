@@ -121,6 +121,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     from trainer.config import grad_accum_steps
     from trainer.preemption import Preempted
     from trainer.run import finish_run, on_main, prepare_out_dir
+    from trainer.shared_fs import check_shared_files
     from trainer.trainer import build_trainer
 
     grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
@@ -129,6 +130,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     config_dict = {**config_dict, "out_dir": str(out_dir)}
     on_main(dist, ensure_prepared, cfg.data.name, cfg.data.dir)
     barrier()
+    check_shared_files(dist, out_dir, cfg.data)  # several nodes: an error, not a hang
     configure_backends(dist.device)
     trainer = build_trainer(cfg, config_dict, dist, out_dir, resume_path)
     if trainer.finished is not None:  # a relaunched table or sweep: change nothing

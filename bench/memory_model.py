@@ -15,8 +15,10 @@ measured peak). Every part is named, so a printout shows where the memory goes:
     activations        the tensors autograd saves, per token per block (below); with activation
                        checkpointing only each block's fp32 input plus one block's worth
     loss               chunked: the saved fp32 dL/dh (4 n_embd/token), the fp32 dL/dW buffer
-                       (4 V n_embd) and one chunk's logits in flight (8 V per chunk token: bf16
-                       logits, fp32 log-probabilities turned into the gradient, its bf16 copy);
+                       (4 V n_embd) and one chunk in flight: under bf16 its logits and their
+                       gradient, both bf16 (4 V per chunk token; one compiled kernel turns one
+                       into the other), plus the chunk's fp32 G^T h before it is added to dL/dW
+                       (4 V n_embd); in fp32 the logits and the gradient (8 V per chunk token);
                        plain: 12 V bytes per token at the backward's peak (fp32 log-softmax saved,
                        its incoming gradient and its output gradient)
     step_temporaries   the optimizer step's temporaries, one fp32 tensor per parameter (the foreach
@@ -126,7 +128,9 @@ def loss_bytes(cfg: GPTConfig, tokens: int, *, chunk: int, low_precision: bool) 
     """The loss path's memory at the backward's peak (module docstring)."""
     V, C = cfg.vocab_size, cfg.n_embd
     if chunk > 0:
-        return 4 * C * tokens + 4 * V * C + 8 * V * min(chunk, tokens)
+        rows = min(chunk, tokens)
+        in_flight = 4 * V * rows + 4 * V * C if low_precision else 8 * V * rows
+        return 4 * C * tokens + 4 * V * C + in_flight
     head_input = (2 if low_precision else 4) * C  # lm_head's saved (autocast-cast) input
     return tokens * (head_input + 12 * V)
 
@@ -214,10 +218,11 @@ LARGER_MICRO_BATCH = 5
 @dataclasses.dataclass(frozen=True)
 class FsdpMemoryEstimate(MemoryEstimate):
     """One FSDP rank: ``weights``, ``grads``, ``optimizer_state`` and ``step_temporaries`` are
-    this rank's shards (1/world size); ``bf16_weights`` is 0 (no autocast copy of the model:
-    units are gathered in the compute dtype); ``gathered`` is what FSDP gathers at its peak: the
-    root unit (kept gathered from its forward to its backward), the block being computed and the
-    next one (prefetched) in the compute dtype, and the largest unit's unsharded float32
+    this rank's shards (1/world size); ``bf16_weights`` is autocast's copy of the tied head alone
+    (the blocks are gathered in the compute dtype, the root in float32); ``gathered`` is what
+    FSDP gathers at its peak: the root unit in float32 (kept gathered from its forward to its
+    backward; float32 so that the residual stream is, as under DDP), the block being computed
+    and the next one (prefetched) in the compute dtype, and the largest unit's unsharded float32
     gradients before their reduce-scatter."""
 
     gathered: int = 0
@@ -264,13 +269,13 @@ def estimate_fsdp_memory(
         grads=-(-ddp.grads // world_size),
         ddp_buckets=0,
         optimizer_state=-(-state_bytes // world_size),
-        bf16_weights=0,
+        bf16_weights=2 * cfg.vocab_size * cfg.n_embd if low_precision else 0,
         activations=ddp.activations,
         loss=ddp.loss,
         step_temporaries=-(-ddp.step_temporaries // world_size),
         cuda_context=0,
         fragmentation=0,
-        gathered=a * (root + 2 * block) + 4 * max(root, block),
+        gathered=4 * root + a * 2 * block + 4 * max(root, block),
     )
     if not cuda:
         return est

@@ -31,7 +31,13 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+        weight, bias = self.weight, self.bias
+        if weight.dtype != x.dtype and torch.promote_types(weight.dtype, x.dtype) == x.dtype:
+            # FSDP gathers a block's gains in bf16 while the residual stream is fp32; the CPU
+            # kernel takes one dtype (CUDA autocast upcasts them itself). The upcast is exact.
+            weight = weight.to(x.dtype)
+            bias = None if bias is None else bias.to(x.dtype)
+        return F.layer_norm(x, weight.shape, weight, bias, 1e-5)
 
 
 def _attend(attn: CausalSelfAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

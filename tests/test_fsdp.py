@@ -194,10 +194,11 @@ def test_fsdp_memory_parts_are_the_arithmetic():
     ddp = estimate_memory(cfg, ddp=True, **kw)
     four = estimate_fsdp_memory(cfg, world_size=4, **kw)
     assert (four.weights, four.grads, four.optimizer_state) == (n, n, 2 * n)  # 4n, 4n, 8n over 4
-    assert four.step_temporaries == n and four.bf16_weights == 0 and four.ddp_buckets == 0
-    assert four.gathered == 2 * (root + 2 * block) + 4 * max(root, block)
+    assert four.step_temporaries == n and four.ddp_buckets == 0
+    assert four.bf16_weights == 2 * cfg.vocab_size * cfg.n_embd  # autocast's copy of the head
+    assert four.gathered == 4 * root + 2 * 2 * block + 4 * max(root, block)  # the root in fp32
     assert (four.activations, four.loss) == (ddp.activations, ddp.loss)
-    static = 4 * n + four.gathered
+    static = 4 * n + four.bf16_weights + four.gathered
     assert four.allocated == static + max(ddp.activations + ddp.loss, n)
     assert four.total == four.allocated + four.cuda_context + four.fragmentation
     assert four.total < rank_memory(cfg, parallel="fsdp", world_size=2, **kw).total < ddp.total

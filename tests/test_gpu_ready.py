@@ -189,6 +189,30 @@ def test_first_step_is_left_out_of_tokens_per_second(monkeypatch):
     assert records.rows[1]["tokens_per_s"] == pytest.approx(1000.0)  # 2 steps in 2 s
 
 
+def test_timer_restarts_after_one_device_sync(monkeypatch):
+    """The window after step 1 starts once step 1's queued GPU work is done: one sync, at the
+    restart, before the clock is read (issue 27, item 8)."""
+    clock, calls = [0.0], []
+    meter, state, _ = _meter(monkeypatch, clock)
+    monkeypatch.setattr(meter_mod, "sync_device", lambda d: calls.append((d, clock[0])))
+    zero = torch.zeros(())
+    for _ in range(4):
+        clock[0] += 1.0
+        state.step += 1
+        meter.step(zero)
+    meter.close()
+    assert calls == [(CPU1.device, 1.0)] and meter.t0 == 1.0
+
+
+def test_sync_device_waits_on_cuda_only(monkeypatch):
+    waited = []
+    monkeypatch.setattr(meter_mod.torch.cuda, "synchronize", lambda d=None: waited.append(d))
+    meter_mod.sync_device(torch.device("cpu"))
+    assert waited == []
+    meter_mod.sync_device(torch.device("cuda", 1))
+    assert waited == [torch.device("cuda", 1)]
+
+
 def test_no_progress_bar_when_stderr_is_not_a_terminal(monkeypatch):
     meter, _, _ = _meter(monkeypatch, [0.0], stderr=io.StringIO())
     assert meter.bar.disable

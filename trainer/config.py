@@ -129,7 +129,7 @@ RESUMABLE_KEYS = frozenset(
         "ckpt_every",
         "keep_checkpoints",
         "checkpoint_format",  # resume reads either format
-        "parallel",  # the same numbers sharded or replicated; checkpoints reshard on resume
+        "parallel",  # the same numbers (bf16: but the blocks' LN gains, docs/fsdp.md); reshards
         "async_checkpoint",
         "log_every",
         "compile",

@@ -45,17 +45,24 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int,
     """``fully_shard`` each block, then the root, over a 1-D mesh of ``world_size`` ranks; in
     place (the module keeps its class's behaviour and its parameter names), returned too.
 
-    ``param_dtype`` other than float32 (bf16 on GPUs): parameters are gathered and computed in it
-    while gradients are reduced in float32 onto the float32 sharded master weights."""
+    ``param_dtype`` other than float32 (bf16 on GPUs): the blocks' parameters are gathered and
+    computed in it while gradients are reduced in float32 onto the float32 sharded master
+    weights. The residual stream stays float32, as under DDP with autocast: the root (the
+    embeddings, the final LayerNorm, the tied head) is gathered in float32, so the embeddings
+    return float32 (autocast casts the head's weight for its matmul, as under DDP), and the
+    blocks' inputs are not cast (``cast_forward_inputs=False``; FSDP2's default would cast each
+    block's input, the residual stream, to bf16). What differs from DDP is the blocks'
+    LayerNorm gains and biases, gathered in bf16 (docs/fsdp.md, "Mixed precision")."""
     mesh = init_device_mesh(device.type, (world_size,))
-    policy = MixedPrecisionPolicy(
-        param_dtype=None if param_dtype == torch.float32 else param_dtype,
-        reduce_dtype=torch.float32,
+    low = None if param_dtype == torch.float32 else param_dtype
+    block_policy = MixedPrecisionPolicy(
+        param_dtype=low, reduce_dtype=torch.float32, cast_forward_inputs=False
     )
+    root_policy = MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False)
     *blocks, root = fsdp_units(model)
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
-    fully_shard(root, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        fully_shard(block, mesh=mesh, mp_policy=block_policy, reshard_after_forward=True)
+    fully_shard(root, mesh=mesh, mp_policy=root_policy, reshard_after_forward=False)
     return model
 
 

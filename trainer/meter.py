@@ -4,7 +4,8 @@
 Host synchronisation happens only at log steps: between them the clip count stays a tensor on
 the device. Time spent on evaluations and checkpoints is left out of the throughput, and so is
 each session's first step (it holds torch.compile's compilation): the timing window starts after
-it, and a log line before any timed step reports no tokens/s, MFU or ETA. The progress bar is
+it, once the GPU has finished that step's queued work (one synchronisation, the only one outside
+the log steps), and a log line before any timed step reports no tokens/s, MFU or ETA. The progress bar is
 drawn only on a terminal: redirected to a file, its carriage returns would clutter the log, which
 has the same numbers every ``log_every`` steps.
 """
@@ -64,6 +65,9 @@ class Meter:
         self.steps_done += 1
         self.since += 1
         if self.steps_done == 1:  # compilation and warm-up: start the timing window after it
+            # Step 1's kernels may still be queued on the GPU; without a wait here the first
+            # window would pay for them and report too few tokens/s. Once, so no sync per step.
+            sync_device(self.dist.device)
             self.since, self.t0 = 0, time.perf_counter()
         self.bar.update(1)
 
@@ -116,6 +120,13 @@ class Meter:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA); nothing elsewhere (CPU work is done when
+    its call returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _is_terminal(stream) -> bool:  # noqa: ANN001

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,28 @@ from trainer.run import RunState, finished_summary, open_run
 log = logging.getLogger("train")
 
 
-def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
-    """Accumulate ``scale * loss`` gradients over ``batches``; DDP and FSDP sync (all-reduce,
-    reduce-scatter) on the last one only.
+class MicroBatches:
+    """A step's ``count`` micro-batches, each fetched (``fetch(i)``) only when the micro-step loop
+    reaches it: the wait for the loader and the host-to-device copy of batch i+1 then come after
+    micro-step i's work is queued on the GPU, not all before the first. Iterate once."""
 
-    Autocast stays on under FSDP: its bf16 parameters make it a no-op for the matmuls, and it
-    keeps the LayerNorms, softmax and loss in float32 as in a DDP run.
+    def __init__(self, fetch: Callable[[int], tuple[torch.Tensor, torch.Tensor]], count: int):
+        self.fetch, self.count = fetch, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return (self.fetch(i) for i in range(self.count))
+
+
+def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> torch.Tensor:
+    """Accumulate ``scale * loss`` gradients over ``batches`` (a list, or ``MicroBatches``);
+    DDP and FSDP sync (all-reduce, reduce-scatter) on the last one only.
+
+    Autocast stays on under FSDP: its bf16 blocks make it a no-op for their matmuls, and it
+    keeps the LayerNorms, softmax and loss in float32 as in a DDP run; the residual stream is
+    float32 under both (trainer/fsdp.py: shard_model).
     Returns the mean loss over ``batches`` as a tensor (no host synchronisation)."""
     total = torch.zeros((), device=dist.device)
     for i, (x, y) in enumerate(batches):
@@ -149,6 +166,9 @@ class Trainer:
             seed=cfg.seed,
             device=dist.device,
             sampling=cfg.data.sampling,
+            # This step's micro-batches and the next step's (exact MARS reads them ahead), read
+            # and pinned by the loader's thread while the GPU computes.
+            prefetch=max(2, 2 * self.accum),
         )
 
     def elapsed(self) -> float:
@@ -227,9 +247,9 @@ class Trainer:
         a non-finite loss or gradient is skipped or stops the run (trainer/nonfinite.py)."""
         cfg = self.cfg
         lr = optim.apply_schedule(self.optimizer, self.state.step, cfg.schedule, cfg.max_steps)
-        batches = [self.loader.next_batch() for _ in range(self.accum)]
         scale = cfg.grad_scale / self.accum
-        ref_norm = self.reference_grad(scale)
+        ref_norm = self.reference_grad(scale, ahead=self.accum)  # the next step's batches
+        batches = MicroBatches(lambda _: self.loader.next_batch(), self.accum)
         loss = forward_backward(self.model, batches, self.dist, self.dtype, scale)
         grad_norm = self.clip_grads()
         if self.guard.allows_step(loss, grad_norm, ref_norm, self.logger):
@@ -246,18 +266,20 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)
         return fsdp.full_norm(norm)
 
-    def reference_grad(self, scale: float) -> torch.Tensor | None:
+    def reference_grad(self, scale: float, ahead: int = 0) -> torch.Tensor | None:
         """Exact MARS through optim.reference_pass (a no-op for other optimizers): the gradient
         of the *next* step's batches at the current weights, clipped like the real one, kept by
-        the optimizer as the next step's reference. Returns its norm (None when no pass ran)."""
+        the optimizer as the next step's reference. ``ahead``: the batches still to be taken
+        before the next step's (``train_step`` runs this before taking its own ``accum``).
+        Returns its norm (None when no pass ran)."""
         norms = []
 
-        def ahead() -> None:
-            batches = [self.loader.peek_batch(i) for i in range(self.accum)]
+        def pass_ahead() -> None:
+            batches = MicroBatches(lambda i: self.loader.peek_batch(ahead + i), self.accum)
             forward_backward(self.model, batches, self.dist, self.dtype, scale)
             norms.append(self.clip_grads())
 
-        optim.reference_pass(self.optimizer, ahead)
+        optim.reference_pass(self.optimizer, pass_ahead)
         return norms[0] if norms else None
 
 
