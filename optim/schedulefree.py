@@ -15,9 +15,9 @@ is ``x = (y - (1 - beta1) z) / beta1``. Per group, at step k (0-based), with
 ``eval()`` moves the model to x (``p = lerp(p, z, 1 - 1/beta1)``), ``train()`` back to y
 (``p = lerp(p, z, 1 - beta1)``). Evaluating or saving at y is the classic mistake: the trainer
 evaluates and saves inside ``eval_weights(optimizer)`` (below), so validation losses, checkpoints
-and everything read from a checkpoint (eval.py, the export) see x; a resumed run calls
-``train()`` after loading, which gives the same y as the uninterrupted run (that one went
-through the same eval/train round trip when it saved).
+and everything read from a checkpoint (eval.py, the export) see x. Evaluation puts y back from a
+copy (evaluating changes nothing); a save recomputes y from x and z, and a resumed run calls
+``train()`` after loading, the same arithmetic, so it continues bit for bit.
 
 Differences from the reference: the optimizer starts in train mode (the reference refuses to
 step before ``train()``; before the first step both are the same weights), and ``p.grad`` is
@@ -66,15 +66,33 @@ class AdamWScheduleFree(torch.optim.Optimizer):
                         weight_lr_power=weight_lr_power, weight_decay=weight_decay)  # fmt: skip
         super().__init__(params, defaults)
         self.foreach = foreach
+        self._kept: list[torch.Tensor] | None = None  # y while eval(keep_train_weights=True)
+
+    @property
+    def in_train_mode(self) -> bool:
+        """Whether the model holds y (training) rather than x (evaluation)."""
+        return self.param_groups[0]["train_mode"]
 
     @torch.no_grad()
-    def eval(self) -> None:
-        """Put x, the weights to evaluate, into the model (no-op in eval mode)."""
+    def eval(self, *, keep_train_weights: bool = False) -> None:
+        """Put x, the weights to evaluate, into the model (no-op in eval mode).
+        ``keep_train_weights``: keep a copy of y, so that ``train()`` puts it back bit for bit."""
+        if keep_train_weights and self.param_groups[0]["train_mode"]:
+            self._kept = [p.clone() for g in self.param_groups for p in g["params"]]
         self._switch(train=False)
 
     @torch.no_grad()
     def train(self) -> None:
-        """Put y, the weights gradients are taken at, into the model (no-op in train mode)."""
+        """Put y, the weights gradients are taken at, into the model (no-op in train mode): the
+        copy ``eval(keep_train_weights=True)`` kept, else ``lerp(x, z, 1 - beta1)``."""
+        kept = getattr(self, "_kept", None)
+        self._kept = None
+        if kept is not None and not self.param_groups[0]["train_mode"]:
+            params = [p for g in self.param_groups for p in g["params"]]
+            torch._foreach_copy_(params, kept)
+            for group in self.param_groups:
+                group["train_mode"] = True
+            return
         self._switch(train=True)
 
     def _switch(self, *, train: bool) -> None:
@@ -154,13 +172,18 @@ class AdamWScheduleFree(torch.optim.Optimizer):
 
 
 @contextlib.contextmanager
-def eval_weights(optimizer) -> Iterator[None]:
+def eval_weights(optimizer, *, exact: bool = True) -> Iterator[None]:
     """Inside: the model holds the weights to evaluate and save (schedule-free's x); after: the
-    weights to train at (y). A no-op for optimizers whose model weights are the evaluated ones."""
-    if not getattr(optimizer, "has_eval_weights", False):
-        yield
+    weights to train at (y). A no-op for optimizers whose model weights are the evaluated ones.
+
+    ``exact`` (evaluation): y is put back bit for bit from a copy (one copy of the weights while
+    inside), so evaluating never changes training. ``exact=False`` (around a checkpoint save): y
+    is recomputed from x and z, the arithmetic a run resumed from that checkpoint does, so the
+    resumed run continues bit for bit as the uninterrupted one."""
+    if not getattr(optimizer, "has_eval_weights", False) or not optimizer.in_train_mode:
+        yield  # nothing to switch, or already at x (the caller switches back)
         return
-    optimizer.eval()
+    optimizer.eval(keep_train_weights=exact)
     try:
         yield
     finally:
