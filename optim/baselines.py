@@ -106,6 +106,12 @@ class MarsSoapConfig(MarsConfig, SoapFields):
 
     preconditioner: ClassVar[str] = "soap"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.precondition_1d and not self.optimize_1d:
+            raise ValueError("optimizer.precondition_1d=true needs optimizer.optimize_1d=true: "
+                             "with MARS's routing the 1-D tensors are on AdamW")  # fmt: skip
+
 
 @register("mars-soap", MarsSoapConfig, "MARS with the SOAP preconditioner")
 def _build_mars_soap(model: nn.Module, cfg: MarsSoapConfig) -> torch.optim.Optimizer:
