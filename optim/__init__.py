@@ -9,6 +9,7 @@ A new MARS instance: docs/adding-an-optimizer.md.
 """
 
 from optim import adamw as _adamw  # noqa: F401  (registers "adamw")
+from optim import baselines as _baselines  # noqa: F401  (soap, ademamix, normuon, schedule-free)
 from optim import builders as _builders  # noqa: F401  (registers the rest)
 from optim.adamw import AdamWConfig
 from optim.builders import MarsConfig, build_mars
@@ -22,9 +23,13 @@ from optim.preconditioners import Options, Preconditioner, Step, register_precon
 from optim.reference import reference_pass
 from optim.registry import available, build_optimizer, get_spec, register
 from optim.rule import Rule, VarianceReduction
+from optim.schedulefree import AdamWScheduleFree, eval_weights, train_weights
 from optim.schedules import ScheduleConfig, apply_schedule, lr_at, set_initial_lr
 
 __all__ = [
+    "AdamWScheduleFree",
+    "eval_weights",
+    "train_weights",
     "MARS",
     "MARS_M",
     "AdamWConfig",

@@ -236,6 +236,10 @@ class MuonConfig:
 
     name: str = "muon"
     routing: str = "mars-repo"  # mars-repo: every >=2-D tensor incl. embeddings | recommended
+    # shape: sqrt(max(1, rows/cols)) (Muon); rms: 0.2*sqrt(max(rows, cols)), which with a
+    # weight_decay is the EPFL benchmark's D-Muon (Muon with decoupled weight decay, Moonlight's
+    # update RMS): optimizer.scale=rms optimizer.weight_decay=0.1 optimizer.routing=recommended
+    scale: str = "shape"
     lr: float = 2e-2
     momentum: float = 0.95
     nesterov: bool = True
@@ -271,6 +275,7 @@ def _build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
                 ns_steps=cfg.ns_steps,
                 ns_dtype=cfg.ns_dtype,
                 ns_distributed=cfg.ns_distributed,
+                scale=cfg.scale,
             ),
             adamw_group(
                 rest,

@@ -27,6 +27,13 @@ ALTERNATIVES = {
     "first_step": {"zero": "plain"},
     "ns_dtype": {"bfloat16": "float32"},
     "routing": {"mars-repo": "recommended"},
+    "scale": {"shape": "rms"},
+    # values that act within the test's four steps and its small shapes
+    "precondition_frequency": {10: 2},
+    "max_precond_dim": {10000: 32},
+    "alpha_warmup": {None: 3},
+    "beta3_warmup": {None: 3},
+    "warmup_steps": {0: 3},
 }
 
 

@@ -216,14 +216,17 @@ class Trainer:
         """Load ``path`` (resume=auto: or the newest readable older one); returns the one used."""
         parts = (self.raw_model, self.optimizer, self.loader)
         fall_back = self.cfg.resume == "auto"
-        return ckpt.restore_training_state(path, *parts, self.state, self.dist, fall_back)
+        used = ckpt.restore_training_state(path, *parts, self.state, self.dist, fall_back)
+        optim.train_weights(self.optimizer)  # saved at the evaluated weights (schedule-free x)
+        return used
 
     def save(self) -> None:
         self.guard.resolve(self.logger)  # a skip read late is counted before the state is saved
         parts = (self.raw_model, self.optimizer, self.loader)
-        ckpt.save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
-                                 dist=self.dist, keep=self.cfg.keep_checkpoints,
-                                 elapsed=self.elapsed, dcp_saver=self.dcp_saver)  # fmt: skip
+        with optim.eval_weights(self.optimizer, exact=False):  # x on disk; y as a resume has it
+            ckpt.save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
+                                     dist=self.dist, keep=self.cfg.keep_checkpoints,
+                                     elapsed=self.elapsed, dcp_saver=self.dcp_saver)  # fmt: skip
 
     def evaluate(self) -> float:
         cfg, dist = self.cfg, self.dist
@@ -236,7 +239,8 @@ class Trainer:
             max_tokens=cfg.eval_tokens,
             device=dist.device,
         )
-        loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
+        with optim.eval_weights(self.optimizer):  # schedule-free: at x, not at y
+            loss = validation_loss(self.eval_model, batches, dist.device, self.dtype)
         if fsdp.is_sharded(self.eval_model):
             fsdp.reshard(self.eval_model)  # the root stays gathered after a forward alone
         log_val_loss(loss, self.state, self.logger, self.elapsed())
