@@ -32,10 +32,10 @@ HOW = (
 )
 
 
-def missing(needed: dict[str, str] = NEEDED) -> list[tuple[str, str, str]]:
-    """(module, distribution, error) for each module that does not import."""
+def missing(needed: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(module, distribution, error) for each module (of NEEDED) that does not import."""
     out = []
-    for mod, dist in needed.items():
+    for mod, dist in (needed or NEEDED).items():
         try:
             importlib.import_module(mod)
         except Exception as e:  # an ImportError, or a package broken on import

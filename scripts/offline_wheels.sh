@@ -4,6 +4,7 @@
 # index; copy the folder to the node; install there with scripts/offline_install.sh.
 #
 #   scripts/offline_wheels.sh [--dir wheels] [--python-version 3.12] [--platform TAG]... [--dev]
+#   scripts/offline_wheels.sh --list [--dev]     # the requirements it would fetch, and stop
 #
 # --python-version and --platform name the node's Python (python3 --version there) and its
 # manylinux tags (default: x86-64 glibc 2.17 to 2.28, what CUDA images have); --dev adds the test
@@ -11,14 +12,15 @@
 # antlr4-python3-runtime) are built here into pure-Python wheels first.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir=wheels pyver="" dev=0 platforms=()
+dir=wheels pyver="" dev=0 list=0 platforms=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dir) dir="$2"; shift 2 ;;
     --python-version) pyver="$2"; shift 2 ;;
     --platform) platforms+=("$2"); shift 2 ;;
     --dev) dev=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --list) list=1; shift ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "offline_wheels: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -28,13 +30,15 @@ if [[ ${#platforms[@]} -eq 0 ]]; then
   platforms=(manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64
              manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux1_x86_64)
 fi
+files=("$root/requirements.txt")
+[[ $dev -eq 1 ]] && files+=("$root/requirements-dev.txt")
+filter() { grep -hv -E '^\s*(#|-r|$)|^torch([=<>~! ;]|$)' "${files[@]}"; }
+if [[ $list -eq 1 ]]; then filter; exit 0; fi
 mkdir -p "$dir"
 reqs="$dir/requirements-offline.txt"
 # torch stays the node's own CUDA build: every requirement but torch (requirements.txt pins the CPU
 # build), and with --dev the test tools. None of the others depends on torch.
-files=("$root/requirements.txt")
-[[ $dev -eq 1 ]] && files+=("$root/requirements-dev.txt")
-grep -hv -E '^\s*(#|-r|$)|^torch([=<>~! ;]|$)' "${files[@]}" > "$reqs"
+filter > "$reqs"
 plat_args=()
 for p in "${platforms[@]}"; do plat_args+=(--platform "$p"); done
 # Published only as source, and pure Python: built here into wheels that install anywhere.

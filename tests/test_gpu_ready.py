@@ -29,7 +29,7 @@ from trainer.config import TrainConfig
 from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp
 from trainer.meter import Meter
 from trainer.run import RunState
-from trainer.trainer import Trainer, ddp_bucket_cap_mb, keep_ddp_optimizer_safe
+from trainer.trainer import Trainer, ddp_bucket_cap_mb, regions_under_ddp
 
 TINY = dict(block_size=16, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 CPU1 = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -140,17 +140,31 @@ def test_async_save_without_stager_falls_back_with_a_reason(tmp_path, monkeypatc
     assert dcp_checkpoint.async_save_fallback() == ""  # this torch takes the call
 
 
-def test_chunked_loss_under_ddp_compile_falls_back_on_old_torch(monkeypatch, caplog):
+def test_compiled_regions_under_ddp_turn_the_ddp_optimizer_off():
     # torch's config module through its own patch(): pytest's monkeypatch would delete the
     # option on undo (the config module's delattr), breaking every later compile
     with torch._dynamo.config.patch(optimize_ddp=True):
-        assert not keep_ddp_optimizer_safe()  # this torch: DDPOptimizer stays
-        assert torch._dynamo.config.optimize_ddp
-        monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
-        with caplog.at_level(logging.WARNING):
-            assert keep_ddp_optimizer_safe()
-        assert torch._dynamo.config.optimize_ddp is False and "DDPOptimizer" in caplog.text
+        regions_under_ddp()
+        assert torch._dynamo.config.optimize_ddp is False
     assert torch._dynamo.config.optimize_ddp is not False  # restored for the tests after
+
+
+@pytest.mark.slow
+def test_trainer_layout_under_ddp_is_one_graph_per_block_with_attention_inside():
+    """bench.graphs counts the Trainer's own layout (regions, then DDP, one gloo rank): the
+    embeddings, one block for all, the final norm, the head; no break; SDPA inside the block.
+    With DDPOptimizer on, DDP's 1 MB first bucket cuts the blocks into more graphs."""
+    from bench.graphs import count_trainer_graphs
+
+    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=384,
+                    scale_attn_by_inverse_layer_idx=True)  # a block holds 6.75 MiB
+    ours = count_trainer_graphs(cfg)
+    assert ours == {"graphs": 4, "breaks": 0, "sdpa_in_graph": True}, ours
+    cut = count_trainer_graphs(cfg, ddp_optimizer=True, bucket_cap_mb=1.0)
+    assert cut["graphs"] > ours["graphs"], cut
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # the one-rank group it made is gone (later tests need none)
 
 
 # Item 3: the first step (compilation) is out of the throughput; no progress bar off a terminal.
@@ -343,8 +357,11 @@ def test_wrap_gives_ddp_the_block_bucket_and_bucket_views(monkeypatch):
     wrapper.dist = DistInfo(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
     wrapper.raw_model = GPT(GPTConfig(**TINY))
     wrapper.wrap()
+    from trainer.trainer import no_buffer_sync
+
     assert seen == {"device_ids": None, "bucket_cap_mb": 25.0, "gradient_as_bucket_view": True,
-                    "broadcast_buffers": False}
+                    **no_buffer_sync()}
+    assert list(no_buffer_sync().values()) == [False]
 
 
 # Item 5: compiled region by region; blocks alike share one graph.

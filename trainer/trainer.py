@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import optim
 from data import TokenLoader, shard_files, val_batches
 from model import build_model
-from runtime.device import autocast, check_torch, resolve_dtype, torch_older_than
+from runtime.device import autocast, check_torch, resolve_dtype
 from runtime.distributed import DistInfo
 from runtime.seeding import seed_everything
 from trainer import checkpoint as ckpt
@@ -80,17 +80,27 @@ def forward_backward(model, batches, dist: DistInfo, dtype, scale: float) -> tor
     return total / len(batches)
 
 
-def keep_ddp_optimizer_safe() -> bool:
-    """On torch older than 2.6, Dynamo's DDPOptimizer (which splits a compiled DDP model into
-    one graph per gradient bucket) fails on the chunked loss's autograd.Function (seen on 2.5):
-    turn the splitting off there, with the reason logged. Returns whether it was turned off."""
-    if not torch_older_than("2.6"):
-        return False
+def regions_under_ddp() -> None:
+    """Turn Dynamo's DDPOptimizer off for a model compiled region by region and then wrapped in
+    DDP. Each block is already one graph, and DDP's reducer overlaps each bucket's all-reduce
+    with the backward through its own hooks; DDPOptimizer would only cut the blocks further (DDP's
+    small first bucket split the MLP: 5 graphs a block, bench/graphs.py). Off, every block runs as
+    one graph, attention inside. It also avoids torch 2.5's DDPOptimizer failure on the chunked
+    loss's autograd.Function (docs/gpu-readiness.md)."""
+    if torch._dynamo.config.optimize_ddp:
+        log.info("compiled regions under DDP: Dynamo's DDPOptimizer off (a graph per block)")
     torch._dynamo.config.optimize_ddp = False
-    log.warning("torch %s: DDPOptimizer fails on the chunked loss (loss_chunk_tokens > 0) under "
-                "compile; compiling the model as one graph (no overlap of the gradient all-reduce "
-                "with the backward pass); torch 2.6 or newer keeps it", torch.__version__)  # fmt: skip
-    return True
+
+
+def no_buffer_sync() -> dict:
+    """DDP's keyword for "no buffer broadcast before every forward": the models' only buffers are
+    constants (GPT-2's layer scale). torch 2.13 renamed ``broadcast_buffers`` (deprecated there)
+    to ``forward_sync_buffers``."""
+    import inspect
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 DDP_DEFAULT_BUCKET_MB = 25.0
@@ -181,8 +191,8 @@ class Trainer:
         the sharded parameters with its (restored) state sharded alike (trainer/fsdp.py)."""
         sharded = self.cfg.parallel == "fsdp" and self.dist.distributed
         ddp = self.dist.distributed and not sharded
-        if self.cfg.compile and ddp and self.cfg.loss_chunk_tokens > 0:
-            keep_ddp_optimizer_safe()
+        if self.cfg.compile and ddp:
+            regions_under_ddp()
         model = self.raw_model
         if self.cfg.compile:
             # Region by region (GPT.compile_regions): one block compiled for all alike, not the
@@ -205,9 +215,7 @@ class Trainer:
                 device_ids=[self.dist.local_rank] if cuda else None,
                 bucket_cap_mb=ddp_bucket_cap_mb(self.raw_model),
                 gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
-                # the models' only buffers are constants (GPT-2's layer scale): no broadcast
-                # before every forward
-                broadcast_buffers=False,
+                **no_buffer_sync(),
             )
         self.eval_model = self.raw_model  # under FSDP the sharded root: every rank runs it
         self.model = model
