@@ -66,7 +66,7 @@ class AdamWScheduleFree(torch.optim.Optimizer):
                         weight_lr_power=weight_lr_power, weight_decay=weight_decay)  # fmt: skip
         super().__init__(params, defaults)
         self.foreach = foreach
-        self._kept: list[torch.Tensor] | None = None  # y while eval(keep_train_weights=True)
+        self._kept: list[torch.Tensor] | None = None  # y while in eval mode, keep_train_weights=True
 
     @property
     def in_train_mode(self) -> bool:
