@@ -303,6 +303,11 @@ def cli() -> None:
     owns_group = init_for_sweep()
     try:
         main()
+    except KeyboardInterrupt:  # Ctrl-C outside the loop (set-up, data, a first compile)
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write("interrupted (Ctrl-C) before the training loop's next checkpoint; "
+                             "run the same command again to continue from the last one\n")
+        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
     finally:
         if owns_group:
             destroy(force=True)
