@@ -323,6 +323,10 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":
+    from trainer.cli_checks import TRAIN_PATH_KEYS, quote_paths
+
+    # run dirs hold '=' and ','; out_dir may be swept with a comma
+    sys.argv[1:] = quote_paths(sys.argv[1:], TRAIN_PATH_KEYS, sweepable=("out_dir",))
     check_command_line(sys.argv[1:])  # before the slow imports: a typo is refused at once
     # Run the importable module's copy, so Hydra's submitit launcher can pickle the task
     # function by reference (a function of __main__ would be pickled with all its globals).
