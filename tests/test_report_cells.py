@@ -64,3 +64,11 @@ def test_curves_have_their_own_hollow_markers_and_a_zoomed_panel(tmp_path):
     assert 6.1 < y0 < 6.19 and 6.30 < y1 < 6.4  # the end's differences fill the panel
     figures.plot_val_loss(series, xlabel="tokens", title="t", path=tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_a_gamma_schedule_is_its_own_row_not_a_variant_of_constant_gamma():
+    from report.runs import optimizer_label
+
+    assert optimizer_label({"name": "mars-adamw", "gamma_schedule": "constant"}) == "MARS-approx"
+    scheduled = {"name": "mars-adamw", "gamma_schedule": "linear", "gamma_end": 0.0}
+    assert optimizer_label(scheduled) == "MARS-approx (γ linear to 0)"
