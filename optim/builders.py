@@ -61,6 +61,11 @@ class MarsConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
+        if self.gamma_schedule == "constant" and self.gamma_end != 0.0:
+            raise ValueError(
+                f"{PREFIX}gamma_end={self.gamma_end} is read only by a gamma schedule: set "
+                f"{PREFIX}gamma_schedule=linear (or cosine), or leave gamma_end out"
+            )
         self.rule()  # the rule's own checks (every value is valid by now)
 
     def rule(self) -> Rule:

@@ -27,6 +27,7 @@ ALTERNATIVES = {
     "first_step": {"zero": "plain"},
     "ns_dtype": {"bfloat16": "float32"},
     "routing": {"mars-repo": "recommended"},
+    "gamma_schedule": {"constant": "linear"},
 }
 
 
@@ -67,6 +68,8 @@ def final_params(name: str, loss_scale: float, **overrides) -> list[torch.Tensor
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SMALL))
     opt = optim.build_optimizer(model, optim.get_spec(name).config_cls(**overrides))
+    optim.set_initial_lr(opt)  # the schedules as the loop applies them (a gamma_schedule too)
+    constant = optim.ScheduleConfig(name="constant")
 
     def backward(step: int) -> None:
         g = torch.Generator().manual_seed(1000 + step)
@@ -74,6 +77,7 @@ def final_params(name: str, loss_scale: float, **overrides) -> list[torch.Tensor
         (loss_scale * model(x[:, :-1], x[:, 1:])[1]).backward()
 
     for step in range(4):
+        optim.apply_schedule(opt, step, constant, 4)
         optim.reference_pass(opt, lambda step=step: backward(step + 1))
         backward(step)
         opt.step()

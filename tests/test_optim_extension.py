@@ -171,6 +171,9 @@ def test_the_gamma_schedule_of_a_mars_config_reaches_the_groups():
     assert "schedules" not in optim.build_optimizer(model, MarsAdamWConfig()).param_groups[0]
     with pytest.raises(ValueError, match="unknown optimizer.gamma_schedule 'lin'"):
         MarsAdamWConfig(gamma_schedule="lin")
+    with pytest.raises(ValueError, match="gamma_end=0.01 is read only by a gamma schedule: set "
+                                         "optimizer.gamma_schedule=linear"):  # fmt: skip
+        MarsAdamWConfig(gamma_end=0.01)  # ignored otherwise: refused, not silently dropped
 
 
 class Tagged(VarianceReduced):
