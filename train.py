@@ -17,22 +17,38 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import hydra
-from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ValueType
-from hydra.errors import HydraException
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from trainer.cli_checks import Override, check_train_overrides, group_options
+def interrupted(signum: int, frame) -> None:
+    """Ctrl-C outside the training loop (imports, set-up, data, the end): one line, no
+    traceback, exit 130; inside the loop trainer/preemption.py stops at the step instead."""
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write("interrupted (Ctrl-C) outside the training loop; nothing was lost since "
+                         "the last checkpoint: run the same command again\n")  # fmt: skip
+    # At once: an exception raised here could land inside an import, half done, and be caught
+    # there; every file of a run is written atomically, so nothing is left half written.
+    os._exit(130)  # 128 + SIGINT, as a shell reports it
+
+
+if __name__ == "__main__":  # before the imports below, which take seconds
+    signal.signal(signal.SIGINT, interrupted)
+
+import hydra  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.core.override_parser.types import ValueType  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from trainer.cli_checks import Override, check_train_overrides, group_options  # noqa: E402
 
 # The training code (torch and everything above it) is imported where it is used: a command
 # line with a misspelt key is refused before those seconds of imports (docs/input-checks.md).
@@ -303,11 +319,6 @@ def cli() -> None:
     owns_group = init_for_sweep()
     try:
         main()
-    except KeyboardInterrupt:  # Ctrl-C outside the loop (set-up, data, a first compile)
-        if os.environ.get("RANK", "0") == "0":
-            sys.stderr.write("interrupted (Ctrl-C) before the training loop's next checkpoint; "
-                             "run the same command again to continue from the last one\n")
-        raise SystemExit(130) from None  # 128 + SIGINT, as a shell reports it
     finally:
         if owns_group:
             destroy(force=True)

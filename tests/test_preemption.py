@@ -327,3 +327,19 @@ def test_a_second_ctrl_c_exits_at_once_but_torchruns_copy_does_not(monkeypatch, 
     err = capfd.readouterr().err.splitlines()
     assert len(err) == 2 and "Ctrl-C again to exit at once" in err[0]
     assert "second Ctrl-C: exiting now, without a checkpoint" in err[1]
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_command_line_is_one_line_and_exit_130(tmp_path, sotu_dir):
+    """Ctrl-C during the imports and set-up: one line, no traceback, exit 130 (in the loop the
+    same holds, with a checkpoint: the tests above)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *FAST, f"data.dir={sotu_dir}", "max_steps=5",
+           f"out_dir={tmp_path / 'run'}", "progress=false"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                        signal.SIG_DFL))  # fmt: skip
+    time.sleep(1.0)  # importing torch: seconds
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
