@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,11 +78,13 @@ def _has(path: Path, pattern: str) -> bool:
     return any(p.is_file() for p in path.glob(pattern))
 
 
-def _documents(path: Path) -> int:
-    """The files of ``path`` (recursively) that ``python -m data.prepare`` reads as documents."""
+def _documents(path: Path, look_at: int = 10_000) -> int:
+    """The files of ``path`` (recursively, the first ``look_at`` entries: a huge folder is not
+    walked whole for a message) that ``python -m data.prepare`` reads as documents."""
     from data.sources import file_kind  # light: no torch, no tokenizer
 
-    return sum(1 for p in path.rglob("*") if p.is_file() and file_kind(p))
+    entries = itertools.islice(path.rglob("*"), look_at)
+    return sum(1 for p in entries if p.is_file() and file_kind(p))
 
 
 def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:
