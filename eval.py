@@ -35,6 +35,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from trainer.cli_checks import Override, check_eval_overrides
 
 if __name__ == "__main__":  # before the slow imports below: a misspelt key is refused at once
+    from trainer.cli_checks import EVAL_PATH_KEYS, quote_paths
+
+    sys.argv[1:] = quote_paths(sys.argv[1:], EVAL_PATH_KEYS)  # run dirs hold '=' and ','
     try:
         check_eval_overrides([
             Override(o.key_or_group) for o in OverridesParser.create().parse_overrides(
@@ -179,6 +182,11 @@ def evaluate(cfg: EvalConfig) -> dict:
     if not cfg.checkpoint:
         raise SystemExit(
             "checkpoint=PATH is required (a step_N.pt or DCP step_N dir, a run dir or an HF dir)"
+        )
+    if not Path(cfg.checkpoint).exists():  # before the task data: the first thing to fix
+        raise SystemExit(
+            f"error: checkpoint={cfg.checkpoint} does not exist; give a step_N.pt file or DCP "
+            "step_N directory, a run directory (runs/NAME), or a Hugging Face GPT-2 directory"
         )
     dist = init_distributed(cfg.device)
     setup_logging(dist.is_main)

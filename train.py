@@ -17,22 +17,38 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import hydra
-from hydra.core.config_store import ConfigStore
-from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ValueType
-from hydra.errors import HydraException
-from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from trainer.cli_checks import Override, check_train_overrides, group_options
+def interrupted(signum: int, frame) -> None:
+    """Ctrl-C outside the training loop (imports, set-up, data, the end): one line, no
+    traceback, exit 130; inside the loop trainer/preemption.py stops at the step instead."""
+    if os.environ.get("RANK", "0") == "0":
+        sys.stderr.write("interrupted (Ctrl-C) outside the training loop; nothing was lost since "
+                         "the last checkpoint: run the same command again\n")  # fmt: skip
+    # At once: an exception raised here could land inside an import, half done, and be caught
+    # there; every file of a run is written atomically, so nothing is left half written.
+    os._exit(130)  # 128 + SIGINT, as a shell reports it
+
+
+if __name__ == "__main__":  # before the imports below, which take seconds
+    signal.signal(signal.SIGINT, interrupted)
+
+import hydra  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
+from hydra.core.override_parser.types import ValueType  # noqa: E402
+from hydra.errors import HydraException  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from trainer.cli_checks import Override, check_train_overrides, group_options  # noqa: E402
 
 # The training code (torch and everything above it) is imported where it is used: a command
 # line with a misspelt key is refused before those seconds of imports (docs/input-checks.md).
@@ -320,6 +336,10 @@ def __getattr__(name: str):
 
 
 if __name__ == "__main__":
+    from trainer.cli_checks import TRAIN_PATH_KEYS, quote_paths
+
+    # run dirs hold '=' and ','; out_dir may be swept with a comma
+    sys.argv[1:] = quote_paths(sys.argv[1:], TRAIN_PATH_KEYS, sweepable=("out_dir",))
     check_command_line(sys.argv[1:])  # before the slow imports: a typo is refused at once
     # Run the importable module's copy, so Hydra's submitit launcher can pickle the task
     # function by reference (a function of __main__ would be pickled with all its globals).

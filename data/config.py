@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,20 +30,61 @@ class DataConfig:
             )
 
 
-def missing_data_dir(name: str, directory: str | Path) -> str | None:
-    """Why ``directory`` cannot be ``data.dir``: it does not exist and is not the source's default
-    directory ``data/shards/<name>`` (there, the embedded corpus is prepared on first use, and
-    any other source's message says how to prepare it). A mistyped path is never filled
-    silently: preparing into a new directory is asked for with ``python -m data.prepare``. None
-    when it is fine."""
+def default_dir(name: str) -> Path:
+    """The directory the project owns for source ``name`` (``data/shards/<name>``): the only
+    one it ever prepares into by itself (the embedded corpus, on first use)."""
+    return Path("data/shards") / name
+
+
+def is_default_dir(name: str, directory: str | Path) -> bool:
+    return Path(directory).absolute() == default_dir(name).absolute()
+
+
+def missing_data_dir(name: str, directory: str | Path, train_pattern: str = "*_train_*.bin",
+                     val_pattern: str = "*_val_*.bin") -> str | None:  # fmt: skip
+    """Why ``directory`` cannot be ``data.dir``, in one line naming the ``python -m data.prepare``
+    command, or None when it is fine: it holds train and val shards, or it is the source's
+    default directory ``data/shards/<name>`` (there the embedded corpus is prepared on first
+    use, and any other source's message says how to prepare it). Nothing is ever written into a
+    folder the user did not name as an output: a mistyped path, an empty folder or a folder of
+    text files is refused, never filled."""
     path = Path(directory)
-    if path.exists() or path.absolute() == (Path("data/shards") / name).absolute():
+    if is_default_dir(name, path):
         return None
+    source = name or "SOURCE"
+    if not path.exists():
+        return (
+            f"data.dir={directory} does not exist; give the directory of the token shards, or "
+            f"prepare the {name or 'data'} corpus into it first: "
+            f"python -m data.prepare {source} --out {directory}"
+        )
+    if not path.is_dir() or _has(path, train_pattern) and _has(path, val_pattern):
+        return None  # not a directory: check_paths says so
+    documents = _documents(path)
+    if documents:  # the user's own text: prepared into a new directory, never beside it
+        out = default_dir(path.resolve().name or "mine")
+        return (
+            f"data.dir={directory} holds no token shards ({train_pattern}, {val_pattern}) but "
+            f"{documents} document files: prepare them into shards first with "
+            f"python -m data.prepare {directory} --out {out}, then train with data.dir={out}"
+        )
     return (
-        f"data.dir={directory} does not exist; give the directory of the token shards, or "
-        f"prepare the {name or 'data'} corpus into it first: "
-        f"python -m data.prepare {name or 'SOURCE'} --out {directory}"
+        f"data.dir={directory} holds no token shards ({train_pattern}, {val_pattern}); "
+        f"prepare them with: python -m data.prepare {source} --out {directory}"
     )
+
+
+def _has(path: Path, pattern: str) -> bool:
+    return any(p.is_file() for p in path.glob(pattern))
+
+
+def _documents(path: Path, look_at: int = 10_000) -> int:
+    """The files of ``path`` (recursively, the first ``look_at`` entries: a huge folder is not
+    walked whole for a message) that ``python -m data.prepare`` reads as documents."""
+    from data.sources import file_kind  # light: no torch, no tokenizer
+
+    entries = itertools.islice(path.rglob("*"), look_at)
+    return sum(1 for p in entries if p.is_file() and file_kind(p))
 
 
 def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:

@@ -275,7 +275,9 @@ def prepare_sotu(
 
 
 def ensure_prepared(name: str, directory: str | Path) -> None:
-    """Make sure ``directory`` holds train and val shards, preparing ``name`` if it can."""
+    """Make sure ``directory`` holds train and val shards. Only the embedded corpus's default
+    directory (``data/shards/<name>``) is prepared here, on first use; any other directory
+    without shards is refused with the command that prepares it (``missing_data_dir``)."""
     directory = Path(directory)
     try:
         find_shards(directory, TRAIN_PATTERN)
@@ -286,7 +288,7 @@ def ensure_prepared(name: str, directory: str | Path) -> None:
     missing = missing_data_dir(name, directory)
     if missing:
         raise FileNotFoundError(missing)
-    if name in AUTO_PREPARE:
+    if name in AUTO_PREPARE:  # the default directory (else missing_data_dir refused it)
         log.info("no token shards in %s: preparing the embedded %r corpus there", directory, name)
         prepare(name, directory)
         return

@@ -5,14 +5,14 @@ Depends on torch only, so it can be copied into another codebase. ``MARS``, ``MA
 they, ``Muon`` and ``Lion`` are thin constructors over one core (optim/core.py: the MARS
 correction, a momentum form of optim/momentum.py, a preconditioner of optim/preconditioners.py),
 each stating its typed rule (optim/rule.py). Every option has one validator (optim/options.py).
-A new MARS instance: docs/adding-an-optimizer.md.
+A new MARS instance, a new correction or a schedule on gamma: docs/adding-an-optimizer.md.
 """
 
 from optim import adamw as _adamw  # noqa: F401  (registers "adamw")
 from optim import baselines as _baselines  # noqa: F401  (soap, ademamix, normuon, schedule-free)
 from optim import builders as _builders  # noqa: F401  (registers the rest)
 from optim.adamw import AdamWConfig
-from optim.builders import MarsConfig, build_mars
+from optim.builders import MarsAdamWConfig, MarsConfig, build_mars
 from optim.core import VarianceReduced
 from optim.groups import classify_parameters, decay_groups
 from optim.lion import Lion
@@ -33,6 +33,7 @@ __all__ = [
     "MARS",
     "MARS_M",
     "AdamWConfig",
+    "MarsAdamWConfig",
     "MarsConfig",
     "Options",
     "Preconditioner",

@@ -40,6 +40,10 @@ class MarsConfig:
     weight_decay: float = 0.01
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])  # official: Linear only
     gamma: float = 0.025
+    # gamma per step (optim/schedules.py): constant | linear | cosine, from gamma to gamma_end
+    # over the lr schedule's horizon (schedule.decay_steps, else max_steps)
+    gamma_schedule: str = "constant"
+    gamma_end: float = 0.0
     optimize_1d: bool = False  # False: non-2-D tensors on the AdamW fallback (official)
     lr_1d: float = 3e-3
     betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -51,9 +55,17 @@ class MarsConfig:
 
     preconditioner: ClassVar[str] = "adam"  # a registered preconditioner (optim/preconditioners)
     fixed_options: ClassVar[dict] = {}  # its options that are not config fields
+    # the class build_mars makes: the core or a subclass of it (its own ``correction``; config
+    # fields named in its ``adapter_keys`` become group keys); docs/adding-an-optimizer.md
+    optimizer_class: ClassVar[type] = VarianceReduced
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
+        if self.gamma_schedule == "constant" and self.gamma_end != 0.0:
+            raise ValueError(
+                f"{PREFIX}gamma_end={self.gamma_end} is read only by a gamma schedule: set "
+                f"{PREFIX}gamma_schedule=linear (or cosine), or leave gamma_end out"
+            )
         self.rule()  # the rule's own checks (every value is valid by now)
 
     def rule(self) -> Rule:
@@ -112,14 +124,22 @@ def forward(cfg, *skip: str) -> dict:
     return out
 
 
-def build_mars(model: nn.Module, cfg: MarsConfig) -> torch.optim.Optimizer:
-    """Any MARS config: its rule (``cfg.rule()``) on the core, decay on ``decay_kinds``."""
+def build_mars(model: nn.Module, cfg: MarsConfig, *, cls: type | None = None,
+               ) -> torch.optim.Optimizer:  # fmt: skip
+    """Any MARS config: its rule (``cfg.rule()``) on ``cls`` (default ``cfg.optimizer_class``:
+    the core or a subclass of it), decay on ``decay_kinds``; the config's fields named in the
+    class's ``adapter_keys`` become group keys, and ``gamma_schedule`` the group's schedule."""
+    cls = cls or cfg.optimizer_class
+    if not (isinstance(cls, type) and issubclass(cls, VarianceReduced)):
+        raise TypeError(f"build_mars builds a subclass of optim.VarianceReduced, got {cls!r}")
     # eps in every group: the non-2-D tensors' Adam reads it whatever the preconditioner
-    defaults = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-                    **{"eps": cfg.eps, **cfg.rule().group_keys()})  # fmt: skip
-    return VarianceReduced(decay_groups(model, cfg.weight_decay, cfg.decay_kinds), defaults,
-                           is_approx=cfg.mode == "approx", foreach=cfg.foreach,
-                           fused=cfg.fused)  # fmt: skip
+    defaults = {"lr": cfg.lr, "betas": tuple(cfg.betas), "weight_decay": cfg.weight_decay,
+                "eps": cfg.eps, **cfg.rule().group_keys()}  # fmt: skip
+    defaults.update({k: v for k, v in forward(cfg).items() if k in cls.adapter_keys})
+    if cfg.gamma_schedule != "constant":
+        defaults["schedules"] = {"gamma": (cfg.gamma_schedule, cfg.gamma, cfg.gamma_end)}
+    return cls(decay_groups(model, cfg.weight_decay, cfg.decay_kinds), defaults,
+               is_approx=cfg.mode == "approx", foreach=cfg.foreach, fused=cfg.fused)  # fmt: skip
 
 
 register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(build_mars)

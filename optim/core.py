@@ -31,11 +31,12 @@ import torch
 
 from optim import fused as fused_path
 from optim import masked, sharded
-from optim.functional import clip_unit_norm_, mars_correction, mars_kappa
+from optim.functional import clip_unit_norm_, mars_correct, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
 from optim.options import check_group_keys, check_option
 from optim.preconditioners import PRECONDITIONERS, Preconditioner, Step, option_keys
 from optim.reference import ReferenceGradMixin
+from optim.schedules import check_hyper_schedules
 
 Tensors = list[torch.Tensor]
 logger = logging.getLogger(__name__)
@@ -47,7 +48,11 @@ GROUP_KEYS = frozenset({
     "momentum_form", "preconditioner",  # the rule
     "split_1d", "lr_1d_factor", "betas_1d", "weight_decay_1d",  # MARS's non-2-D routing
     "initial_lr", "kind", "name",  # schedules (torch's key); optim/groups.py; a label
+    "schedules",  # per-step values of other keys (gamma, ...): optim/schedules.py
 })  # fmt: skip
+# Private methods whose work the compiled step (optim/fused.py) does itself: a subclass that
+# overrides one would be ignored there, so such a class never takes the compiled step.
+FUSED_REPLACES = ("_corrections", "_advance_references", "_advance_reference")
 
 
 @dataclass
@@ -119,13 +124,28 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     ``fused``: True runs every element-wise bucket (optim/fused.py) as one ``torch.compile``d
     step; None does so on CUDA only (on a CPU the compile time outweighs short runs); False never.
     Where inductor cannot run (no C++ compiler, no Triton), it logs why and takes ``foreach``.
+
+    Extension points (docs/adding-an-optimizer.md): a subclass may set ``correction``, a
+    function ``(g, g_ref, kappa) -> c`` of one tensor (element-wise torch ops, no host reads),
+    which every path calls: the loop, foreach and the compiled step; and ``adapter_keys``, the
+    param-group keys it adds. A group's ``schedules`` key sets other keys per step
+    (optim/schedules.py, e.g. a gamma decaying to 0). A subclass that overrides one of the
+    private methods the compiled step replaces (``FUSED_REPLACES``) is refused ``fused=True``.
     """
 
     default_foreach: bool | None = True  # None: foreach on CUDA, the per-tensor loop elsewhere
-    adapter_keys: tuple[str, ...] = ()  # group keys a drop-in class adds (its official names)
+    adapter_keys: tuple[str, ...] = ()  # group keys a subclass adds (a drop-in's official names)
+    correction = staticmethod(mars_correct)  # c = g + kappa * (g - g_ref), one tensor
 
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
                  foreach: bool | None = None, fused: bool | None = None) -> None:  # fmt: skip
+        overridden = self.private_overrides()
+        if fused and overridden:
+            raise ValueError(
+                f"fused=True: {type(self).__name__} overrides {', '.join(overridden)}, which the "
+                "compiled step does not call; set the class attribute `correction` instead "
+                "(docs/adding-an-optimizer.md) or pass fused=False"
+            )
         super().__init__(groups, defaults or {})
         self.is_approx, self.foreach, self.fused = is_approx, foreach, fused
         self._reference_pending = False
@@ -136,6 +156,11 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         # over all steps: a test of a fast path asserts it ran.
         self.last_paths: list[str] = []
         self.path_counts: Counter = Counter()
+
+    @classmethod
+    def private_overrides(cls) -> list[str]:
+        """The methods of ``FUSED_REPLACES`` this class overrides (then never compiled)."""
+        return [n for n in FUSED_REPLACES if getattr(cls, n) is not getattr(VarianceReduced, n)]
 
     @property
     def fused_off_reason(self) -> str | None:
@@ -151,6 +176,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             if key != "params":
                 check_option(key, value)
         check_rule(group)
+        check_hyper_schedules(group, where)
 
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
@@ -275,6 +301,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                             f"{view.get('clip')}) runs eagerly: it steps on copies")
                 if self.fused is False or (self.fused is None and p.device.type != "cuda"):
                     return f"the compiled step is off (fused={self.fused}, {p.device.type})"
+                if self.private_overrides():
+                    return f"the compiled step is off ({self.private_overrides()} overridden)"
                 if sharded.is_sharded(p) and view.get("variance_reduction"):
                     return "a sharded tensor's clip needs the whole tensor (not compiled)"
         return None
@@ -292,9 +320,10 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             return False  # the compiled clip's norm would be the local block's (foreach: whole)
         if not fused_path.same_device_and_dtype(b.params):
             return False
-        key = fused_path.signature(b)
+        key = fused_path.signature(b, self.correction)
         error = fused_path.fused_step(b, is_approx=self.is_approx, skip=skip,
-                                      may_fall_back=key not in self._fused_ok)  # fmt: skip
+                                      may_fall_back=key not in self._fused_ok,
+                                      correction=self.correction)  # fmt: skip
         if error:  # the step was done eagerly by the same code; later steps take foreach
             self._fused_off = f"torch.compile failed: {error}"
             logger.warning("fused optimizer step off (%s); using foreach", self._fused_off)
@@ -315,6 +344,10 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     def _want_fused(self, b: Bucket) -> bool:
         if self.fused is False or self._fused_off:
             return False
+        if self.private_overrides():  # fused=None: the eager paths, which call the overrides
+            self._fused_off = f"{type(self).__name__} overrides {self.private_overrides()}"
+            logger.info("fused optimizer step off: %s; using foreach", self._fused_off)
+            return False
         device = b.params[0].device.type
         if self.fused is None and device != "cuda":
             return False
@@ -333,14 +366,14 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             plain = b.view["first_step"] == "plain"
             state["last_grad"] = p.grad.clone() if plain else torch.zeros_like(p)
 
-    @staticmethod
-    def _corrections(b: Bucket, foreach: bool) -> Tensors:
-        """``c = g + kappa * (g - g_ref)``, new tensors (unclipped)."""
+    def _corrections(self, b: Bucket, foreach: bool) -> Tensors:
+        """``self.correction`` of each tensor, new tensors (unclipped); the default's foreach
+        form when foreach is on (tested equal), a subclass's own function per tensor."""
         kappa = mars_kappa(b.view["gamma"], b.momentum.beta(b.view))
         refs = [s["last_grad"] for s in b.states]
-        if foreach:
+        if foreach and self.correction is mars_correct:
             return mars_correction(b.gs, refs, kappa)
-        return [g + kappa * (g - ref) for g, ref in zip(b.gs, refs)]
+        return [self.correction(g, ref, kappa) for g, ref in zip(b.gs, refs)]
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's, keeping group keys a checkpoint of an earlier version lacks."""

@@ -27,8 +27,15 @@ def mars_kappa(gamma: float, beta1: float) -> float:
     return gamma * beta1 / (1.0 - beta1)
 
 
+def mars_correct(g: torch.Tensor, g_ref: torch.Tensor, kappa) -> torch.Tensor:
+    """``c = g + kappa * (g - g_ref)`` for one tensor, as a new tensor: the core's default
+    ``correction`` (optim/core.py), which the loop, foreach and compiled paths all call.
+    ``kappa`` is a float on the eager paths and a 0-d tensor in the compiled step."""
+    return g + kappa * (g - g_ref)
+
+
 def mars_correction(grads: list[torch.Tensor], refs: list[torch.Tensor], kappa: float):
-    """``c = g + kappa * (g - g_ref)`` for each tensor, as new tensors (foreach ops)."""
+    """``mars_correct`` over a list of tensors, as new tensors (foreach ops)."""
     if not grads:
         return []
     diff = torch._foreach_sub(grads, refs)

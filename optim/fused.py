@@ -3,7 +3,8 @@
 For a bucket of the core (optim/core.py) whose rule is element-wise, one compiled call does, per
 tensor and with no host synchronisation:
 
-    c = g + kappa * (g - g_ref);  c = c / max(1, ||c||)     (variance reduction, clip ``tensor``)
+    c = correction(g, g_ref, kappa);  c = c / max(1, ||c||) (variance reduction, clip ``tensor``;
+                                                            the optimizer's own correction)
     g_ref <- g                                             (approx mode; exact swaps buffers after)
     ema:  m = b1 * m + (1 - b1) * c;  u = m                 (``ema`` / ``ema-lerp`` momentum)
     lion: u = c + b1 * (m - c);  m = b2 * m + (1 - b2) * c
@@ -28,7 +29,7 @@ import shutil
 
 import torch
 
-from optim.functional import mars_kappa
+from optim.functional import mars_correct, mars_kappa
 from optim.preconditioners import AdamOptions
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,11 @@ def unavailable_reason(device_type: str) -> str | None:
 
 
 def _update(p, g, ref, m, v, vmax, h, *, reduce, clip, copy_ref, momentum, precond, src_c,
-            skip=None):  # fmt: skip
+            skip=None, correction=mars_correct):  # fmt: skip
     """One tensor's step (module docstring); ``h`` is its row of the hyperparameter table.
+
+    ``correction``: the optimizer's ``correction(g, g_ref, kappa)`` (optim/core.py), the same
+    function the eager paths call, so a subclass's correction is compiled in, not replaced.
 
     ``skip``: None, or a 0-d bool tensor on the device (torch's ``found_inf``): where it is
     true every write keeps its old value, bit for bit, with no host read (the masks fuse into
@@ -83,7 +87,7 @@ def _update(p, g, ref, m, v, vmax, h, *, reduce, clip, copy_ref, momentum, preco
 
     c = g
     if reduce:
-        c = g + h[KAPPA] * (g - ref)
+        c = correction(g, ref, h[KAPPA])
         if clip:
             c = c / torch.linalg.vector_norm(c).clamp_min(1.0)
         if copy_ref:
@@ -211,11 +215,12 @@ def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentu
 
 
 def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True,
-               skip: torch.Tensor | None = None) -> str | None:  # fmt: skip
+               skip: torch.Tensor | None = None, correction=mars_correct) -> str | None:  # fmt: skip
     """Run one bucket of the core (optim/core.py ``Bucket``) through the compiled step.
 
     The caller has counted the steps; in exact mode it swaps the reference buffers afterwards.
     ``skip`` (a 0-d bool tensor on the device, or None): where true, nothing is written.
+    ``correction``: the optimizer's per-tensor correction (compiled into the step).
     Returns None, or why it could not compile (``may_fall_back``: the step was then done eagerly
     by the same code; otherwise the error propagates).
     """
@@ -241,6 +246,8 @@ def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True,
     )
     if skip is not None:  # absent otherwise: the compiled code is the one without masks
         flags["skip"] = skip
+    if reduce and correction is not mars_correct:  # absent otherwise: the default's graph
+        flags["correction"] = correction
     lists = (
         params,
         bucket.gs,
@@ -269,7 +276,7 @@ def shape_chunks(params: Tensors, size: int = CHUNK) -> list[list[int]]:
     """Indices of ``params`` in chunks of at most ``size`` tensors of one shape, for the "list"
     grouping: each distinct (shape, length) is one compiled graph, so the compile does not grow
     with depth (GPT-2 XL compiles the graphs GPT-2 small does), and no graph is so large that
-    inductor takes minutes over it (the whole of GPT-2 small's 148 tensors as one list did)."""
+    inductor takes minutes over it (GPT-2 small's 75 tensors as one list took over a minute)."""
     by_shape: dict[tuple, list[int]] = {}
     for i, p in enumerate(params):
         by_shape.setdefault((tuple(p.shape), p.dtype), []).append(i)
@@ -281,9 +288,10 @@ def same_device_and_dtype(params: Tensors) -> bool:
     return all(p.device == first.device and p.dtype == first.dtype for p in params)
 
 
-def signature(bucket) -> tuple:
-    """What the compiled code depends on: the rule and the tensors' shapes, dtype and device."""
+def signature(bucket, correction=mars_correct) -> tuple:
+    """What the compiled code depends on: the rule, the correction function and the tensors'
+    shapes, dtype and device."""
     view, p = bucket.view, bucket.params[0]
     rule = tuple(view.get(k) for k in ("momentum_form", "preconditioner", "variance_reduction",
                                        "clip", "amsgrad", "second_moment"))  # fmt: skip
-    return rule, tuple(q.shape for q in bucket.params), p.dtype, p.device
+    return rule, correction, tuple(q.shape for q in bucket.params), p.dtype, p.device

@@ -36,6 +36,7 @@ ALIASES = {
     "weight_decay_1d": "weight_decay",
     "adamw_weight_decay": "weight_decay",
     "wd": "weight_decay",
+    "gamma_end": "gamma",
 }
 CLIP_SCOPES = ("tensor", "global", "none")
 FIRST_STEPS = ("zero", "plain")

@@ -10,16 +10,38 @@
 - ``constant``: warmup, then the peak.
 
 Schedules set ``group["lr"]`` from ``group["initial_lr"]`` (torch's key for a group's peak).
+
+Any other numeric key of a param group (``gamma`` first: how gamma should change over a run is a
+question the MARS papers leave open) may follow a schedule too: the group's ``schedules`` key maps
+it to ``(shape, start, end)``, and ``apply_schedule`` sets, each step,
+
+    group[key] = start + (end - start) * shape(r),   r = min(1, step / horizon)
+
+with ``horizon`` the lr schedule's (``decay_steps``, else the run's ``max_steps``) and ``shape``
+one of ``HYPER_SHAPES``: ``constant`` (0: stays at start), ``linear`` (r), ``cosine``
+((1 - cos(pi r)) / 2). Every path of the core (loop, foreach, compiled) reads the group's value
+at each step, so a schedule needs no code in the optimizer; MARS configs expose it as
+``optimizer.gamma_schedule`` and ``optimizer.gamma_end`` (optim/builders.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from optim.options import check_option, choice
+
 SCHEDULES = ("cosine", "wsd", "constant")
+# the fraction of the way from ``start`` to ``end`` at progress r in [0, 1]
+HYPER_SHAPES: dict[str, Callable[[float], float]] = {
+    "constant": lambda r: 0.0,
+    "linear": lambda r: r,
+    "cosine": lambda r: 0.5 * (1.0 - math.cos(math.pi * r)),
+}
+choice("gamma_schedule", HYPER_SHAPES)  # MARS configs' field (optim/builders.py)
 
 
 @dataclass
@@ -70,7 +92,42 @@ def set_initial_lr(optimizer: torch.optim.Optimizer) -> None:
 def apply_schedule(
     optimizer: torch.optim.Optimizer, step: int, cfg: ScheduleConfig, max_steps: int
 ) -> float:
-    """Set every group's lr for ``step``; returns the lr of the first group (for logging)."""
+    """Set every group's lr for ``step``, and each key its ``schedules`` name (module
+    docstring); returns the lr of the first group (for logging)."""
+    horizon = cfg.decay_steps or max_steps
     for group in optimizer.param_groups:
         group["lr"] = lr_at(step, group["initial_lr"], cfg, max_steps)
+        apply_hyper_schedules(group, step, horizon)
     return optimizer.param_groups[0]["lr"]
+
+
+def hyper_value(spec, step: int, horizon: int) -> float:
+    """The value of a ``(shape, start, end)`` schedule at ``step`` of ``horizon``."""
+    shape, start, end = spec
+    r = min(1.0, step / max(1, horizon))
+    return start + (end - start) * HYPER_SHAPES[shape](r)
+
+
+def apply_hyper_schedules(group: dict, step: int, horizon: int) -> None:
+    """Set each key of ``group["schedules"]`` (if any) to its value at ``step``."""
+    for key, spec in group.get("schedules", {}).items():
+        group[key] = hyper_value(spec, step, horizon)
+
+
+def check_hyper_schedules(group: dict, where: str = "param group") -> None:
+    """A group's ``schedules``: each key a number the group holds, a known shape, and a start
+    and end that the key's own validator accepts."""
+    schedules = group.get("schedules", {})
+    if not isinstance(schedules, dict):
+        raise ValueError(f"schedules in {where} must map a key to (shape, start, end), "
+                         f"got {schedules!r}")  # fmt: skip
+    for key, spec in schedules.items():
+        value = group.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"schedules in {where}: {key!r} is not a number of the group "
+                             f"(got {value!r}); only numeric keys can follow a schedule")  # fmt: skip
+        if len(spec) != 3 or spec[0] not in HYPER_SHAPES:
+            raise ValueError(f"schedules[{key!r}] in {where} must be (shape, start, end) with "
+                             f"shape one of {list(HYPER_SHAPES)}, got {spec!r}")  # fmt: skip
+        check_option(key, spec[1], f"{key} (schedule start)")
+        check_option(key, spec[2], f"{key} (schedule end)")

@@ -79,39 +79,72 @@ def y_limits(series: list[dict]) -> tuple[float, float, list[str]]:
     return low - 0.05 * span, high + 0.05 * span, notes
 
 
+# One marker per curve (hollow, so a curve under another still shows), in the series' order.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+ZOOM_FROM = 0.6  # the zoomed panel shows the last 40% of the x axis, where the curves part
+
+
 def plot_val_loss(series: list[dict], *, xlabel: str, title: str, path: Path) -> str | None:
     """One PNG: per series (``label``, ``x``, ``mean``, ``lo``, ``hi``, ``n_seeds``, optional
-    ``unfinished`` and ``step0``) the seed mean as a line with a marker on each evaluation and the min-max over
-    seeds as a shaded band. Returns the caption naming the points above the axis, if any."""
+    ``unfinished`` and ``step0``) the seed mean as a line with its own hollow marker on each
+    evaluation and the min-max over seeds as a shaded band; beside it a panel zoomed on the
+    last part of the run (``ZOOM_FROM``), where the differences are. Returns the caption naming
+    the points above the axis, if any."""
     if not series:
         raise ValueError(f"no curves to plot for {path.name}")
-    fig = Figure(figsize=(7.0, 4.5), dpi=120)
+    zoom = zoom_limits(series)
+    fig = Figure(figsize=(11.0 if zoom else 7.0, 4.5), dpi=120)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    axes = fig.subplots(1, 2, width_ratios=(3, 2)) if zoom else [fig.add_subplot()]
+    for ax in axes:
+        _draw(ax, series)
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+    low, high, cut = y_limits(series)
+    axes[0].set_ylim(low, high)
+    axes[0].set_ylabel("validation loss")
+    axes[0].set_title(title)
+    axes[0].legend()
+    if zoom:
+        (x0, x1), (y0, y1) = zoom
+        axes[1].set_xlim(x0, x1)
+        axes[1].set_ylim(y0, y1)
+        axes[1].set_title(f"zoom: the last {1 - ZOOM_FROM:.0%} of the run", fontsize=10)
+    caption = None
+    if cut:
+        caption = "step-0 loss above the axis (not shown): " + ", ".join(cut)
+        fig.text(0.01, 0.01, caption, fontsize=7, color="dimgray")
+    fig.tight_layout(rect=(0, 0.03 if cut else 0, 1, 1))
+    fig.savefig(path, format="png")
+    return caption
+
+
+def _draw(ax, series: list[dict]) -> None:
     others = sorted(s["label"] for s in series if s["label"] not in COLORS)
-    for s in series:
+    for k, s in enumerate(series):
         color = color_of(s["label"], others)
         notes = ([f"{s['n_seeds']} seeds"] if s["n_seeds"] > 1 else []) + (
             ["unfinished"] if s.get("unfinished") else []
         )
         name = s["label"] + (f" ({', '.join(notes)})" if notes else "")
-        ax.plot(s["x"], s["mean"], color=color, linewidth=1.6, marker="o", markersize=3, label=name)
+        ax.plot(s["x"], s["mean"], color=color, linewidth=1.4, marker=MARKERS[k % len(MARKERS)],
+                markersize=5, markerfacecolor="none", label=name)  # fmt: skip
         if s["n_seeds"] > 1:
             ax.fill_between(s["x"], s["lo"], s["hi"], color=color, alpha=0.2, linewidth=0)
-    low, high, cut = y_limits(series)
-    ax.set_ylim(low, high)
-    caption = None
-    if cut:
-        caption = "step-0 loss above the axis (not shown): " + ", ".join(cut)
-        fig.text(0.01, 0.01, caption, fontsize=7, color="dimgray")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation loss")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout(rect=(0, 0.03 if cut else 0, 1, 1))
-    fig.savefig(path, format="png")
-    return caption
+
+
+def zoom_limits(series: list[dict]):
+    """((x0, x1), (y0, y1)) of the zoomed panel: x over the last part of the longest run, y
+    over every point (bands included) there; None when that part holds fewer than 2 points."""
+    x_max = max((float(np.max(s["x"])) for s in series if len(s["x"])), default=0.0)
+    x0 = ZOOM_FROM * x_max
+    inside = [(s["lo"][s["x"] >= x0], s["hi"][s["x"] >= x0]) for s in series if len(s["x"])]
+    if x_max <= 0 or sum(len(lo) for lo, _ in inside) < 2:
+        return None
+    low = min(float(np.min(lo)) for lo, _ in inside if len(lo))
+    high = max(float(np.max(hi)) for _, hi in inside if len(hi))
+    pad = 0.08 * (high - low if high > low else 0.02)
+    return (x0 - 0.02 * x_max, x_max * 1.02), (low - pad, high + pad)
 
 
 def scaled(curve: dict[str, np.ndarray], divisor: float) -> dict[str, np.ndarray]:

@@ -50,7 +50,11 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 def render_val_loss(section: dict[str, Any]) -> str:
     """One dataset's table: rows optimizer, columns budget x size (the paper's layout)."""
-    budgets, sizes = section["budgets"], section["sizes"]
+    sizes = section["sizes"]
+    # a budget before every run's first evaluation after step 0 has no value: no column
+    valued = {c["budget"] for r in section["rows"] for c in r["cells"] if c["mean"] is not None}
+    budgets = [b for b in section["budgets"] if b["label"] in valued]
+    dropped = [b["label"] for b in section["budgets"] if b["label"] not in valued]
     headers = ["optimizer"] + [f"{size_name(s)} {b['label']}" for b in budgets for s in sizes]
     rows = []
     for row in section["rows"]:
@@ -67,6 +71,11 @@ def render_val_loss(section: dict[str, Any]) -> str:
         "unfinished or shorter); the value is its best so far. `–`: no evaluation after step 0 "
         "at or below the budget (the step-0 loss, of the untrained model, is never a budget's).",
     ]
+    if dropped:
+        notes.append(
+            f"Left out: {', '.join(dropped)}, budgets that come before the first evaluation of "
+            "every run (evaluate earlier, `eval_every`, to fill them)."
+        )
     if any(c.get("early") for r in section["rows"] for c in r["cells"]):
         notes.append(
             f"`{EARLY}` the last evaluation at or below the budget is more than "

@@ -70,17 +70,22 @@ def optimizer_label(opt: dict[str, Any]) -> str:
     """The row label of an optimizer config, as the papers name it.
 
     mars-adamw is MARS-approx / MARS-exact; adamw, muon, moonlight and mars-m are AdamW, Muon,
-    Moonlight and MARS-M; others keep their registry name. Exact mode appends "-exact", and a
-    mars-m run with gamma 0.01 is "MARS-M (γ=0.01)" (the MARS-M paper's second curve).
+    Moonlight and MARS-M; others keep their registry name. Exact mode appends "-exact", a
+    mars-m run with gamma 0.01 is "MARS-M (γ=0.01)" (the MARS-M paper's second curve), and a
+    gamma schedule says so: "MARS-approx (γ linear to 0)" (optim/schedules.py).
     """
     name = str(opt.get("name", "unknown"))
     exact = opt.get("mode") == "exact"
     if name == "mars-adamw":
-        return "MARS-exact" if exact else "MARS-approx"
-    label = OPTIMIZER_LABELS.get(name, name) + ("-exact" if exact else "")
+        label = "MARS-exact" if exact else "MARS-approx"
+    else:
+        label = OPTIMIZER_LABELS.get(name, name) + ("-exact" if exact else "")
     gamma = opt.get("gamma")
     if name == "mars-m" and isinstance(gamma, int | float) and math.isclose(gamma, 0.01):
         label += " (γ=0.01)"
+    schedule = opt.get("gamma_schedule", "constant")
+    if schedule != "constant":  # another idea than the constant-gamma optimizer: its own row
+        label += f" (γ {schedule} to {opt.get('gamma_end', 0.0):g})"
     return label
 
 

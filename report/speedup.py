@@ -86,15 +86,20 @@ def speedup_cell(
     if base is None or other is None:
         return None
     nb, no = len(base[1]), len(other[1])
-    base_mean = base[1].mean(axis=0)
+    base_mean, other_mean = base[1].mean(axis=0), other[1].mean(axis=0)
     i = int(np.argmin(base_mean))
     x_base = float(base[0][i])
-    t = reach(other[0], other[1].mean(axis=0), float(base_mean[i]))
+    # no evaluation after step 0 yet (the baseline's or this run's): no speedup to give
+    in_progress = x_base <= 0 or float(other[0][-1]) <= 0
+    t = None if in_progress else reach(other[0], other_mean, float(base_mean[i]))
     cell: dict[str, Any] = {
         "x": t,
         "x_base": x_base,
+        "in_progress": in_progress,
+        "best": float(other_mean.min()),  # this axis's own seed-mean curve (time: its seeds)
+        "target": float(base_mean[i]),
         "ratio": None if t is None else (x_base / t if t > 0 else math.inf),
-        "bound": x_base / float(other[0][-1]) if t is None else None,
+        "bound": x_base / float(other[0][-1]) if t is None and not in_progress else None,
         "n_seeds": min(nb, no),
         "interval": nb > 1 and no > 1,
         "lo": None,
@@ -103,7 +108,8 @@ def speedup_cell(
         "reached_fraction": None,
         "within_noise": None,
     }
-    if not cell["interval"]:
+    if not cell["interval"] or in_progress:
+        cell["interval"] = cell["interval"] and not in_progress
         return cell
     rng = np.random.default_rng(seed)
     ratios = np.array(
@@ -179,13 +185,19 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
-def cell_text(cell: dict[str, Any] | None, best_loss: float | None) -> str:
-    """``1.28x [1.05x, 1.52x]``, ``… (within noise)``, ``1.30x (1 seed: no interval)`` or
-    ``not reached (< 0.80x: more than its whole run; its best 6.300)``."""
+def cell_text(cell: dict[str, Any] | None, best_loss: float | None = None) -> str:
+    """``1.28x [1.05x, 1.52x]``, ``… (within noise)``, ``1.30x (1 seed: no interval)``,
+    ``in progress (no evaluation after step 0 yet)`` or ``not reached (< 0.80x: more than its
+    whole run; its best 6.300 > L* 6.231)``: the best of this cell's own curve (the wall-clock
+    curve averages the seeds at equal seconds, so its best is not the tokens curve's)."""
     if cell is None:
         return "–"
+    if cell.get("in_progress"):
+        return "in progress (no evaluation after step 0 yet)"
     if cell["ratio"] is None:
-        best = "" if best_loss is None else f"; its best {best_loss:.3f}"
+        best = cell.get("best", best_loss)
+        target = f" > L* {cell['target']:.3f}" if "target" in cell else ""
+        best = "" if best is None else f"; its best {best:.3f}{target}"
         return f"not reached (< {cell['bound']:.2f}x: more than its whole run{best})"
     text = f"{cell['ratio']:.2f}x"
     if not cell["interval"]:

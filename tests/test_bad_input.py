@@ -328,3 +328,16 @@ def test_eval_refuses_an_unknown_key():
         cfg = compose(config_name="eval", overrides=["checkpoint=x", "+tasc=[val]"])
     with pytest.raises(SystemExit, match="unknown config key tasc \\(did you mean tasks\\?\\)"):
         eval_py.to_typed(cfg)
+
+
+def test_data_dir_of_text_files_is_refused_with_the_prepare_command_and_left_alone(tmp_path):
+    """A folder of .txt files as data.dir was once filled with the embedded corpus's shards and
+    trained on: it is refused at once, with the command that makes shards of those files."""
+    texts = tmp_path / "notes"
+    texts.mkdir()
+    (texts / "one.txt").write_text("first document")
+    (texts / "two.txt").write_text("second document")
+    message = refused(f"data.dir={texts}")
+    assert len(message.splitlines()) == 1
+    assert f"python -m data.prepare {texts} --out data/shards/notes" in message
+    assert sorted(p.name for p in texts.iterdir()) == ["one.txt", "two.txt"]

@@ -34,6 +34,7 @@ ALTERNATIVES = {
     "alpha_warmup": {None: 3},
     "beta3_warmup": {None: 3},
     "warmup_steps": {0: 3},
+    "gamma_schedule": {"constant": "linear"},
 }
 
 
@@ -74,6 +75,8 @@ def final_params(name: str, loss_scale: float, **overrides) -> list[torch.Tensor
     torch.manual_seed(0)
     model = GPT(GPTConfig(**SMALL))
     opt = optim.build_optimizer(model, optim.get_spec(name).config_cls(**overrides))
+    optim.set_initial_lr(opt)  # the schedules as the loop applies them (a gamma_schedule too)
+    constant = optim.ScheduleConfig(name="constant")
 
     def backward(step: int) -> None:
         g = torch.Generator().manual_seed(1000 + step)
@@ -81,6 +84,7 @@ def final_params(name: str, loss_scale: float, **overrides) -> list[torch.Tensor
         (loss_scale * model(x[:, :-1], x[:, 1:])[1]).backward()
 
     for step in range(4):
+        optim.apply_schedule(opt, step, constant, 4)
         optim.reference_pass(opt, lambda step=step: backward(step + 1))
         backward(step)
         opt.step()

@@ -86,3 +86,38 @@ def test_the_documented_options_are_checked_once_with_the_full_key(recipe):
     with pytest.raises(ValueError, match="did you mean factored_eps"):
         optim.VarianceReduced([p], dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0,
                                         factored_esp=1e-3, **rule.group_keys()))  # fmt: skip
+
+
+def test_the_documented_correction_runs_on_every_path_and_differs_from_mars(recipe, monkeypatch):
+    """The guide's BoundedMARS through the registry: the loop, foreach and the compiled step's
+    code (run uncompiled here: seconds; tests/test_optim_extension.py compiles it, slow) give
+    the same numbers, with a gamma schedule applied as the trainer does, and not MARS's."""
+    import optim.fused as fused_path
+
+    monkeypatch.setattr(fused_path, "_compiled", lambda grouping: (
+        fused_path._update if grouping == "tensor" else fused_path._multi_step))
+    monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
+    cls = optim.get_spec("mars-adamw-bounded").config_cls
+    results = {}
+    for name, fused, foreach in (("loop", False, False), ("foreach", False, True),
+                                 ("fused", True, None), ("mars", False, True)):  # fmt: skip
+        torch.manual_seed(0)
+        model = Tiny()
+        cfg = (cls if name != "mars" else optim.MarsAdamWConfig)(
+            fused=fused, foreach=foreach, gamma=0.5, gamma_schedule="linear")
+        opt = optim.build_optimizer(model, cfg)
+        optim.set_initial_lr(opt)
+        gen = torch.Generator().manual_seed(0)
+        for t in range(3):
+            optim.apply_schedule(opt, t, optim.ScheduleConfig(name="constant"), 4)
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        assert opt.param_groups[0]["gamma"] == 0.5 * (1 - 2 / 4)
+        assert name == "mars" or type(opt).__name__ == "BoundedMARS"
+        assert name != "fused" or "fused" in opt.last_paths
+        results[name] = [p.detach().clone() for p in model.parameters()]
+    for name in ("foreach", "fused"):
+        for a, b in zip(results["loop"], results[name]):
+            torch.testing.assert_close(a, b)
+    assert not torch.allclose(results["loop"][3], results["mars"][3])  # fc.weight: 2-D

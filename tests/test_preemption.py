@@ -289,3 +289,57 @@ def test_torchrun_restart_after_a_killed_worker_continues_the_same_run(
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert "resumed from" in log and str(run_dir.name) in log
     assert numbers(run_dir) == numbers(straight2)
+
+
+def test_ctrl_c_stops_with_a_checkpoint_and_exit_130(tmp_path, sotu_dir, straight, monkeypatch):
+    from trainer.preemption import INTERRUPT_EXIT_CODE
+
+    out = tmp_path / "run"
+    signal_at_step(monkeypatch, 3, signal.SIGINT)
+    with pytest.raises(Preempted) as info:
+        run(out, sotu_dir, *COMMON)
+    assert info.value.code == INTERRUPT_EXIT_CODE == 130 and info.value.step == 3
+    assert "stopped on SIGINT at step 3" in str(info.value)
+    assert "run the same command again" in str(info.value)
+    assert "requeue" not in str(info.value)
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_0000003.pt"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    monkeypatch.undo()
+    run(out, sotu_dir, *COMMON)
+    assert numbers(out) == numbers(straight)
+
+
+def test_a_second_ctrl_c_exits_at_once_but_torchruns_copy_does_not(monkeypatch, capfd):
+    import trainer.preemption as preemption
+
+    exits, clock = [], [100.0]
+    monkeypatch.setattr(preemption.os, "_exit", exits.append)
+    monkeypatch.setattr(preemption.time, "monotonic", lambda: clock[0])
+    guard = preemption.PreemptionGuard()
+    guard._handle(signal.SIGINT, None)
+    assert guard.received == signal.SIGINT and exits == []
+    clock[0] += 0.01  # torchrun forwards the same press a moment later
+    guard._handle(signal.SIGINT, None)
+    assert exits == []
+    clock[0] += 2.0  # the user presses again
+    guard._handle(signal.SIGINT, None)
+    assert exits == [130]
+    err = capfd.readouterr().err.splitlines()
+    assert len(err) == 2 and "Ctrl-C again to exit at once" in err[0]
+    assert "second Ctrl-C: exiting now, without a checkpoint" in err[1]
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_the_command_line_is_one_line_and_exit_130(tmp_path, sotu_dir):
+    """Ctrl-C during the imports and set-up: one line, no traceback, exit 130 (in the loop the
+    same holds, with a checkpoint: the tests above)."""
+    cmd = [sys.executable, str(ROOT / "train.py"), *FAST, f"data.dir={sotu_dir}", "max_steps=5",
+           f"out_dir={tmp_path / 'run'}", "progress=false"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                        signal.SIG_DFL))  # fmt: skip
+    time.sleep(1.0)  # importing torch: seconds
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

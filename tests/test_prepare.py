@@ -150,9 +150,20 @@ def test_ensure_prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(FileNotFoundError, match="does not exist.*python -m data.prepare sotu"):
         ensure_prepared("sotu", tmp_path / "typo")  # a mistyped data.dir is never filled
     assert calls == [] and not (tmp_path / "typo").exists()
-    (tmp_path / "auto").mkdir()
-    ensure_prepared("sotu", tmp_path / "auto")  # an existing empty directory: prepared there
-    assert calls == [("sotu", tmp_path / "auto")]
+    (tmp_path / "empty").mkdir()  # an existing folder is never filled, empty or not
+    with pytest.raises(FileNotFoundError, match=f"python -m data.prepare sotu --out {tmp_path}"):
+        ensure_prepared("sotu", tmp_path / "empty")
+    texts = tmp_path / "my_texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("a document")
+    with pytest.raises(FileNotFoundError, match=f"holds no token shards .* but 1 document files: "
+                       f"prepare them into shards first with python -m data.prepare {texts} "
+                       "--out data/shards/my_texts, then train with data.dir=data/shards/my_texts"):
+        ensure_prepared("sotu", texts)
+    assert calls == [] and sorted(p.name for p in texts.iterdir()) == ["a.txt"]
+    monkeypatch.chdir(tmp_path)
+    ensure_prepared("sotu", "data/shards/sotu")  # the default directory: prepared on first use
+    assert calls == [("sotu", Path("data/shards/sotu"))]
 
 
 def test_unknown_source_and_bad_options(tmp_path: Path) -> None:

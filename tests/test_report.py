@@ -250,7 +250,7 @@ def test_speedup_known_ratios(tmp_path):
     muon = rows["Muon"]["tokens"]
     assert muon["ratio"] is None and rows["Muon"]["best_loss"] == pytest.approx(3.5)
     assert "| 2.00x (1 seed: no interval) |" in md
-    assert "not reached (< 1.00x: more than its whole run; its best 3.500)" in md
+    assert "not reached (< 1.00x: more than its whole run; its best 3.500 > L* 3.000)" in md
     # The baseline may also be given as a label.
     rep, _, _ = run_report(tmp_path / "again", runs, extra=["--baseline", "MARS-approx"])
     assert rep["speedup"][0]["baseline"] == "MARS-approx"
@@ -277,7 +277,8 @@ def test_budget_columns_never_read_the_step0_loss(tmp_path):
         assert middle["early"] and middle["eval_tokens"] == 25 * 2048  # ... marked as early
         assert whole["mean"] == pytest.approx(3.5) and not whole["early"]
     assert "10.900" not in md and "| AdamW |  | 3.875† | 3.500 |" not in md
-    assert "| AdamW | – | 3.875† | 3.500 |" in md
+    assert "| AdamW | 3.875† | 3.500 |" in md  # the first budget's column, all "–", left out
+    assert f"Left out: {labels[0]}, budgets that come before the first evaluation" in md
     assert "never a budget's" in md and "`†` the last evaluation" in md
     assert all(r["best_val_loss"] == pytest.approx(3.5) for r in rep["runs"])
 
@@ -311,8 +312,9 @@ def test_figure_limits_show_every_point_and_markers(tmp_path, monkeypatch):
     monkeypatch.setattr(figs, "Figure", Recording)
     caption = figs.plot_val_loss([fast, slow], xlabel="x", title="t", path=tmp_path / "f.png")
     assert caption == "step-0 loss above the axis (not shown): AdamW 10.90, Muon 10.95"
-    (ax,) = drawn[0].axes
-    assert [line.get_marker() for line in ax.lines] == ["o", "o"]
+    whole, zoom = drawn[0].axes  # the whole run, and the last 40% zoomed
+    assert [line.get_marker() for line in whole.lines] == ["o", "s"]  # one marker per curve
+    assert zoom.get_xlim()[0] > 50.0 and zoom.get_ylim()[1] < 3.7
     # In the report: the caption beside the figure.
     runs = tmp_path / "runs"
     make_run(runs, "adamw", step0_curve(), model="tiny", data="sotu", batch_tokens=2048)

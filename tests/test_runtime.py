@@ -110,3 +110,11 @@ def test_config_differences_accept_a_key_an_earlier_version_lacked_at_its_defaul
     assert config_differences(old, new) == []
     new["model"]["arch"] = "llama"
     assert config_differences(old, new) == ["model.arch: '<absent>' -> 'llama'"]
+
+
+def test_config_differences_accept_an_optimizer_field_an_earlier_version_lacked():
+    old = {"optimizer": {"name": "mars-adamw", "gamma": 0.025}}
+    new = {"optimizer": {"name": "mars-adamw", "gamma": 0.025, "gamma_schedule": "constant"}}
+    assert config_differences(old, new) == []
+    new["optimizer"]["gamma_schedule"] = "linear"
+    assert config_differences(old, new) == ["optimizer.gamma_schedule: '<absent>' -> 'linear'"]

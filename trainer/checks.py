@@ -110,7 +110,8 @@ def check_values(cfg: Any, values: dict) -> None:
         raise ValueError(
             f"eval_tokens must be >= 1 (or null: the whole split), got {cfg.eval_tokens}"
         )
-    check_paths(data_dir=cfg.data.dir, out_dir=cfg.out_dir, data_name=cfg.data.name)
+    check_paths(data_dir=cfg.data.dir, out_dir=cfg.out_dir, data_name=cfg.data.name,
+                patterns=(cfg.data.train_pattern, cfg.data.val_pattern))
 
 
 def _creatable(path: Path) -> bool:
@@ -122,14 +123,15 @@ def _creatable(path: Path) -> bool:
     return False
 
 
-def check_paths(*, data_dir: str, out_dir: str | None, data_name: str = "") -> None:
-    """``data.dir`` exists (or is the embedded corpus's default, prepared on first use:
+def check_paths(*, data_dir: str, out_dir: str | None, data_name: str = "",
+                patterns: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """``data.dir`` holds shards (or is the embedded corpus's default, prepared on first use:
     ``data.missing_data_dir``); ``out_dir`` is a directory or can be made one."""
     from data.config import missing_data_dir
 
     if not _creatable(Path(data_dir)):
         raise ValueError(f"data.dir={data_dir} is not a directory and cannot be created there")
-    missing = missing_data_dir(data_name, data_dir)
+    missing = missing_data_dir(data_name, data_dir, *patterns)
     if missing:
         raise ValueError(missing)
     if out_dir is not None and not _creatable(Path(out_dir)):

@@ -265,3 +265,25 @@ def _raise(problems: list[str], program: str) -> None:
         keys = any(p.startswith("unknown config key") for p in problems)
         tail = f"; `python {program} --cfg job` lists the keys" if keys else ""
         raise ValueError("; ".join(problems) + tail)
+
+
+# Path keys of the entry points. A run or sweep directory's name holds its overrides
+# (runs/NAME_optimizer.lr=0.003,seed=2): '=' and ',' that Hydra's override grammar refuses, or
+# reads as a sweep, in an unquoted value. Such a value is quoted for the user.
+TRAIN_PATH_KEYS = ("resume", "out_dir", "data.dir")
+EVAL_PATH_KEYS = ("checkpoint", "out", "val_data_dir", "data_dir")
+
+
+def quote_paths(args: list[str], keys: tuple[str, ...], sweepable: tuple[str, ...] = ()
+                ) -> list[str]:  # fmt: skip
+    """``args`` with each ``key=value`` of ``keys`` whose value holds ``=`` (or ``,``, unless the
+    key is in ``sweepable``: there a comma means a sweep) quoted for Hydra, so that
+    ``checkpoint=runs/x_optimizer.lr=0.003/seed=1337`` names that directory."""
+    out = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        special = "=" in value or ("," in value and key not in sweepable)
+        if sep and key in keys and special and value[:1] not in "'\"" and "'" not in value:
+            arg = f"{key}='{value}'"
+        out.append(arg)
+    return out

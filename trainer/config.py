@@ -144,29 +144,44 @@ RESUMABLE_KEYS = frozenset(
 )
 
 
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+def config_differences(old: dict, new: dict, prefix: str = "", optimizer: Any = None,
+                       ) -> list[str]:  # fmt: skip
     """Human-readable ``key: old -> new`` lines for keys that make two configs different runs.
 
     A key the old run's config lacks (it was written by an earlier version) is no difference
-    when the new value is that key's default: the earlier version behaved as the default."""
+    when the new value is that key's default: the earlier version behaved as the default
+    (``optimizer``: the new config's optimizer config class, found from its name)."""
+    if not prefix:
+        optimizer = _optimizer_class(new.get("optimizer"))
     diffs = []
     for key in sorted(set(old) | set(new)):
         if not prefix and key in RESUMABLE_KEYS:
             continue
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         if isinstance(a, dict) and isinstance(b, dict):
-            diffs += config_differences(a, b, f"{prefix}{key}.")
-        elif a == "<absent>" and _is_default(f"{prefix}{key}", b):
+            diffs += config_differences(a, b, f"{prefix}{key}.", optimizer)
+        elif a == "<absent>" and _is_default(f"{prefix}{key}", b, optimizer):
             continue
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return diffs
 
 
-def _is_default(dotted: str, value: Any) -> bool:
-    """Whether ``value`` is the default of the TrainConfig field ``dotted`` (``model.arch``)."""
+def _optimizer_class(section: Any) -> type | None:
+    """The registered config class of an ``optimizer`` section, or None (unknown name)."""
+    import optim
+
+    name = section.get("name") if isinstance(section, dict) else None
+    return optim.get_spec(name).config_cls if name in optim.available() else None
+
+
+def _is_default(dotted: str, value: Any, optimizer: type | None = None) -> bool:
+    """Whether ``value`` is the default of the TrainConfig field ``dotted`` (``model.arch``);
+    ``optimizer.*`` fields are those of the class ``optimizer``."""
     cls: Any = TrainConfig
     *sections, name = dotted.split(".")
+    if sections[:1] == ["optimizer"] and optimizer is not None:
+        cls, sections = optimizer, sections[1:]
     for section in sections:
         fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
         if section not in fields or fields[section].default_factory is dataclasses.MISSING:

@@ -104,20 +104,49 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
         )
 
 
-def git_info() -> dict[str, Any]:
-    """Commit and dirty state of the code's repository (empty outside a git checkout)."""
-    root = Path(__file__).resolve().parent.parent
+# An untracked file up to this size is copied into git.diff (a new optimizer, a config); a
+# bigger or binary one (data, weights) is only named, and the run is then not reproducible.
+UNTRACKED_MAX_BYTES = 1_000_000
 
-    def git(*args: str) -> str:
+
+def git_info(root: Path | None = None) -> dict[str, Any]:
+    """Commit and dirty state of the code's repository (empty outside a git checkout): ``diff``
+    holds the uncommitted changes to tracked files and, as new-file patches, the untracked files
+    git does not ignore (``git apply git.diff`` on the commit restores the code)."""
+    root = root or Path(__file__).resolve().parent.parent
+
+    def git(*args: str, ok: tuple[int, ...] = (0,)) -> str:
         out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
-        return out.stdout if out.returncode == 0 else ""
+        return out.stdout if out.returncode in ok else ""
 
     try:
         commit = git("rev-parse", "HEAD").strip()
         diff = git("diff", "HEAD")
+        untracked = [f for f in git("ls-files", "--others", "--exclude-standard", "-z").split("\0")
+                     if f]  # fmt: skip
+        recorded, skipped = [], []
+        for name in untracked:
+            if _is_small_text(root / name):
+                # exit status 1: the files differ (always, against /dev/null)
+                diff += git("diff", "--no-index", "--", "/dev/null", name, ok=(0, 1))
+                recorded.append(name)
+            else:
+                skipped.append(name)
     except (OSError, subprocess.SubprocessError):
         return {}
-    return {"commit": commit or None, "dirty": bool(diff.strip()), "diff": diff}
+    return {"commit": commit or None, "dirty": bool(diff.strip() or skipped), "diff": diff,
+            "untracked": recorded, "untracked_skipped": skipped,
+            "reproducible": bool(commit) and not skipped}  # fmt: skip
+
+
+def _is_small_text(path: Path) -> bool:
+    """A regular file of at most UNTRACKED_MAX_BYTES without a NUL byte (not binary)."""
+    try:
+        if not path.is_file() or path.stat().st_size > UNTRACKED_MAX_BYTES:
+            return False
+        return b"\0" not in path.read_bytes()[:8192]
+    except OSError:
+        return False
 
 
 def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> None:
@@ -133,6 +162,11 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
         "argv": redact(sys.argv),  # no secret from the environment or the command line
         "git_commit": git.get("commit"),
         "git_dirty": git.get("dirty"),
+        # the code is git_commit + git.diff, untracked files included, unless some were too
+        # big or binary to copy (named here): then the run says it is not reproducible
+        "git_untracked": git.get("untracked", []),
+        "git_untracked_skipped": git.get("untracked_skipped", []),
+        "reproducible": git.get("reproducible", False),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "host": platform.node(),

@@ -1,0 +1,53 @@
+"""A run records its code: the commit, and in git.diff the uncommitted changes and the untracked
+files git does not ignore, so ``git apply git.diff`` on the commit gives the code that ran."""
+
+import subprocess
+
+import pytest
+
+from trainer.rundir import git_info
+
+
+def git(cwd, *args):
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout  # fmt: skip
+
+
+@pytest.fixture
+def repo(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / ".gitignore").write_text("runs/\n")
+    (root / "core.py").write_text("a = 1\n")
+    git(root, "add", "."), git(root, "commit", "-qm", "first")
+    return root
+
+
+def test_untracked_source_files_are_recorded_and_the_diff_restores_them(repo, tmp_path):
+    (repo / "core.py").write_text("a = 2\n")
+    (repo / "optim").mkdir()
+    (repo / "optim" / "variant.py").write_text("class Variant:\n    pass\n")
+    (repo / "runs").mkdir()
+    (repo / "runs" / "ignored.txt").write_text("not code\n")
+    info = git_info(repo)
+    assert info["dirty"] and info["reproducible"]
+    assert info["untracked"] == ["optim/variant.py"] and info["untracked_skipped"] == []
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))
+    (tmp_path / "git.diff").write_text(info["diff"])
+    git(clone, "apply", str(tmp_path / "git.diff"))
+    assert (clone / "optim" / "variant.py").read_text() == "class Variant:\n    pass\n"
+    assert (clone / "core.py").read_text() == "a = 2\n"
+
+
+def test_a_big_or_binary_untracked_file_makes_the_run_not_reproducible(repo):
+    (repo / "weights.bin").write_bytes(b"\0\1\2" * 10)
+    info = git_info(repo)
+    assert info["untracked_skipped"] == ["weights.bin"] and not info["reproducible"]
+    assert info["dirty"]
+
+
+def test_a_clean_checkout_is_reproducible_with_an_empty_diff(repo):
+    info = git_info(repo)
+    assert info["reproducible"] and not info["dirty"] and info["diff"] == ""
