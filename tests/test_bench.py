@@ -31,7 +31,7 @@ def test_each_measurement_compiles_its_own_static_graphs(monkeypatch):
     real = torch.compile
     monkeypatch.setattr(torch, "compile", lambda m, **kw: real(m, backend="eager"))
     args = argparse.Namespace(micro_batch=2, seq_len=16, compile=True, dtype="float32",
-                              activation_checkpointing=False, warmup=1, steps=1, nanogpt=None)  # fmt: skip
+                              activation_checkpointing=False, warmup=1, steps=1, nanogpt=None, accum=1)  # fmt: skip
     dist = DistInfo(0, 0, 1, torch.device("cpu"))
     counts = []
     for model in ("tiny", "tiny-wide"):

@@ -78,7 +78,7 @@ def refused(*args: str) -> str:
         (["model.n_layers=2"], "model.n_layers (did you mean model.n_layer?)"),
         (["schedule.warmup=5"], "schedule.warmup (did you mean schedule.warmup_steps?)"),
         (["+wandb.api_key=abc"], "unknown config key wandb.api_key"),
-        (["optimizer=mars-adamww"], "unknown optimizer 'mars-adamww' (did you mean optimizer=mars-adamw?); valid: adamw, lion,"),
+        (["optimizer=mars-adamww"], "unknown optimizer 'mars-adamww' (did you mean optimizer=mars-adamw?); valid: adamw, adamw-schedulefree, ademamix, lion,"),
         (["model=gpt2-smal"], "unknown model 'gpt2-smal' (did you mean model=gpt2-small?)"),
         (["data=owt"], "unknown data 'owt'"),
         (["schedule=cosin"], "(did you mean schedule=cosine?)"),
@@ -157,7 +157,7 @@ def test_help_lists_only_the_groups_a_user_chooses():
     assert proc.returncode == 0, proc.stderr
     groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     experiments = next(line for line in groups.splitlines() if line.startswith("experiment: "))
-    assert "optimizer: adamw, lion, mars-adamw" in groups and " demo," in experiments
+    assert "optimizer: adamw, adamw-schedulefree, ademamix, lion, mars-adamw," in groups and " demo," in experiments
     assert "schema" not in proc.stdout and "shared" not in groups
 
 
