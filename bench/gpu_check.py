@@ -56,16 +56,17 @@ class Step:
 
 def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> tuple[int, int]:
     """(micro-batch, gradient accumulation) that scripts/launch.py picks for ``experiment`` on
-    ``gpus`` GPUs of ``memory_gib``: the launcher's own choice (its memory estimate, the
-    Trainer's DDP settings), so the check measures what a paper run would run."""
-    from scripts.launch import choose_micro_batch
-    from scripts.paper_runs import Run
+    ``gpus`` GPUs of ``memory_gib``: the largest divisor of the per-rank sequences that the
+    launcher's own estimate (bench.memory.experiment_estimator: the Trainer's DDP settings) fits,
+    so the check measures what a paper run would run."""
+    from bench.configs import load_config
+    from bench.memory import experiment_estimator
+    from bench.memory_model import fitting_micro_batch
 
-    runs = [Run(experiment)]
-    args = argparse.Namespace(micro_batch=None, gpu_mem=memory_gib, gpus=gpus, nodes=1)
-    cfg = runs[0].config
+    cfg = load_config(f"experiment/{experiment}")
     per_rank = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"]) // gpus
-    b = choose_micro_batch(runs, per_rank, args)[0]
+    divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+    b = fitting_micro_batch(divisors, memory_gib, experiment_estimator([experiment], gpus)) or 1
     return b, per_rank // b
 
 

@@ -18,6 +18,7 @@ peak (torch.cuda.max_memory_allocated) beside the estimate on a GPU.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 
 import torch
@@ -48,6 +49,38 @@ def meta_state_bytes(cfg: GPTConfig, opt_cfg) -> tuple[int, int]:
     with torch.device("meta"):
         model = build_model(cfg)
     return state_bytes_after_step(model, opt_cfg), model.num_params()
+
+
+@functools.cache
+def experiment_state_bytes(experiment: str) -> int:
+    """The optimizer state of configs/experiment/<experiment>.yaml, measured on the meta device."""
+    import dataclasses
+
+    from bench.configs import load_config
+
+    exp = load_config(f"experiment/{experiment}")
+    opt = dict(exp["optimizer"])
+    cls = optim.get_spec(opt.pop("name")).config_cls
+    fields = {f.name for f in dataclasses.fields(cls)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in opt.items() if k in fields}
+    return meta_state_bytes(model_config(exp["model"]["name"]), cls(**kw))[0]
+
+
+def experiment_estimator(experiments: list[str], world: int) -> Callable[[int], object]:
+    """micro-batch -> MemoryEstimate of these experiments (one model size; the largest optimizer
+    state) on ``world`` ranks, with the Trainer's DDP settings: what scripts/launch.py picks the
+    micro-batch by, and the GPU check with it."""
+    from bench.configs import load_config
+    from trainer.trainer import GRADIENT_AS_BUCKET_VIEW
+
+    cfg = load_config(f"experiment/{experiments[0]}")
+    kw = dict(state_bytes=max(experiment_state_bytes(e) for e in experiments),
+              seq_len=cfg.get("seq_len"), ddp=world > 1,
+              gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
+              loss_chunk_tokens=cfg.get("loss_chunk_tokens", TrainConfig.loss_chunk_tokens),
+              activation_checkpointing=cfg.get("activation_checkpointing", False))  # fmt: skip
+    model = model_config(cfg["model"]["name"])
+    return lambda b: estimate_memory(model, micro_batch=b, **kw)
 
 
 def saved_activation_bytes(fn: Callable[[], object], params) -> int:

@@ -4,13 +4,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 
 from bench.configs import config_names, load_config
-from bench.memory_model import estimate_memory
-from trainer.config import TrainConfig
 from trainer.trainer import GRADIENT_AS_BUCKET_VIEW
 
 # table: (experiment directories, optimizers in launch order); the runs are the files there
@@ -126,28 +123,9 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@functools.cache
-def _state_bytes(experiment: str) -> int:
-    """The run's optimizer state, measured on the meta device (bench.memory)."""
-    import optim
-    from bench.harness import model_config
-    from bench.memory import meta_state_bytes
-
-    opt = dict(_experiment(experiment)["optimizer"])
-    cls = optim.get_spec(opt.pop("name")).config_cls
-    fields = {f.name for f in dataclasses.fields(cls)}
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in opt.items() if k in fields}
-    return meta_state_bytes(model_config(_experiment(experiment)["model"]["name"]), cls(**kw))[0]
-
-
 def estimator(runs: list[Run], world: int):
-    """micro-batch -> MemoryEstimate for these runs of one size (the largest optimizer state)."""
-    from bench.harness import model_config
+    """micro-batch -> MemoryEstimate for these runs of one size (the largest optimizer state):
+    bench.memory.experiment_estimator, which the GPU check shares."""
+    from bench.memory import experiment_estimator
 
-    cfg = runs[0].config
-    kw = dict(state_bytes=max(_state_bytes(r.experiment) for r in runs),
-              seq_len=cfg.get("seq_len"), ddp=world > 1, gradient_as_bucket_view=BUCKET_VIEW,
-              loss_chunk_tokens=cfg.get("loss_chunk_tokens", TrainConfig.loss_chunk_tokens),
-              activation_checkpointing=cfg.get("activation_checkpointing", False))  # fmt: skip
-    model = model_config(cfg["model"]["name"])
-    return lambda b: estimate_memory(model, micro_batch=b, **kw)
+    return experiment_estimator([r.experiment for r in runs], world)

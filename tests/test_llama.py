@@ -169,6 +169,16 @@ ROUTING = {
     "moonlight": ("adamw+wd", "ns+wd", "ns+wd", "adamw+wd", "adamw+wd"),
     "mars-m": ("adamw+wd", "ns+wd", "ns+wd", "adamw+wd", "adamw+wd"),
     "mars-m-efficient": ("adamw+wd", "ns+wd", "ns+wd", "adamw+wd", "adamw+wd"),
+    # the baselines of docs/optimizers.md: every tensor on the optimizer, decay on block matrices
+    "adamw-schedulefree": ("adamwschedulefree-wd", "adamwschedulefree+wd",
+                           "adamwschedulefree+wd", "adamwschedulefree-wd", "adamwschedulefree-wd"),
+    "ademamix": ("ademamix-wd", "ademamix+wd", "ademamix+wd", "ademamix-wd", "ademamix-wd"),
+    "soap": ("soap-wd", "soap+wd", "soap+wd", "soap-wd", "soap-wd"),
+    # NorMuon: block matrices on NorMuon, the rest on its auxiliary Adam (no decay: its reference)
+    "normuon": ("adam-wd", "normuon-wd", "normuon-wd", "adam-wd", "adam-wd"),
+    # variance reduction in front of them: MARS's official routing (non-2-D on AdamW)
+    "mars-ademamix": ("mars-wd", "mars+wd", "mars+wd", "adamw+wd", "mars-wd"),
+    "mars-soap": ("mars-wd", "mars+wd", "mars+wd", "adamw+wd", "mars-wd"),
 }
 
 
@@ -181,6 +191,8 @@ def route_of(opt: torch.optim.Optimizer, p: torch.Tensor) -> str:
     elif group.get("split_1d") is not None and "lr_1d_factor" in group:  # MARS
         branch = "adamw" if group["split_1d"] and p.ndim != 2 else "mars"
         wd = group["weight_decay_1d"] if branch == "adamw" else wd
+    elif type(opt).__name__ == "VarianceReduced":  # the core's baselines: soap, ademamix, normuon
+        branch = group["preconditioner"]
     else:
         branch = type(opt).__name__.lower()
     return f"{branch}{'+' if wd > 0 else '-'}wd"
