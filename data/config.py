@@ -21,8 +21,14 @@ class DataConfig:
     # shuffle: every window once per epoch (seeded order); random: random windows with
     # replacement, as the official MARS code samples (data/loader.py)
     sampling: str = "shuffle"
+    # the tokenizer the shards were made with (data/vocabs.py); a run refuses shards made by
+    # another, or a model whose vocabulary does not fit it
+    tokenizer: str = "gpt2"
 
     def __post_init__(self) -> None:
+        from data.vocabs import get_vocab
+
+        get_vocab(self.tokenizer)
         if self.sampling not in SAMPLING:
             raise ValueError(
                 f"unknown data.sampling {self.sampling!r}; valid: {', '.join(SAMPLING)}"
