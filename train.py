@@ -128,7 +128,14 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
     out_dir, resume_path = prepare_out_dir(name, cfg.resume, config_dict, dist)
     config_dict = {**config_dict, "out_dir": str(out_dir)}
-    on_main(dist, ensure_prepared, cfg.data.name, cfg.data.dir, cfg.data.tokenizer)
+    on_main(
+        dist,
+        ensure_prepared,
+        cfg.data.name,
+        cfg.data.dir,
+        cfg.data.tokenizer,
+        cfg.data.val_fraction,
+    )
     barrier()
     if why := check_tokenizer(cfg.model.vocab_size, cfg.data):
         raise SystemExit(f"data error: {why}")

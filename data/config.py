@@ -24,6 +24,9 @@ class DataConfig:
     # the tokenizer the shards were made with (data/vocabs.py); a run refuses shards made by
     # another, or a model whose vocabulary does not fit it
     tokenizer: str = "gpt2"
+    # the fraction of documents held out when the shards are prepared on first use (None: the
+    # source's own, 5% for sotu)
+    val_fraction: float | None = None
 
     def __post_init__(self) -> None:
         from data.vocabs import get_vocab

@@ -281,7 +281,9 @@ def prepare_sotu(
     return prepare("sotu", out_dir, val_fraction=val_fraction, seed=seed, shard_tokens=shard_tokens)
 
 
-def ensure_prepared(name: str, directory: str | Path, tokenizer: str = "gpt2") -> None:
+def ensure_prepared(
+    name: str, directory: str | Path, tokenizer: str = "gpt2", val_fraction: float | None = None
+) -> None:
     """Make sure ``directory`` holds train and val shards, preparing ``name`` (with
     ``tokenizer``) if it can."""
     directory = Path(directory)
@@ -296,7 +298,7 @@ def ensure_prepared(name: str, directory: str | Path, tokenizer: str = "gpt2") -
         raise FileNotFoundError(missing)
     if name in AUTO_PREPARE:
         log.info("no token shards in %s: preparing the embedded %r corpus there", directory, name)
-        prepare(name, directory, tokenizer=tokenizer)
+        prepare(name, directory, tokenizer=tokenizer, val_fraction=val_fraction)
         return
     raise FileNotFoundError(
         f"no token shards in {directory} (looked for {TRAIN_PATTERN} and {VAL_PATTERN}); "
