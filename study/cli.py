@@ -46,7 +46,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--tune", nargs="*", default=[], metavar="KEY",
                     help="more keys for coordinate descent after the lr (e.g. "
                     "optimizer.weight_decay); the Muon family's adamw_lr is always tuned")  # fmt: skip
-    ap.add_argument("--batch-tokens", type=int, default=4096)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--jobs", type=int, default=1, help="commands at a time on this machine")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per command")
     ap.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun, GPUs)")
@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         raise SystemExit(f"study: {exc}") from None
     plan.out.mkdir(parents=True, exist_ok=True)
+    started = plan.out / "started.txt"  # the study's wall time counts from its first start
+    if not started.is_file() and not args.report_only and not args.dry_run:
+        started.write_text(f"{time.time():.0f}\n")
     study = Study(plan)
     t0 = time.perf_counter()
     while not args.report_only:

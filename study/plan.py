@@ -16,13 +16,13 @@ from pathlib import Path
 CHINCHILLA = 20  # tokens per parameter at 1x
 # Where each optimizer's tuning starts (the lr grid's center); the grid moves as far as it must.
 CENTERS = {
-    "adamw": {"optimizer.lr": 8e-3},
-    "mars-adamw": {"optimizer.lr": 8e-3, "optimizer.lr_1d": 4e-3},
-    "muon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 8e-3},
-    "mars-m": {"optimizer.lr": 8e-3},
-    "moonlight": {"optimizer.lr": 8e-3},
+    "adamw": {"optimizer.lr": 4e-3},
+    "mars-adamw": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
+    "muon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 4e-3},
+    "mars-m": {"optimizer.lr": 4e-3},
+    "moonlight": {"optimizer.lr": 4e-3},
 }
-DEFAULT_CENTER = {"optimizer.lr": 8e-3}
+DEFAULT_CENTER = {"optimizer.lr": 4e-3}
 # MARS-AdamW's 1-D tensors (norm gains) and Muon's non-matrix tensors (embedding, head, gains) are
 # on an AdamW of their own lr: tuned like the lr (coordinate descent, after it). MARS-M and
 # Moonlight share one lr (their AdamW part's update is scaled to match Muon's RMS).
@@ -57,7 +57,7 @@ class Plan:
     reference_budgets: list[float] = field(default_factory=lambda: [2.0, 4.0])  # x each budget
     select_seed: int = 0
     eval_seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
-    batch_tokens: int = 4096
+    batch_tokens: int = 2048
     warmup_frac: float = 0.1
     tune: list[str] = field(default_factory=list)  # extra keys for coordinate descent
     extra: list[str] = field(default_factory=list)  # overrides for every run
