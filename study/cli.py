@@ -20,6 +20,7 @@ import argparse
 import logging
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from study.cells import Study, mark_failed
@@ -66,27 +67,55 @@ def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
                 extra=extra)  # fmt: skip
 
 
-def round_(study: Study, args: argparse.Namespace) -> int:
-    """One round: every cell's next runs, launched; the number of runs launched."""
-    runs, capped = [], []
+def next_groups(study: Study, args: argparse.Namespace, busy: set) -> list[list]:
+    """The pending runs of the first cell (in the plan's order) that has some and none in
+    flight, as commands' groups: cells finish one after another, so an interrupted study has
+    whole comparisons, and a cell's next grid values wait for its runs in flight."""
     for cell in study.plan.cells():
         state = study.update(cell)
-        runs += state.pending
-        capped += [f"{cell.name} {k}" for k, f in state.flags.items() if f == "capped"]
-    for c in capped:
-        log.warning("!!! GRID CAP HIT: %s: the best is at the grid's edge, not bracketed", c)
-    if not runs:
-        return 0
-    commands = [command(g, launcher=args.launcher, nproc=args.nproc)
-                for g in group(runs, args.group_size)]  # fmt: skip
-    log.info("round: %d runs in %d commands", len(runs), len(commands))
-    rcs = execute(commands, jobs=args.jobs, threads=args.threads, dry_run=args.dry_run,
-                  log_file=study.plan.out / "train.log")  # fmt: skip
-    for g, rc in zip(group(runs, args.group_size), rcs):
-        if rc != 0:
-            log.warning("a command failed (exit %d): its unfinished runs count as diverged", rc)
-            mark_failed(g)
-    return len(runs)
+        for key, flag in state.flags.items():
+            if flag == "capped" and (cell, key) not in study.warned:
+                study.warned.add((cell, key))
+                log.warning(
+                    "!!! GRID CAP HIT: %s %s: the best is at the grid's edge", cell.name, key
+                )
+        if state.pending and cell not in busy:
+            return group(state.pending, args.group_size)
+    return []
+
+
+def schedule(study: Study, args: argparse.Namespace) -> None:
+    """Keep ``--jobs`` commands running until every cell is done (or a dry run's first batch)."""
+    study.warned = set()
+    queue: list = []
+    running: dict = {}
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        while True:
+            while len(running) < max(1, args.jobs):
+                if not queue:
+                    queue = next_groups(study, args, {c for c, _ in running.values()})
+                    if not queue:
+                        break
+                runs = queue.pop(0)
+                cmd = command(runs, launcher=args.launcher, nproc=args.nproc)
+                cell = next(
+                    c
+                    for c in study.plan.cells()
+                    if study.plan.cell_dir(c) in runs[0].out_dir.parents
+                )
+                fut = pool.submit(execute, [cmd], jobs=1, threads=args.threads,
+                                  dry_run=args.dry_run, log_file=study.plan.out / "train.log")  # fmt: skip
+                running[fut] = (cell, runs)
+            if not running or args.dry_run:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                cell, runs = running.pop(fut)
+                if fut.result()[0] != 0:
+                    log.warning(
+                        "a command of %s failed: its unfinished runs count as diverged", cell.name
+                    )
+                    mark_failed(runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,9 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         started.write_text(f"{time.time():.0f}\n")
     study = Study(plan)
     t0 = time.perf_counter()
-    while not args.report_only:
-        if round_(study, args) == 0 or args.dry_run:
-            break
+    if not args.report_only:
+        schedule(study, args)
     if args.dry_run:
         return 0
     from study.report import write_report

@@ -102,7 +102,6 @@ def block_params(model: str) -> int:
     the study's N, everything but the token and position embeddings."""
     import torch
 
-    from bench.harness import model_config
     from model import build_model
 
     with torch.device("meta"):
@@ -114,3 +113,16 @@ def block_params(model: str) -> int:
 def budget_steps(n_params: int, budget: float, batch_tokens: int) -> int:
     """``max_steps`` for ``budget`` x 20 tokens per parameter at ``batch_tokens`` a step."""
     return max(1, math.ceil(CHINCHILLA * budget * n_params / batch_tokens))
+
+
+def model_config(name: str):  # noqa: ANN201 - a ModelConfig
+    """configs/model/<name>.yaml as a ModelConfig (the presets have no defaults list, so plain
+    YAML: no Hydra composition, which takes seconds)."""
+    import yaml
+
+    from model import ModelConfig
+
+    path = Path(__file__).resolve().parent.parent / "configs" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown model {name!r}: no {path}; choose one of configs/model/")
+    return ModelConfig(**yaml.safe_load(path.read_text()))

@@ -39,9 +39,9 @@ def routing(optimizer: str, model: str, options: dict | None = None) -> list[tup
     """``[(parameters, update, lr)]`` for ``optimizer`` on ``model`` with config ``options``."""
     import torch
 
-    from bench.harness import model_config
     from model import build_model
     from optim import build_optimizer, get_spec
+    from study.plan import model_config
 
     with torch.device("meta"):
         m = build_model(model_config(model))
