@@ -118,3 +118,15 @@ def test_budget_and_seeds() -> None:
     with pytest.raises(ValueError, match="selection seed"):
         Plan(out=None, optimizers=["adamw"], models=["proxy-100k"], budgets=[1.0],
              select_seed=1, eval_seeds=[1, 2, 3])  # fmt: skip
+
+
+def test_min_lr_ratio_ends_each_group_at_its_own_fraction() -> None:
+    from optim.schedules import ScheduleConfig, lr_at
+
+    cfg = ScheduleConfig(name="cosine", warmup_steps=10, min_lr_ratio=0.1)
+    for peak in (1e-3, 2e-2):
+        assert lr_at(5, peak, cfg, 100) == pytest.approx(peak / 2)
+        assert lr_at(100, peak, cfg, 100) == pytest.approx(0.1 * peak)
+        assert lr_at(55, peak, cfg, 100) == pytest.approx(0.55 * peak)  # halfway down the cosine
+    with pytest.raises(ValueError, match="keep one"):
+        ScheduleConfig(min_lr=1e-4, min_lr_ratio=0.1)
