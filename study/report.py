@@ -118,6 +118,20 @@ def reference_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def setup_table(rows: list[dict]) -> list[str]:
+    """Per (model, budget): N, tokens, steps, batch, warmup, and the seeds that ran."""
+    lines = ["| model | N (block params) | budget | tokens | steps x batch | warmup | selection seeds | evaluation seeds |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (model, budget), rs in sorted(_by(rows, "model", "budget").items()):
+        r = rs[0]
+        sel = sorted({int(x["seed"]) for x in rs if x["role"] == "select"})
+        ev = sorted({int(x["seed"]) for x in rs if x["role"] == "eval"})
+        lines.append(f"| {model} | {r['non_embedding_params']:,.0f} | {budget:g}x ({20 * budget:g} tokens/param) | "
+                     f"{r['tokens']:,.0f} | {r['max_steps']:.0f} x {r['batch_tokens']:,.0f} | {r['warmup_steps']:.0f} | "
+                     f"{', '.join(map(str, sel)) or '-'} | {', '.join(map(str, ev)) or '-'} |")  # fmt: skip
+    return lines
+
+
 def routing_table(rows: list[dict]) -> list[str]:
     from study.plan import FIXED
     from study.routing import routing
@@ -193,6 +207,7 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         f"Validation: the whole held-out split, {floors.get('val_tokens', 0):,} tokens; its unigram loss is "
         f"{floors.get('unigram', math.nan):.4f} and its bigram loss {floors.get('bigram', math.nan):.4f} nats/token "
         "(training-split counts, add-one smoothing): the floor any model must beat.", "",
+        "## Setup", "", *setup_table(rows), "",
         "## Comparison at the main budget", "",
         f"End-of-run validation loss over the evaluation seeds (never the selection seed, the same for every "
         f"optimizer). Gap: the mean per-seed difference to AdamW with its {LEVEL:.0%} t-interval; an interval "
