@@ -130,3 +130,27 @@ def test_min_lr_ratio_ends_each_group_at_its_own_fraction() -> None:
         assert lr_at(55, peak, cfg, 100) == pytest.approx(0.55 * peak)  # halfway down the cosine
     with pytest.raises(ValueError, match="keep one"):
         ScheduleConfig(min_lr=1e-4, min_lr_ratio=0.1)
+
+
+def _row(opt: str, budget: float, seed: int, loss: float, role: str = "eval", **more) -> dict:
+    return {"optimizer": opt, "model": "proxy-100k", "non_embedding_params": 98848.0,
+            "budget": budget, "tokens": budget * 1e6, "lr": 0.004, "seed": float(seed),
+            "role": role, "final_val_loss": loss, "chosen": 1.0, "grid": "lr:bracketed",
+            "max_steps": 100.0, "batch_tokens": 2048.0, "warmup_steps": 10.0, **more}  # fmt: skip
+
+
+def test_report_tables_from_results_rows() -> None:
+    """The report reads rows as results.csv holds them: a planted 1.25x shows as a significant
+    lower loss with its speedup; a capped grid is flagged."""
+    from study.report import comparison_table, tuning_table
+
+    adamw, other = synthetic(1.25)
+    rows = [_row("adamw", d / 1e6, s, v) for d, seeds in adamw.items() for s, v in seeds.items()]
+    rows += [_row("muon", 1.0, s, v) for s, v in other.items()]
+    rows += [_row("muon", 1.0, 0, 3.0, role="select", grid="lr:capped")]
+    table = "\n".join(comparison_table(rows, [1.0], bootstrap=False))
+    muon = next(line for line in table.splitlines() if "| muon |" in line)
+    assert "yes: lower" in muon
+    value = float(muon.rsplit("|", 2)[1].split("x")[0])
+    assert value == pytest.approx(1.25, abs=0.05)
+    assert "CAPPED" in "\n".join(tuning_table(rows))
