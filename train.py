@@ -116,7 +116,7 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     from data import ensure_prepared
-    from data.vocabs import check_tokenizer
+    from data.config import check_tokenizer
     from runtime.device import configure_backends
     from runtime.distributed import barrier
     from trainer.config import grad_accum_steps

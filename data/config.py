@@ -66,3 +66,15 @@ def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:
                 f"python -m data.prepare {cfg.name} --out {cfg.dir}"
             ) from exc
     return found[0], found[1]
+
+
+def check_tokenizer(model_vocab: int, cfg: DataConfig) -> str | None:
+    """``data.vocabs.mismatch`` for ``cfg``'s first train and validation shards: why a model of
+    ``model_vocab`` tokens cannot train on them (train.py refuses the run with this line before
+    building anything), or None."""
+    from data.shards import read_tokenizer_id
+    from data.vocabs import mismatch
+
+    train, val = shard_files(cfg)
+    ids = {str(p): read_tokenizer_id(p) for p in (train[0], val[0])}
+    return mismatch(model_vocab, cfg.tokenizer, ids)

@@ -92,14 +92,3 @@ def mismatch(model_vocab: int, data_tokenizer: str, shard_ids: dict[str, int]) -
             f"data=sotu) or set model.vocab_size"
         )
     return None
-
-
-def check_tokenizer(model_vocab: int, data_cfg) -> str | None:  # noqa: ANN001 - a DataConfig
-    """``mismatch`` for a data config's first train and validation shards (train.py refuses a
-    run with this line before building anything)."""
-    from data.config import shard_files
-    from data.shards import read_tokenizer_id
-
-    train, val = shard_files(data_cfg)
-    ids = {str(p): read_tokenizer_id(p) for p in (train[0], val[0])}
-    return mismatch(model_vocab, data_cfg.tokenizer, ids)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from data.config import DataConfig
+from data.config import DataConfig, check_tokenizer
 from data.prepare import prepare
 from data.shards import load_shard, read_tokenizer_id, write_shard
-from data.vocabs import check_tokenizer, decode, encode, mismatch
+from data.vocabs import decode, encode, mismatch
 
 ROOT = Path(__file__).resolve().parent.parent
 PROXIES = ("proxy-100k", "proxy-200k", "proxy-450k", "proxy-1m")
