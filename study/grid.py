@@ -46,12 +46,15 @@ def step(results: dict[float, float | None], center: float, *, need: int = NEED,
     if not results:
         return GridState(None, initial_grid(center, need, factor), False, False)
     values = sorted(results)
+    ks = sorted(round(math.log(v / center, factor)) for v in values)
+    holes = sorted(set(range(ks[0], ks[-1] + 1)) - set(ks))
     best = min(values, key=lambda v: (_loss(results[v]), v))
+    if holes:  # an interrupted round left gaps: a bracket counts only on a whole grid
+        return GridState(best, [grid_value(center, k, factor) for k in holes], False, False)
     i = values.index(best)
     left, right = i, len(values) - 1 - i
     if left >= need and right >= need:
         return GridState(best, [], True, False)
-    ks = sorted(round(math.log(v / center, factor)) for v in values)
     wanted = [grid_value(center, ks[0] - j, factor) for j in range(1, need - left + 1)]
     wanted += [grid_value(center, ks[-1] + j, factor) for j in range(1, need - right + 1)]
     if all(math.isinf(_loss(results[v])) for v in values):  # all diverged: go lower only

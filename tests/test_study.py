@@ -154,3 +154,9 @@ def test_report_tables_from_results_rows() -> None:
     value = float(muon.rsplit("|", 2)[1].split("x")[0])
     assert value == pytest.approx(1.25, abs=0.05)
     assert "CAPPED" in "\n".join(tuning_table(rows))
+
+
+def test_grid_fills_the_holes_an_interruption_left() -> None:
+    # the first grid was 0.001..0.016; only its ends finished before an interruption
+    state = grid.step({0.001: 2.7, 0.008: 2.8}, 0.004)
+    assert state.next == [0.002, 0.004] and not state.bracketed
