@@ -104,6 +104,30 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
     return lines
 
 
+def pairs_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
+    """Every pair of optimizers at a main budget: the paired gap (column minus row) over their
+    shared evaluation seeds, with its t-interval; * marks an interval that excludes 0."""
+    losses = _eval_losses(rows)
+    lines = []
+    for model, budget in sorted({(m, b) for (_, m, b) in losses if b in main_budgets}):
+        opts = sorted(o for (o, m, b) in losses if (m, b) == (model, budget))
+        lines += [f"{model} at {budget:g}x, loss of the column minus the row:", "",
+                  "| | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]  # fmt: skip
+        for a in opts:
+            cells = []
+            for b in opts:
+                if a == b:
+                    cells.append("")
+                    continue
+                g = paired_interval(losses[(a, model, budget)], losses[(b, model, budget)])
+                cells.append(
+                    f"{g.mean:+.3f} [{g.lo:+.3f}, {g.hi:+.3f}]{'*' if g.significant else ''}"
+                )
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
 def reference_table(rows: list[dict]) -> list[str]:
     losses = _eval_losses(rows)
     tokens = {(r["model"], r["budget"]): r["tokens"] for r in rows if r["role"] == "eval"}
@@ -215,6 +239,8 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         "optimizer's mean loss over the optimizer's tokens (AdamW's losses across its budgets, monotone, "
         "interpolated in log tokens); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B).", "",
         *comparison_table(rows, main_budgets, bootstrap=bootstrap), "",
+        "## Every pair (paired over the shared evaluation seeds, 90% t-intervals)", "",
+        *pairs_table(rows, main_budgets),
         "## AdamW across budgets", "", *reference_table(rows), "",
         "## Tuning (selection seed)", "", *tuning_table(rows), "",
         "## Which parameters each optimizer trains, with which update and lr", "",
