@@ -179,16 +179,26 @@ def figure(rows: list[dict], floors: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colour = {o: f"C{i}" for i, o in enumerate(sorted({r["optimizer"] for r in rows}))}
     for (opt, budget), rs in sorted(
         _by([r for r in rows if r["role"] == "select"], "optimizer", "budget").items()
     ):
-        rs = [r for r in rs if r["chosen"] == 1.0 or all(r.get(k) == c.get(k) for c in rs[:1]
-              for k in ("lr_1d", "adamw_lr"))]  # fmt: skip
+        # the lr sweep: the runs whose other tuned lrs share their most common values
+        rs = max(
+            _by(rs, *[k for k in ("lr_1d", "adamw_lr") if rs[0].get(k, "") != ""]).values(), key=len
+        )
         pts = sorted(
             (r["lr"], r["final_val_loss"]) for r in rs if isinstance(r["final_val_loss"], float)
         )
         if pts:
-            a.plot(*zip(*pts), "o-", label=f"{opt} {budget:g}x", ms=3)
+            a.plot(
+                *zip(*pts),
+                "o-" if budget == min(r["budget"] for r in rows) else "s--",
+                label=f"{opt} {budget:g}x",
+                ms=3,
+                color=colour[opt],
+                alpha=1.0 if budget == min(r["budget"] for r in rows) else 0.5,
+            )
     a.set_xscale("log")
     a.set_xlabel("lr (selection seed)")
     a.set_ylabel("final validation loss (nats/byte)")
@@ -204,7 +214,14 @@ def figure(rows: list[dict], floors: dict, path: Path) -> None:
         b.plot(*zip(*ref), "k-", lw=1, label="AdamW (mean of seeds)")
     for i, ((opt, model, budget), seeds) in enumerate(sorted(losses.items())):
         x = tokens[(model, budget)] * (1 + 0.03 * (i % 5 - 2))
-        b.plot([x] * len(seeds), list(seeds.values()), "o", ms=3, label=f"{opt} {budget:g}x")
+        b.plot(
+            [x] * len(seeds),
+            list(seeds.values()),
+            "o",
+            ms=3,
+            label=f"{opt} {budget:g}x",
+            color=colour[opt],
+        )
     for name, value in floors.items():
         if name in ("unigram", "bigram"):
             b.axhline(value, ls=":", c="gray")
