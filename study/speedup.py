@@ -12,7 +12,8 @@ largest budget is censored (``>4.00x`` with 1x..4x budgets), one above its small
 Interval: per seed, the speedup read off that seed's own AdamW curve (a seed fixes the weights
 and the data order of every run, so each seed is one paired measurement, AdamW's noise at every
 budget included); the t-interval of their logs, back-transformed. A seed beyond the measured
-budgets censors that side of the interval at the bound. ``bootstrap=True`` instead resamples
+budgets censors that side of the interval at the bound; with none censored, the point is their
+geometric mean (the interval's centre), else the reading of the mean curve. ``bootstrap=True`` instead resamples
 the seeds whole (every budget and X together) and recomputes the speedup of the means.
 """
 
@@ -148,6 +149,8 @@ def speedup(adamw: dict, other: dict, budget_tokens: float, *, level: float = LE
     top, bottom = budgets[-1] / budget_tokens, budgets[0] / budget_tokens
     lo = speedup_at_value(math.exp(logs.lo), point, budgets, budget_tokens)
     hi = speedup_at_value(math.exp(logs.hi), point, budgets, budget_tokens)
+    if not any(sp.censored for sp in per_seed):  # the point of the interval's own estimator
+        point = Speedup(math.exp(logs.mean))
     if any(sp.side == ">" for sp in per_seed):  # a seed beyond the largest budget
         hi = Speedup(top, ">")
     if any(sp.side == "<" for sp in per_seed):
