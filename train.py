@@ -132,6 +132,7 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     from data import ensure_prepared
+    from data.config import check_tokenizer
     from runtime.device import configure_backends
     from runtime.distributed import barrier
     from trainer.config import grad_accum_steps
@@ -144,9 +145,18 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
     out_dir, resume_path = prepare_out_dir(name, cfg.resume, config_dict, dist)
     config_dict = {**config_dict, "out_dir": str(out_dir)}
-    on_main(dist, ensure_prepared, cfg.data.name, cfg.data.dir)
+    on_main(
+        dist,
+        ensure_prepared,
+        cfg.data.name,
+        cfg.data.dir,
+        cfg.data.tokenizer,
+        cfg.data.val_fraction,
+    )
     barrier()
     check_shared_files(dist, out_dir, cfg.data)  # several nodes: an error, not a hang
+    if why := check_tokenizer(cfg.model.vocab_size, cfg.data):
+        raise SystemExit(f"data error: {why}")
     configure_backends(dist.device)
     trainer = build_trainer(cfg, config_dict, dist, out_dir, resume_path)
     if trainer.finished is not None:  # a relaunched table or sweep: change nothing

@@ -22,8 +22,17 @@ class DataConfig:
     # shuffle: every window once per epoch (seeded order); random: random windows with
     # replacement, as the official MARS code samples (data/loader.py)
     sampling: str = "shuffle"
+    # the tokenizer the shards were made with (data/vocabs.py); a run refuses shards made by
+    # another, or a model whose vocabulary does not fit it
+    tokenizer: str = "gpt2"
+    # the fraction of documents held out when the shards are prepared on first use (None: the
+    # source's own, 5% for sotu)
+    val_fraction: float | None = None
 
     def __post_init__(self) -> None:
+        from data.vocabs import get_vocab
+
+        get_vocab(self.tokenizer)
         if self.sampling not in SAMPLING:
             raise ValueError(
                 f"unknown data.sampling {self.sampling!r}; valid: {', '.join(SAMPLING)}"
@@ -99,3 +108,15 @@ def shard_files(cfg: DataConfig) -> tuple[list[Path], list[Path]]:
                 f"python -m data.prepare {cfg.name} --out {cfg.dir}"
             ) from exc
     return found[0], found[1]
+
+
+def check_tokenizer(model_vocab: int, cfg: DataConfig) -> str | None:
+    """``data.vocabs.mismatch`` for ``cfg``'s first train and validation shards: why a model of
+    ``model_vocab`` tokens cannot train on them (train.py refuses the run with this line before
+    building anything), or None."""
+    from data.shards import read_tokenizer_id
+    from data.vocabs import mismatch
+
+    train, val = shard_files(cfg)
+    ids = {str(p): read_tokenizer_id(p) for p in (train[0], val[0])}
+    return mismatch(model_vocab, cfg.tokenizer, ids)

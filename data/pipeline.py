@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from data.shards import HEADER_BYTES, HEADER_INTS, MAGIC, VERSION, read_header
-from data.tokenizer import EOT, get_tokenizer
+from data.tokenizer import get_tokenizer
+from data.vocabs import encode, get_vocab
 from runtime.files import atomic_open
 
 log = logging.getLogger("data.prepare")
@@ -41,22 +42,16 @@ class ResumeError(ValueError):
 # ---------------------------------------------------------------- tokenization
 
 
-def encode_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def encode_batch(texts: list[str], tokenizer: str = "gpt2") -> tuple[np.ndarray, np.ndarray]:
     """Tokenize documents as ``[EOT] + encode_ordinary(text)`` each; return the tokens of all
     of them concatenated (uint16) and each document's length (int64)."""
-    enc = get_tokenizer()
-    parts = []
-    for text in texts:
-        try:
-            parts.append(enc.encode_to_numpy(text, disallowed_special=()))
-        except UnicodeEncodeError:  # lone surrogates: replace them, as encode_ordinary does
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-            parts.append(enc.encode_to_numpy(text, disallowed_special=()))
+    eot = get_vocab(tokenizer).eot
+    parts = [encode(tokenizer, text) for text in texts]
     lengths = np.array([len(p) + 1 for p in parts], dtype=np.int64)
     tokens = np.empty(int(lengths.sum()), dtype=np.uint16)
     start = 0
     for part, n in zip(parts, lengths.tolist()):
-        tokens[start] = EOT
+        tokens[start] = eot
         tokens[start + 1 : start + n] = part
         start += n
     return tokens, lengths
@@ -76,19 +71,19 @@ def _batched(texts: Iterable[str]) -> Iterator[list[str]]:
 
 
 def encoded_batches(
-    texts: Iterable[str], *, workers: int
+    texts: Iterable[str], *, workers: int, tokenizer: str = "gpt2"
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``encode_batch`` over batches of ``texts``, in order, on ``workers`` processes.
 
     ``Pool.imap`` would read the whole input ahead of the workers; here at most ``2 * workers``
     batches are queued, so memory stays bounded when reading is faster than tokenizing."""
     if workers <= 1:
-        yield from map(encode_batch, _batched(texts))
+        yield from (encode_batch(b, tokenizer) for b in _batched(texts))
         return
     with mp.get_context().Pool(workers, initializer=get_tokenizer) as pool:
         pending: deque = deque()
         for batch in _batched(texts):
-            pending.append(pool.apply_async(encode_batch, (batch,)))
+            pending.append(pool.apply_async(encode_batch, (batch, tokenizer)))
             if len(pending) >= 2 * workers:
                 yield pending.popleft().get()
         while pending:
@@ -98,9 +93,9 @@ def encoded_batches(
 # ---------------------------------------------------------------- shard writer
 
 
-def _header(num_tokens: int) -> bytes:
+def _header(num_tokens: int, tokenizer_id: int = 0) -> bytes:
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (MAGIC, VERSION, num_tokens)
+    header[:4] = (MAGIC, VERSION, num_tokens, tokenizer_id)
     return header.tobytes()
 
 
@@ -110,9 +105,11 @@ class ShardWriter:
     each shard."""
 
     def __init__(
-        self, out_dir: Path, name: Callable[[int], str], shard_tokens: int, *, first: int = 0
-    ) -> None:
+        self, out_dir: Path, name: Callable[[int], str], shard_tokens: int, *, first: int = 0,
+        tokenizer_id: int = 0,
+    ) -> None:  # fmt: skip
         self.out_dir, self.name, self.shard_tokens = out_dir, name, shard_tokens
+        self.tokenizer_id = tokenizer_id
         self.index = first  # the shard being filled
         self.partial_tokens = 0
         self.partial_documents = 0
@@ -129,7 +126,7 @@ class ShardWriter:
         while pos < len(tokens):
             if self._file is None:
                 self._file = open(self._partial_path(), "wb")
-                self._file.write(_header(0))
+                self._file.write(_header(0, self.tokenizer_id))
             take = min(self.shard_tokens - self.partial_tokens, len(tokens) - pos)
             self._file.write(tokens[pos : pos + take].tobytes())
             lo, hi = np.searchsorted(doc_starts, [pos, pos + take])
@@ -145,7 +142,7 @@ class ShardWriter:
         """Write the header, fsync, and rename the partial file to the shard's name."""
         f, self._file = self._file, None
         f.seek(0)
-        f.write(_header(self.partial_tokens))
+        f.write(_header(self.partial_tokens, self.tokenizer_id))
         f.flush()
         os.fsync(f.fileno())
         f.close()
@@ -255,14 +252,19 @@ def remove_partials(out_dir: Path, keep: Iterable[Path] = ()) -> None:
 # ---------------------------------------------------------------- the run
 
 
-def make_writers(out_dir: Path, prefix: str, layout: str, shard_tokens: int) -> dict:
+def make_writers(
+    out_dir: Path, prefix: str, layout: str, shard_tokens: int, tokenizer: str = "gpt2"
+) -> dict:
     """The writers of a layout: "split" has a train and a val stream of shards numbered from 0;
     "first-shard" (llm.c's) has one stream whose shard 0 is ``{prefix}_val_000000.bin`` and whose
     later shards are ``{prefix}_train_000001.bin``, ..."""
     if layout == "split":
         return {
             split: ShardWriter(
-                out_dir, lambda i, s=split: f"{prefix}_{s}_{i:06d}.bin", shard_tokens
+                out_dir,
+                lambda i, s=split: f"{prefix}_{s}_{i:06d}.bin",
+                shard_tokens,
+                tokenizer_id=get_vocab(tokenizer).shard_id,
             )
             for split in ("train", "val")
         }
@@ -272,6 +274,7 @@ def make_writers(out_dir: Path, prefix: str, layout: str, shard_tokens: int) -> 
                 out_dir,
                 lambda i: f"{prefix}_{'val' if i == 0 else 'train'}_{i:06d}.bin",
                 shard_tokens,
+                tokenizer_id=get_vocab(tokenizer).shard_id,
             )
         }
     raise ValueError(f"unknown layout {layout!r}; valid layouts: split, first-shard")
@@ -310,7 +313,9 @@ def _resume(out_dir: Path, settings: dict, writers: dict) -> tuple[int, float]:
             for w in writers.values():
                 w.abandon()
     for key, writer in writers.items():  # a fresh start
-        writers[key] = ShardWriter(out_dir, writer.name, writer.shard_tokens, first=0)
+        writers[key] = ShardWriter(
+            out_dir, writer.name, writer.shard_tokens, first=0, tokenizer_id=writer.tokenizer_id
+        )
     remove_partials(out_dir)
     return 0, 0.0
 
@@ -340,7 +345,9 @@ def run(
     bar = tqdm(
         total=total_documents, initial=done, unit="doc", unit_scale=True, disable=not progress
     )
-    batches = encoded_batches(documents(done), workers=workers)
+    batches = encoded_batches(
+        documents(done), workers=workers, tokenizer=settings.get("tokenizer", "gpt2")
+    )
     finished_here, tokens_here = 0, 0
     try:
         for tokens, lengths in batches:

@@ -6,6 +6,8 @@ nanoGPT's ``train.bin``/``val.bin``, copied as they are, see ``data/rawbin.py``)
 Named hub sources stream from the Hugging Face hub, or read the same files from disk with
 ``--from PATH``. Every document becomes ``[EOT] + encode_ordinary(text)`` (the end-of-text token
 *before* each document, as llm.c does), so documents are joined by ``<|endoftext|>``.
+``--tokenizer`` chooses GPT-2's BPE (the default) or ``bytes`` (257 tokens, for the proxy models
+of docs/study.md); every shard records it in its header (``data/vocabs.py``).
 
 Two layouts:
 
@@ -47,6 +49,7 @@ from data.config import missing_data_dir
 from data.shards import find_shards, read_header
 from data.sources import HubDataset, HubUnavailableError, LocalFiles, SotuCorpus
 from data.tokenizer import VOCAB_SIZE
+from data.vocabs import get_vocab
 from runtime.files import atomic_open
 
 log = logging.getLogger("data.prepare")  # not __name__: that is "__main__" under python -m
@@ -57,7 +60,7 @@ TRAIN_PATTERN = "*_train_*.bin"
 VAL_PATTERN = "*_val_*.bin"
 
 
-def _settings(spec: SourceSpec, docs: Any, shard_tokens: int) -> dict:
+def _settings(spec: SourceSpec, docs: Any, shard_tokens: int, tokenizer: str) -> dict:
     return {
         "source": spec.name,
         "input": docs.describe(),
@@ -67,8 +70,8 @@ def _settings(spec: SourceSpec, docs: Any, shard_tokens: int) -> dict:
         "seed": spec.seed,
         "split": spec.split,
         "shard_tokens": shard_tokens,
-        "tokenizer": "gpt2",
-        "vocab_size": VOCAB_SIZE,
+        "tokenizer": tokenizer,
+        "vocab_size": get_vocab(tokenizer).vocab_size,
     }
 
 
@@ -121,6 +124,7 @@ def prepare(
     workers: int = 1,
     progress: bool = False,
     stop_after: int | None = None,
+    tokenizer: str = "gpt2",
 ) -> dict:
     """Prepare ``source`` (a name in SOURCES or a local path) into ``out_dir``; return the
     summary (also written to ``out_dir/prepare.json``). With ``stop_after=N`` the run stops,
@@ -132,22 +136,25 @@ def prepare(
         raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}; e.g. 100_000_000")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    get_vocab(tokenizer)  # an unknown name is refused before any work
     raw = Path(from_path) if from_path is not None else None if source in SOURCES else Path(source)
     if raw is not None and rawbin.is_nanogpt_folder(raw):
         if val_fraction is not None or seed is not None:
             raise ValueError("nanoGPT's train.bin/val.bin are split already: drop --val-fraction")
+        if tokenizer != "gpt2":
+            raise ValueError("nanoGPT's train.bin/val.bin hold GPT-2 tokens: drop --tokenizer")
         prefix = SOURCES[source].prefix if source in SOURCES else local_name(Path(name or raw))
         return _prepare_nanogpt_bin(raw, Path(out_dir), prefix, shard_tokens)
     spec, docs = resolve_source(source, from_path=from_path, name=name, text_field=text_field)
     spec = with_overrides(spec, val_fraction, seed)
     out_dir = Path(out_dir)
-    settings = _settings(spec, docs, shard_tokens)
+    settings = _settings(spec, docs, shard_tokens, tokenizer)
     summary = load_summary(out_dir, settings)
     if summary is not None:
         log.info("%s shards in %s are already prepared", spec.name, out_dir)
         return summary
     val_ids, total = _val_ids(spec, docs, out_dir)
-    writers = pipeline.make_writers(out_dir, spec.prefix, spec.layout, shard_tokens)
+    writers = pipeline.make_writers(out_dir, spec.prefix, spec.layout, shard_tokens, tokenizer)
     result = pipeline.run(
         docs.documents,
         out_dir,
@@ -274,10 +281,13 @@ def prepare_sotu(
     return prepare("sotu", out_dir, val_fraction=val_fraction, seed=seed, shard_tokens=shard_tokens)
 
 
-def ensure_prepared(name: str, directory: str | Path) -> None:
+def ensure_prepared(
+    name: str, directory: str | Path, tokenizer: str = "gpt2", val_fraction: float | None = None
+) -> None:
     """Make sure ``directory`` holds train and val shards. Only the embedded corpus's default
-    directory (``data/shards/<name>``) is prepared here, on first use; any other directory
-    without shards is refused with the command that prepares it (``missing_data_dir``)."""
+    directory (``data/shards/<name>``) is prepared here (with ``tokenizer``), on first use; any
+    other directory without shards is refused with the command that prepares it
+    (``missing_data_dir``)."""
     directory = Path(directory)
     try:
         find_shards(directory, TRAIN_PATTERN)
@@ -290,11 +300,12 @@ def ensure_prepared(name: str, directory: str | Path) -> None:
         raise FileNotFoundError(missing)
     if name in AUTO_PREPARE:  # the default directory (else missing_data_dir refused it)
         log.info("no token shards in %s: preparing the embedded %r corpus there", directory, name)
-        prepare(name, directory)
+        prepare(name, directory, tokenizer=tokenizer, val_fraction=val_fraction)
         return
     raise FileNotFoundError(
         f"no token shards in {directory} (looked for {TRAIN_PATTERN} and {VAL_PATTERN}); "
         f"prepare them with: python -m data.prepare {name} --out {directory}"
+        + (f" --tokenizer {tokenizer}" if tokenizer != "gpt2" else "")
     )
 
 
@@ -321,6 +332,8 @@ def _parser() -> argparse.ArgumentParser:
         default=os.cpu_count() or 1,
         help="tokenizer processes (1: tokenize in the main process; default: all cores)",
     )
+    p.add_argument("--tokenizer", default="gpt2", choices=("gpt2", "bytes"),
+                   help="gpt2 (BPE, 50,257 tokens) or bytes (257: the proxy models')")  # fmt: skip
     p.add_argument("--stop-after", type=int, metavar="N", help="stop (resumably) after N shards")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

@@ -1,7 +1,8 @@
 """Read and write token shards in the llm.c / modded-nanogpt format.
 
-A shard is a header of 256 little-endian int32 (``[magic, version, num_tokens, 0, ...]``,
-1024 bytes) followed by ``num_tokens`` little-endian uint16 GPT-2 token ids. This is the format
+A shard is a header of 256 little-endian int32 (``[magic, version, num_tokens, tokenizer, 0,
+...]``, 1024 bytes) followed by ``num_tokens`` little-endian uint16 token ids. Word 3 names the
+tokenizer (``data/vocabs.py``: 0 GPT-2, the llm.c default, 1 bytes). This is the format
 the official FineWeb-Edu loaders read, so shards made elsewhere work here and ours work there.
 """
 
@@ -28,7 +29,7 @@ class ShardError(ValueError):
     """A file that is not a valid token shard (truncated, foreign, wrong version, bad tokens)."""
 
 
-def write_shard(path: str | Path, tokens: ArrayLike) -> None:
+def write_shard(path: str | Path, tokens: ArrayLike, *, tokenizer_id: int = 0) -> None:
     """Write ``tokens`` (ints in [0, 65536)) as a shard at ``path``, atomically.
 
     The data goes to a temporary file in the same directory, is fsynced, then renamed over
@@ -46,7 +47,7 @@ def write_shard(path: str | Path, tokens: ArrayLike) -> None:
             f"max {int(arr.max())}; use a tokenizer whose vocabulary has at most 65536 entries"
         )
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = (MAGIC, VERSION, arr.size)
+    header[:4] = (MAGIC, VERSION, arr.size, tokenizer_id)
     with atomic_open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(arr.astype(TOKEN_DTYPE, copy=False).tobytes())
@@ -84,6 +85,13 @@ def read_header(path: str | Path) -> int:
             f"but file has {size} bytes; re-create it with python -m data.prepare ..."
         )
     return num_tokens
+
+
+def read_tokenizer_id(path: str | Path) -> int:
+    """Header word 3 of the shard at ``path``: the id of the tokenizer that made it."""
+    read_header(path)
+    with open(path, "rb") as f:
+        return int(np.frombuffer(f.read(16), dtype="<i4")[3])
 
 
 def load_shard(

@@ -3,7 +3,9 @@
 - ``cosine`` (the papers'): linear warmup from 0 over ``warmup_steps`` (lr = peak * step / warmup,
   so step 0 has lr 0), then ``min_lr + 0.5 * (1 + cos(pi * r)) * (peak - min_lr)`` with
   ``r = (step - warmup) / (decay_steps - warmup)``, and ``min_lr`` after ``decay_steps``.
-  ``min_lr`` is absolute, as in the official configs, so groups with a different peak share it.
+  ``min_lr`` is absolute, as in the official configs, so groups with a different peak share it;
+  ``min_lr_ratio`` instead ends each group at that fraction of its own peak, so optimizers (and
+  groups) with different peaks decay alike (the optimizer study, docs/study.md).
 - ``wsd`` (warmup-stable-decay): warmup, the peak until the last ``decay_frac`` of the steps,
   then linear to ``min_lr`` at ``decay_steps``. The official scripts' wsd ends at 0 whatever
   their min_lr: set ``schedule.min_lr=0`` to match them.
@@ -51,6 +53,7 @@ class ScheduleConfig:
     min_lr: float = 0.0
     decay_steps: int | None = None  # None: the run's max_steps (official lr_decay_iters)
     decay_frac: float = 0.2  # wsd only: fraction of decay_steps spent decaying
+    min_lr_ratio: float | None = None  # set: each group ends at this fraction of its peak
 
     def __post_init__(self) -> None:
         if self.name not in SCHEDULES:
@@ -59,6 +62,13 @@ class ScheduleConfig:
             raise ValueError(f"schedule.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.min_lr < 0:
             raise ValueError(f"schedule.min_lr must be >= 0, got {self.min_lr}")
+        if self.min_lr_ratio is not None and not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"schedule.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.min_lr_ratio is not None and self.min_lr > 0:
+            raise ValueError(
+                "schedule.min_lr and schedule.min_lr_ratio are both set; keep one "
+                "(schedule.min_lr=0 with a ratio)"
+            )
         if not 0.0 < self.decay_frac <= 1.0:
             raise ValueError(f"schedule.decay_frac must be in (0, 1], got {self.decay_frac}")
 
@@ -66,21 +76,22 @@ class ScheduleConfig:
 def lr_at(step: int, peak_lr: float, cfg: ScheduleConfig, max_steps: int) -> float:
     """The learning rate of optimizer step ``step`` (0-based) for a group whose peak is ``peak_lr``."""
     decay_steps = cfg.decay_steps or max_steps
+    floor = cfg.min_lr if cfg.min_lr_ratio is None else cfg.min_lr_ratio * peak_lr
     if step < cfg.warmup_steps:
         return peak_lr * step / cfg.warmup_steps
     if cfg.name == "constant":
         return peak_lr
     if step >= decay_steps:
-        return cfg.min_lr
+        return floor
     if cfg.name == "cosine":
         ratio = (step - cfg.warmup_steps) / max(1, decay_steps - cfg.warmup_steps)
-        return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak_lr - cfg.min_lr)
+        return floor + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (peak_lr - floor)
     # wsd
     decay_start = decay_steps - cfg.decay_frac * decay_steps
     if step < decay_start:
         return peak_lr
     frac = (decay_steps - step) / (decay_steps - decay_start)
-    return cfg.min_lr + frac * (peak_lr - cfg.min_lr)
+    return floor + frac * (peak_lr - floor)
 
 
 def set_initial_lr(optimizer: torch.optim.Optimizer) -> None:

@@ -32,7 +32,8 @@ def test_every_config_composes(model, data, optimizer, schedule):
     typed, plain = train.to_typed(cfg)
     assert isinstance(typed, TrainConfig)
     assert typed.model.name == model
-    assert typed.data.name == data
+    # data.name is the source prepared on first use: sotu-bytes is the sotu corpus as bytes
+    assert typed.data.name == data.removesuffix("-bytes")
     assert plain["optimizer"]["name"] == typed.optimizer.name
 
 

@@ -8,8 +8,8 @@ import pytest
 from helpers import ROOT
 
 PROJECT = {
-    "bench", "data", "eval", "evals", "model", "optim", "report", "runtime", "scripts", "train",
-    "trainer",
+    "bench", "data", "eval", "evals", "model", "optim", "report", "runtime", "scripts", "study",
+    "train", "trainer",
 }  # fmt: skip
 # What each part may import of the project besides itself: every arrow points down the layers
 # runtime (leaf) < data < model < optim (torch only) < trainer < tools and entry points.
@@ -23,6 +23,7 @@ ALLOWED = {
     "report": {"evals.tasks"},  # reads run directories; task metadata from evals/
     "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
     "scripts": {"bench", "data", "model", "optim", "runtime", "trainer", "evals"},
+    "study": {"data", "model", "optim"},  # launches train.py; reads run directories
 }
 
 
@@ -60,7 +61,18 @@ def test_runtime_files_is_a_standard_library_leaf():
 
 
 def test_only_the_entry_points_import_hydra_or_omegaconf():
-    parts = ["data", "model", "optim", "runtime", "trainer", "evals", "scripts", "bench", "report"]
+    parts = [
+        "data",
+        "model",
+        "optim",
+        "runtime",
+        "trainer",
+        "evals",
+        "scripts",
+        "bench",
+        "report",
+        "study",
+    ]
     code = [ROOT / "train.py", ROOT / "eval.py", *(p for part in parts for p in sources(part))]
     users = {
         p.relative_to(ROOT).as_posix()

@@ -1,0 +1,128 @@
+"""What the study runs: cells (optimizer, model, budget), their tuned keys and grids, the seeds,
+and where each run lives.
+
+A budget is in tokens per block parameter (20 = 1x Chinchilla): ``tokens = 20 x budget x N``, N
+the parameters of the transformer blocks (the proxies' ``non-embedding`` parameters: the token
+and position embeddings left out), turned into ``max_steps`` at the study's global batch; the
+warmup is a fixed fraction of each budget's steps, so each budget has its own full schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CHINCHILLA = 20  # tokens per parameter at 1x
+# Where each optimizer's tuning starts (the lr grid's center); the grid moves as far as it must.
+CENTERS = {
+    "adamw": {"optimizer.lr": 4e-3},
+    "mars-adamw": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
+    "muon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 4e-3},
+    "mars-m": {"optimizer.lr": 4e-3},
+    "moonlight": {"optimizer.lr": 4e-3},
+}
+DEFAULT_CENTER = {"optimizer.lr": 4e-3}
+# MARS-AdamW's 1-D tensors (norm gains) and Muon's non-matrix tensors (embedding, head, gains) are
+# on an AdamW of their own lr: tuned like the lr (coordinate descent, after it). MARS-M and
+# Moonlight share one lr (their AdamW part's update is scaled to match Muon's RMS).
+# Values every run of an optimizer gets (stated in the report): Muon trains only the blocks'
+# matrices with Newton-Schulz (its recommended routing), the rest on its own AdamW.
+FIXED = {"muon": ["optimizer.routing=recommended"]}
+
+
+def short(key: str) -> str:
+    """``optimizer.adamw_lr`` -> ``adamw_lr``: the name in run directories and results.csv."""
+    return key.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Cell:
+    optimizer: str
+    model: str
+    budget: float  # tokens per block parameter / 20
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.budget:g}x/{self.optimizer}"
+
+
+@dataclass
+class Plan:
+    out: Path
+    optimizers: list[str]
+    models: list[str]
+    budgets: list[float]
+    reference: str = "adamw"
+    reference_budgets: list[float] = field(default_factory=lambda: [2.0, 4.0])  # x each budget
+    select_seed: int = 0
+    eval_seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
+    batch_tokens: int = 2048
+    warmup_frac: float = 0.1
+    tune: list[str] = field(default_factory=list)  # extra keys for coordinate descent
+    extra: list[str] = field(default_factory=list)  # overrides for every run
+
+    def __post_init__(self) -> None:
+        if self.select_seed in self.eval_seeds:
+            raise ValueError(
+                f"the selection seed {self.select_seed} is among the evaluation seeds "
+                f"{self.eval_seeds}: evaluation seeds must be fresh; choose another --select-seed"
+            )
+        if len(self.eval_seeds) < 2:
+            raise ValueError("at least 2 evaluation seeds are needed for an interval (5 advised)")
+
+    def cells(self) -> list[Cell]:
+        """Every cell, the main budgets first (all optimizers), then the reference's extra
+        budgets, cheapest first: an interrupted study has the comparisons before the speedups."""
+        main = [Cell(o, m, b) for m in self.models for b in self.budgets for o in self.optimizers]
+        extra = sorted(
+            {b * r for b in self.budgets for r in self.reference_budgets} - set(self.budgets)
+        )
+        ref = [Cell(self.reference, m, b) for b in extra for m in self.models]
+        return main + ref
+
+    def keys(self, cell: Cell) -> list[str]:
+        """The keys tuned for ``cell``, in coordinate-descent order: the lr first."""
+        own = list(CENTERS.get(cell.optimizer, DEFAULT_CENTER))
+        return own + [k for k in self.tune if k not in own]
+
+    def center(self, cell: Cell, key: str) -> float:
+        return CENTERS.get(cell.optimizer, DEFAULT_CENTER).get(key, 1.0)
+
+    def cell_dir(self, cell: Cell) -> Path:
+        return self.out / "runs" / cell.model / f"{cell.budget:g}x" / cell.optimizer
+
+    def run_dir(self, cell: Cell, role: str, values: dict[str, float], seed: int) -> Path:
+        parts = [f"{short(k)}-{values[k]!r}" for k in sorted(values)] + [f"seed-{seed}"]
+        return self.cell_dir(cell) / role / "_".join(parts)
+
+
+def block_params(model: str) -> int:
+    """Parameters in ``model``'s transformer blocks and final norm (configs/model/<model>.yaml):
+    the study's N, everything but the token and position embeddings."""
+    import torch
+
+    from model import build_model
+
+    with torch.device("meta"):
+        m = build_model(model_config(model))
+    embeddings = {"transformer.wte.weight", "transformer.wpe.weight", "tok_embeddings.weight"}
+    return sum(p.numel() for n, p in m.named_parameters() if n not in embeddings)
+
+
+def budget_steps(n_params: int, budget: float, batch_tokens: int) -> int:
+    """``max_steps`` for ``budget`` x 20 tokens per parameter at ``batch_tokens`` a step."""
+    return max(1, math.ceil(CHINCHILLA * budget * n_params / batch_tokens))
+
+
+def model_config(name: str):  # noqa: ANN201 - a ModelConfig
+    """configs/model/<name>.yaml as a ModelConfig (the presets have no defaults list, so plain
+    YAML: no Hydra composition, which takes seconds)."""
+    import yaml
+
+    from model import ModelConfig
+
+    path = Path(__file__).resolve().parent.parent / "configs" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown model {name!r}: no {path}; choose one of configs/model/")
+    return ModelConfig(**yaml.safe_load(path.read_text()))

@@ -1,0 +1,121 @@
+"""The study's statistics (docs/study.md): paired differences over seeds with t-intervals, an
+optional bootstrap over pairs, and data-equivalent speedups read off AdamW's end-of-run losses
+across its budgets, censored outside the measured budgets.
+
+A seed fixes the initial weights and the data order of every optimizer alike, so two optimizers'
+runs of one seed are a pair: the interval is that of the mean per-seed difference (Student's t
+with n - 1 degrees of freedom), not of two independent means. Plain Python and numpy: the t
+quantile comes from the regularised incomplete beta function (Numerical Recipes' continued
+fraction), so the study needs no scipy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+LEVEL = 0.90  # two-sided level of every interval the study prints
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                    -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):  # fmt: skip
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    ln = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x)
+    front = math.exp(ln + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (bisection on ``t_cdf``; 1e-10 accurate)."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    lo, hi = -1e3, 1e3
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class Interval:
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes 0 (a difference the seeds can tell from none)."""
+        return self.n > 1 and (self.lo > 0 or self.hi < 0)
+
+
+def mean_interval(values, level: float = LEVEL) -> Interval:  # noqa: ANN001 - numbers
+    """The mean of ``values`` with its Student-t interval (none, lo = hi = mean, for n = 1)."""
+    x = np.asarray(values, dtype=float)
+    n, m = len(x), float(np.mean(x))
+    if n < 2:
+        return Interval(m, m, m, n)
+    half = t_quantile(0.5 + level / 2, n - 1) * float(np.std(x, ddof=1)) / math.sqrt(n)
+    return Interval(m, m - half, m + half, n)
+
+
+def paired_interval(base: dict, other: dict, level: float = LEVEL) -> Interval:
+    """``other - base`` over the seeds both have (``{seed: loss}``): the mean per-seed
+    difference and its t-interval."""
+    seeds = sorted(set(base) & set(other))
+    if not seeds:
+        raise ValueError(
+            "no seed in common: a paired difference needs the same seeds on both sides"
+        )
+    return mean_interval([other[s] - base[s] for s in seeds], level)
+
+
+def unpaired_interval(base, other, level: float = LEVEL) -> Interval:  # noqa: ANN001
+    """Welch's interval of ``mean(other) - mean(base)``: what ignoring the pairing would give."""
+    a, b = np.asarray(base, dtype=float), np.asarray(other, dtype=float)
+    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(va + vb)
+    m = float(b.mean() - a.mean())
+    return Interval(m, m - half, m + half, min(len(a), len(b)))
+
+
+def bootstrap_pairs(diffs, level: float = LEVEL, resamples: int = 2000, seed: int = 0):  # noqa: ANN001, ANN201
+    """A percentile bootstrap of the mean over the pairs' differences (the pairs resampled
+    whole, with numpy's ``default_rng(seed)``)."""
+    d = np.asarray(diffs, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
+    q = np.quantile(means, [0.5 - level / 2, 0.5 + level / 2])
+    return Interval(float(d.mean()), float(q[0]), float(q[1]), len(d))

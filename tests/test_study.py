@@ -1,0 +1,162 @@
+"""The study's statistics and grid with known answers (docs/study.md): a planted speedup is
+recovered inside its interval, pairing narrows the interval on correlated seeds, speedups beyond
+the measured budgets are censored, and a grid whose optimum lies outside the first grid grows
+until the best is bracketed (or says it hit the cap)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from study import grid
+from study.plan import Plan, budget_steps
+from study.speedup import data_needed, isotonic_decreasing, speedup
+from study.stats import bootstrap_pairs, paired_interval, t_quantile, unpaired_interval
+
+SEEDS = [1, 2, 3, 4, 5]
+
+
+def law(tokens: float) -> float:
+    """A loss-vs-data law with the shape of real ones: 2 + 3 (D / 1M)^-0.3."""
+    return 2.0 + 3.0 * (tokens / 1e6) ** -0.3
+
+
+def synthetic(planted: float, noise: float = 0.005, seed: int = 0) -> tuple[dict, dict]:
+    """AdamW at 1M, 2M, 4M tokens and another optimizer at 1M that reaches AdamW's loss at
+    ``planted`` x 1M; a seed shifts every run of that seed alike (shared weights and data)."""
+    rng = np.random.default_rng(seed)
+    shift = {s: rng.normal(0, 0.03) for s in SEEDS}
+    adamw = {d: {s: law(d) + shift[s] + rng.normal(0, noise) for s in SEEDS}
+             for d in (1e6, 2e6, 4e6)}  # fmt: skip
+    other = {s: law(planted * 1e6) + shift[s] + rng.normal(0, noise) for s in SEEDS}
+    return adamw, other
+
+
+def test_t_quantiles_match_tables() -> None:
+    assert t_quantile(0.95, 4) == pytest.approx(2.1318, abs=1e-4)
+    assert t_quantile(0.975, 10) == pytest.approx(2.2281, abs=1e-4)
+    assert t_quantile(0.05, 4) == pytest.approx(-2.1318, abs=1e-4)
+
+
+def test_planted_speedup_is_recovered_inside_its_interval() -> None:
+    """Over 100 synthetic studies the 90% interval holds the planted 1.25x about 90% of the
+    time, and the estimate is not biased by the interpolation between AdamW's budgets."""
+    results = [speedup(*synthetic(1.25, seed=k), 1e6) for k in range(100)]
+    assert all(not r.point.censored for r in results)
+    covered = np.mean([r.lo.value <= 1.25 <= r.hi.value for r in results])
+    assert covered >= 0.8
+    assert np.median([r.point.value for r in results]) == pytest.approx(1.25, rel=0.01)
+    # the bootstrap option: around its estimate; with 5 pairs a percentile bootstrap covers less
+    # than its level (why the t-interval is the default)
+    boots = [
+        speedup(*synthetic(1.25, seed=k), 1e6, bootstrap=True, resamples=200) for k in range(20)
+    ]
+    assert all(b.lo.value <= b.point.value <= b.hi.value for b in boots)
+    assert np.mean([b.lo.value <= 1.25 <= b.hi.value for b in boots]) >= 0.5
+
+
+def test_paired_interval_is_narrower_on_correlated_seeds() -> None:
+    adamw, other = synthetic(1.25)
+    paired = paired_interval(adamw[1e6], other)
+    unpaired = unpaired_interval(list(adamw[1e6].values()), list(other.values()))
+    assert paired.mean == pytest.approx(unpaired.mean)
+    assert paired.hi - paired.lo < 0.5 * (unpaired.hi - unpaired.lo)
+    assert paired.significant and paired.hi < 0  # lower loss, and the seeds can tell
+    boot = bootstrap_pairs([other[s] - adamw[1e6][s] for s in SEEDS])
+    assert boot.lo <= paired.mean <= boot.hi
+
+
+def test_speedups_beyond_the_measured_budgets_are_censored() -> None:
+    adamw, _ = synthetic(1.0)
+    far_better = {s: law(10e6) for s in SEEDS}  # AdamW would need 10x: more than its 4x
+    sp = speedup(adamw, far_better, 1e6)
+    assert str(sp.point) == ">4.00x" and sp.point.censored
+    worse = {s: law(0.5e6) for s in SEEDS}  # below AdamW's smallest budget
+    assert str(speedup(adamw, worse, 1e6).point) == "<1.00x"
+    assert data_needed(law(2e6), [1e6, 2e6, 4e6], [law(d) for d in (1e6, 2e6, 4e6)]) == (
+        pytest.approx(2e6),
+        "",
+    )
+
+
+def test_adamws_curve_is_made_monotone() -> None:
+    assert isotonic_decreasing([3.0, 2.5, 2.6, 2.0]).tolist() == pytest.approx(
+        [3.0, 2.55, 2.55, 2.0]
+    )
+
+
+def run_grid(optimum: float, center: float, cap: int = grid.CAP) -> tuple[grid.GridState, dict]:
+    results: dict = {}
+    for _ in range(20):
+        state = grid.step(results, center, cap=cap)
+        if not state.next:
+            return state, results
+        for lr in state.next:  # a bowl in log lr, diverging far above the optimum
+            results[lr] = None if lr > 64 * optimum else math.log2(lr / optimum) ** 2
+    raise AssertionError("the grid never settled")
+
+
+def test_grid_outside_the_first_grid_is_extended_until_bracketed() -> None:
+    state, results = run_grid(optimum=0.1, center=0.01)
+    assert state.bracketed and not state.capped
+    assert state.best == pytest.approx(0.08)  # the grid value nearest 0.1 in log
+    values = sorted(results)
+    i = values.index(state.best)
+    assert i >= 2 and len(values) - 1 - i >= 2
+    assert len(results) > 5  # the first grid (5 values) was not enough
+
+
+def test_grid_cap_is_flagged() -> None:
+    state, results = run_grid(optimum=10.0, center=0.001, cap=6)
+    assert state.capped and not state.bracketed and len(results) == 6
+
+
+def test_budget_and_seeds() -> None:
+    assert budget_steps(100_000, 1.0, 4096) == math.ceil(2_000_000 / 4096)
+    with pytest.raises(ValueError, match="selection seed"):
+        Plan(out=None, optimizers=["adamw"], models=["proxy-100k"], budgets=[1.0],
+             select_seed=1, eval_seeds=[1, 2, 3])  # fmt: skip
+
+
+def test_min_lr_ratio_ends_each_group_at_its_own_fraction() -> None:
+    from optim.schedules import ScheduleConfig, lr_at
+
+    cfg = ScheduleConfig(name="cosine", warmup_steps=10, min_lr_ratio=0.1)
+    for peak in (1e-3, 2e-2):
+        assert lr_at(5, peak, cfg, 100) == pytest.approx(peak / 2)
+        assert lr_at(100, peak, cfg, 100) == pytest.approx(0.1 * peak)
+        assert lr_at(55, peak, cfg, 100) == pytest.approx(0.55 * peak)  # halfway down the cosine
+    with pytest.raises(ValueError, match="keep one"):
+        ScheduleConfig(min_lr=1e-4, min_lr_ratio=0.1)
+
+
+def _row(opt: str, budget: float, seed: int, loss: float, role: str = "eval", **more) -> dict:
+    return {"optimizer": opt, "model": "proxy-100k", "non_embedding_params": 98848.0,
+            "budget": budget, "tokens": budget * 1e6, "lr": 0.004, "seed": float(seed),
+            "role": role, "final_val_loss": loss, "chosen": 1.0, "grid": "lr:bracketed",
+            "max_steps": 100.0, "batch_tokens": 2048.0, "warmup_steps": 10.0, **more}  # fmt: skip
+
+
+def test_report_tables_from_results_rows() -> None:
+    """The report reads rows as results.csv holds them: a planted 1.25x shows as a significant
+    lower loss with its speedup; a capped grid is flagged."""
+    from study.report import comparison_table, tuning_table
+
+    adamw, other = synthetic(1.25)
+    rows = [_row("adamw", d / 1e6, s, v) for d, seeds in adamw.items() for s, v in seeds.items()]
+    rows += [_row("muon", 1.0, s, v) for s, v in other.items()]
+    rows += [_row("muon", 1.0, 0, 3.0, role="select", grid="lr:capped")]
+    table = "\n".join(comparison_table(rows, [1.0], bootstrap=False))
+    muon = next(line for line in table.splitlines() if "| muon |" in line)
+    assert "yes: lower" in muon
+    value = float(muon.rsplit("|", 2)[1].split("x")[0])
+    assert value == pytest.approx(1.25, abs=0.05)
+    assert "CAPPED" in "\n".join(tuning_table(rows))
+
+
+def test_grid_fills_the_holes_an_interruption_left() -> None:
+    # the first grid was 0.001..0.016; only its ends finished before an interruption
+    state = grid.step({0.001: 2.7, 0.008: 2.8}, 0.004)
+    assert state.next == [0.002, 0.004] and not state.bracketed
