@@ -39,14 +39,18 @@ class DataConfig:
             )
 
 
-def default_dir(name: str) -> Path:
-    """The directory the project owns for source ``name`` (``data/shards/<name>``): the only
-    one it ever prepares into by itself (the embedded corpus, on first use)."""
-    return Path("data/shards") / name
+def default_dir(name: str, tokenizer: str = "gpt2") -> Path:
+    """The directory the project owns for source ``name`` (``data/shards/<name>``, or
+    ``data/shards/<name>-<tokenizer>`` for another tokenizer, as configs/data/sotu-bytes.yaml):
+    the only one it ever prepares into by itself (the embedded corpus, on first use)."""
+    return Path("data/shards") / (name if tokenizer == "gpt2" else f"{name}-{tokenizer}")
 
 
 def is_default_dir(name: str, directory: str | Path) -> bool:
-    return Path(directory).absolute() == default_dir(name).absolute()
+    from data.vocabs import VOCABS
+
+    path = Path(directory).absolute()
+    return any(path == default_dir(name, t).absolute() for t in ("gpt2", *VOCABS))
 
 
 def missing_data_dir(name: str, directory: str | Path, train_pattern: str = "*_train_*.bin",

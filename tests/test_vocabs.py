@@ -79,3 +79,13 @@ def test_proxy_blocks_hold_90_percent(name: str) -> None:
     assert blocks / total >= 0.90
     assert 0.09e6 <= blocks <= 1.1e6
     assert model.config.vocab_size == 257
+
+
+def test_a_tokenizers_default_directory_is_prepared_on_first_use_others_are_refused():
+    """data/shards/sotu-bytes (configs/data/sotu-bytes.yaml) is the project's own, like
+    data/shards/sotu; a missing directory anywhere else is refused with the prepare command."""
+    from data.config import default_dir, missing_data_dir
+
+    assert default_dir("sotu", "bytes") == default_dir("sotu").with_name("sotu-bytes")
+    assert missing_data_dir("sotu", "data/shards/sotu-bytes") is None
+    assert "python -m data.prepare" in missing_data_dir("sotu", "data/shards/nowhere-bytes")
