@@ -3,6 +3,7 @@
     python -m study [--out runs/study] [--optimizers adamw mars-adamw muon mars-m moonlight]
                     [--models proxy-100k] [--budgets 1] [--reference-budgets 2 4]
                     [--eval-seeds 1 2 3 4 5] [--select-seed 0] [--tune KEY ...]
+                    [--center OPT:KEY=VALUE ...]
                     [--jobs 2] [--threads 1] [--nproc N] [--launcher local|submitit_local|slurm]
                     [--report-only] [--dry-run] [-- train.py overrides...]
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -47,6 +49,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--tune", nargs="*", default=[], metavar="KEY",
                     help="more keys for coordinate descent after the lr (e.g. "
                     "optimizer.weight_decay); the Muon family's adamw_lr is always tuned")  # fmt: skip
+    ap.add_argument("--center", action="append", default=[], metavar="OPT:KEY=VALUE",
+                    help="where a tuned key's grid starts for an optimizer, e.g. "
+                    "adamw:optimizer.lr=0.016 (repeatable; default: study/plan.py CENTERS)")  # fmt: skip
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--jobs", type=int, default=1, help="commands at a time on this machine")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per command")
@@ -59,12 +64,29 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return ap.parse_args(argv), extra
 
 
+def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
+    """``["adamw:optimizer.lr=0.016"]`` -> ``{"adamw": {"optimizer.lr": 0.016}}``."""
+    centers: dict[str, dict[str, float]] = {}
+    for item in items:
+        opt, sep, rest = item.partition(":")
+        key, eq, value = rest.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not (sep and eq and opt and key) or not math.isfinite(number) or number <= 0:
+            raise ValueError(f"--center {item!r}: write OPT:KEY=VALUE with a positive number, "
+                             "e.g. --center adamw:optimizer.lr=0.016")  # fmt: skip
+        centers.setdefault(opt, {})[key] = number
+    return centers
+
+
 def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
     return Plan(out=out, optimizers=args.optimizers, models=args.models, budgets=args.budgets,
                 reference_budgets=args.reference_budgets, select_seed=args.select_seed,
                 eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, tune=args.tune,
-                extra=extra)  # fmt: skip
+                extra=extra, centers=parse_centers(args.center))  # fmt: skip
 
 
 def next_groups(study: Study, args: argparse.Namespace, busy: set) -> list[list]:

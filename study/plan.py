@@ -21,6 +21,13 @@ CENTERS = {
     "muon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 4e-3},
     "mars-m": {"optimizer.lr": 4e-3},
     "moonlight": {"optimizer.lr": 4e-3},
+    # the baselines of docs/optimizers.md: the same starting points as their nearest kin above
+    "soap": {"optimizer.lr": 4e-3},
+    "ademamix": {"optimizer.lr": 4e-3},
+    "adamw-schedulefree": {"optimizer.lr": 4e-3},
+    "normuon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 4e-3},
+    "mars-soap": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
+    "mars-ademamix": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
 }
 DEFAULT_CENTER = {"optimizer.lr": 4e-3}
 # MARS-AdamW's 1-D tensors (norm gains) and Muon's non-matrix tensors (embedding, head, gains) are
@@ -28,7 +35,12 @@ DEFAULT_CENTER = {"optimizer.lr": 4e-3}
 # Moonlight share one lr (their AdamW part's update is scaled to match Muon's RMS).
 # Values every run of an optimizer gets (stated in the report): Muon trains only the blocks'
 # matrices with Newton-Schulz (its recommended routing), the rest on its own AdamW.
-FIXED = {"muon": ["optimizer.routing=recommended"]}
+# Schedule-Free AdamW replaces the decaying schedule (its averaging is the decay): the trainer's
+# warmup, then a constant lr.
+FIXED = {
+    "muon": ["optimizer.routing=recommended"],
+    "adamw-schedulefree": ["schedule=constant"],
+}
 
 
 def short(key: str) -> str:
@@ -61,6 +73,8 @@ class Plan:
     warmup_frac: float = 0.1
     tune: list[str] = field(default_factory=list)  # extra keys for coordinate descent
     extra: list[str] = field(default_factory=list)  # overrides for every run
+    # grid centers replacing CENTERS: {optimizer: {key: value}} (--center OPT:KEY=VALUE)
+    centers: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.select_seed in self.eval_seeds:
@@ -68,6 +82,15 @@ class Plan:
                 f"the selection seed {self.select_seed} is among the evaluation seeds "
                 f"{self.eval_seeds}: evaluation seeds must be fresh; choose another --select-seed"
             )
+        for opt, given in self.centers.items():
+            unknown = set(given) - set(self.keys(Cell(opt, "", 1.0)))
+            if opt not in self.optimizers or unknown:
+                raise ValueError(
+                    f"--center {opt}:{','.join(sorted(unknown)) or '...'}: not a tuned key of an "
+                    f"optimizer of this study (tuned: "
+                    + "; ".join(f"{o}: {', '.join(self.keys(Cell(o, '', 1.0)))}"
+                                for o in self.optimizers) + ")"
+                )
         if len(self.eval_seeds) < 2:
             raise ValueError("at least 2 evaluation seeds are needed for an interval (5 advised)")
 
@@ -87,6 +110,9 @@ class Plan:
         return own + [k for k in self.tune if k not in own]
 
     def center(self, cell: Cell, key: str) -> float:
+        given = self.centers.get(cell.optimizer, {})
+        if key in given:
+            return given[key]
         return CENTERS.get(cell.optimizer, DEFAULT_CENTER).get(key, 1.0)
 
     def cell_dir(self, cell: Cell) -> Path:
