@@ -26,6 +26,7 @@ atomically, resumes an interrupted run (``data/pipeline.py``), and ends with ``p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -281,6 +282,23 @@ def prepare_sotu(
     return prepare("sotu", out_dir, val_fraction=val_fraction, seed=seed, shard_tokens=shard_tokens)
 
 
+@contextlib.contextmanager
+def _exclusive(path: Path):  # noqa: ANN202 - a context manager
+    """Hold an exclusive lock on ``path`` (created if missing) across processes; a no-op where
+    the platform has no ``fcntl``."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_prepared(
     name: str, directory: str | Path, tokenizer: str = "gpt2", val_fraction: float | None = None
 ) -> None:
@@ -299,8 +317,19 @@ def ensure_prepared(
     if missing:
         raise FileNotFoundError(missing)
     if name in AUTO_PREPARE:  # the default directory (else missing_data_dir refused it)
-        log.info("no token shards in %s: preparing the embedded %r corpus there", directory, name)
-        prepare(name, directory, tokenizer=tokenizer, val_fraction=val_fraction)
+        # Several runs may start at once on a fresh checkout (a sweep, the study's jobs): one
+        # prepares, the others wait on the lock and then find the shards.
+        directory.mkdir(parents=True, exist_ok=True)
+        with _exclusive(directory / ".prepare.lock"):
+            try:
+                find_shards(directory, TRAIN_PATTERN)
+                find_shards(directory, VAL_PATTERN)
+                return
+            except FileNotFoundError:
+                pass
+            log.info("no token shards in %s: preparing the embedded %r corpus there",
+                     directory, name)  # fmt: skip
+            prepare(name, directory, tokenizer=tokenizer, val_fraction=val_fraction)
         return
     raise FileNotFoundError(
         f"no token shards in {directory} (looked for {TRAIN_PATTERN} and {VAL_PATTERN}); "

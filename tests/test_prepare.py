@@ -407,3 +407,28 @@ def test_hub_unreachable_fails_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert proc.returncode == 1 and time.perf_counter() - t0 < 10
     assert "python -m data.prepare openwebtext --from DIR" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_ensure_prepared_by_several_processes_at_once(tmp_path: Path) -> None:
+    """A sweep's or the study's first runs on a fresh checkout all find the default directory
+    empty: one prepares it under a lock, the others wait and use its shards (before, two
+    preparations raced on the same partial file and one run died)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    code = (
+        f"import sys; sys.path.insert(0, {str(root)!r})\n"
+        "from data import ensure_prepared\n"
+        "ensure_prepared('sotu', 'data/shards/sotu-bytes', tokenizer='bytes')\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+        for _ in range(3)
+    ]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    out = tmp_path / "data" / "shards" / "sotu-bytes"
+    assert len(list(out.glob("sotu_train_*.bin"))) >= 1 and list(out.glob("sotu_val_*.bin"))
+    assert not list(out.glob(".*.partial"))
