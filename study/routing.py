@@ -14,6 +14,11 @@ def _kind(name: str, ndim: int) -> str:
     return "block matrices" if ndim >= 2 else "norm gains (1-D)"
 
 
+PRECONDITIONERS = {"adam": "AdamW", "soap": "SOAP", "ademamix": "AdEMAMix",
+                   "normuon": "NorMuon (Newton-Schulz, per-row second moment)"}  # fmt: skip
+MUON_AUX_LR = {"muon": "adamw_lr", "normuon": "adamw_lr"}  # their AdamW part's own lr
+
+
 def _update(group: dict, ndim: int, opt_name: str) -> tuple[str, str]:
     """(update, lr as a formula of the tuned values) of one parameter in ``group``."""
     if "use_muon" in group:
@@ -26,13 +31,19 @@ def _update(group: dict, ndim: int, opt_name: str) -> tuple[str, str]:
             scale = {"rms": "update RMS matched to AdamW (0.2 sqrt(max dim))",
                      "shape": "sqrt(max(1, rows/cols))"}.get(group.get("scale"), group.get("scale"))  # fmt: skip
             return f"{algo}, {scale}, wd {group['weight_decay']}", "lr"
-        shared = opt_name in ("moonlight", "mars-m")
-        return f"AdamW, wd {group['weight_decay']}", "lr" if shared else "adamw_lr"
+        return f"AdamW, wd {group['weight_decay']}", MUON_AUX_LR.get(opt_name, "lr")
+    if "weight_lr_power" in group:  # Schedule-Free AdamW
+        return f"Schedule-Free AdamW, wd {group['weight_decay']}", "lr"
+    pre = group.get("preconditioner", "adam")
+    name = PRECONDITIONERS.get(pre, pre)
+    if pre == "soap" and ndim < 2 and not group.get("precondition_1d"):
+        name = "SOAP's Adam (1-D tensors not rotated)"  # precondition_1d=false
     if group.get("variance_reduction"):
         if ndim < 2 and group.get("split_1d"):
             return "AdamW fallback (no variance reduction)", "lr_1d"
-        return f"MARS-AdamW (gamma {group['gamma']}), wd {group['weight_decay']}", "lr"
-    return f"AdamW, wd {group['weight_decay']}", "lr"
+        return f"MARS-{name} (gamma {group['gamma']}), wd {group['weight_decay']}", "lr"
+    lr = MUON_AUX_LR.get(opt_name, "lr") if pre == "adam" and opt_name in MUON_AUX_LR else "lr"
+    return f"{name}, wd {group['weight_decay']}", lr
 
 
 def routing(optimizer: str, model: str, options: dict | None = None) -> list[tuple[str, str, str]]:

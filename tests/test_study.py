@@ -6,6 +6,7 @@ until the best is bracketed (or says it hit the cap)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,3 +161,40 @@ def test_grid_fills_the_holes_an_interruption_left() -> None:
     # the first grid was 0.001..0.016; only its ends finished before an interruption
     state = grid.step({0.001: 2.7, 0.008: 2.8}, 0.004)
     assert state.next == [0.002, 0.004] and not state.bracketed
+
+
+def test_every_optimizer_states_its_routing_and_the_lr_it_is_tuned_with() -> None:
+    """The report's equal-treatment table, read off the optimizers as built: each lr named
+    there is a key the study tunes for that optimizer (docs/study.md)."""
+    from study.plan import Cell
+    from study.routing import routing
+
+    plan = Plan(out=Path("/nonexistent"), optimizers=[], models=["proxy-100k"], budgets=[1.0])
+    cases = {
+        "normuon": {"block matrices": ("NorMuon", "lr"),
+                    "token embedding = head (tied)": ("AdamW", "adamw_lr")},
+        "soap": {"block matrices": ("SOAP", "lr"), "norm gains (1-D)": ("SOAP's Adam", "lr")},
+        "mars-soap": {"block matrices": ("MARS-SOAP", "lr"),
+                      "norm gains (1-D)": ("AdamW fallback", "lr_1d")},
+        "mars-ademamix": {"token embedding = head (tied)": ("MARS-AdEMAMix", "lr")},
+        "adamw-schedulefree": {"block matrices": ("Schedule-Free AdamW", "lr")},
+    }  # fmt: skip
+    for opt, want in cases.items():
+        rows = routing(opt, "proxy-100k")
+        tuned = {k.rsplit(".", 1)[-1] for k in plan.keys(Cell(opt, "proxy-100k", 1.0))}
+        for params, update, lr in rows:
+            assert lr in tuned, (opt, params, lr, tuned)
+        for kind, (update, lr) in want.items():
+            hit = [r for r in rows if kind in r[0].split(", ")]
+            assert hit and hit[0][1].startswith(update) and hit[0][2] == lr, (opt, kind, rows)
+
+
+def test_center_option_is_checked() -> None:
+    from study.cli import main
+
+    with pytest.raises(SystemExit, match="not a tuned key"):
+        main(["--out", "/nonexistent/x", "--optimizers", "adamw", "--center",
+              "adamw:optimizer.lr_1d=0.1", "--dry-run"])  # fmt: skip
+    with pytest.raises(SystemExit, match="OPT:KEY=VALUE"):
+        main(["--out", "/nonexistent/x", "--optimizers", "adamw", "--center", "adamw:lr",
+              "--dry-run"])  # fmt: skip
