@@ -88,8 +88,10 @@ class Plan:
                 raise ValueError(
                     f"--center {opt}:{','.join(sorted(unknown)) or '...'}: not a tuned key of an "
                     f"optimizer of this study (tuned: "
-                    + "; ".join(f"{o}: {', '.join(self.keys(Cell(o, '', 1.0)))}"
-                                for o in self.optimizers) + ")"
+                    + "; ".join(
+                        f"{o}: {', '.join(self.keys(Cell(o, '', 1.0)))}" for o in self.optimizers
+                    )
+                    + ")"
                 )
         if len(self.eval_seeds) < 2:
             raise ValueError("at least 2 evaluation seeds are needed for an interval (5 advised)")

@@ -182,7 +182,7 @@ def test_every_optimizer_states_its_routing_and_the_lr_it_is_tuned_with() -> Non
     for opt, want in cases.items():
         rows = routing(opt, "proxy-100k")
         tuned = {k.rsplit(".", 1)[-1] for k in plan.keys(Cell(opt, "proxy-100k", 1.0))}
-        for params, update, lr in rows:
+        for params, _update, lr in rows:
             assert lr in tuned, (opt, params, lr, tuned)
         for kind, (update, lr) in want.items():
             hit = [r for r in rows if kind in r[0].split(", ")]
