@@ -3,7 +3,7 @@
     python -m study [--out runs/study] [--optimizers adamw mars-adamw muon mars-m moonlight]
                     [--models proxy-100k] [--budgets 1] [--reference-budgets 2 4]
                     [--eval-seeds 1 2 3 4 5] [--select-seed 0] [--tune KEY ...]
-                    [--center OPT:KEY=VALUE ...]
+                    [--center OPT:KEY=VALUE ...] [--merge OTHER/results.csv ...]
                     [--jobs 2] [--threads 1] [--nproc N] [--launcher local|submitit_local|slurm]
                     [--report-only] [--dry-run] [-- train.py overrides...]
 
@@ -60,6 +60,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--group-size", type=int, default=3, help="runs per train.py command")
     ap.add_argument("--report-only", action="store_true", help="results.csv and report only")
     ap.add_argument("--dry-run", action="store_true", help="print the first round's commands")
+    ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="CSV",
+                    help="other studies' results.csv: their cells this study lacks join its "
+                    "results and report (the same proxy, seeds and protocol)")  # fmt: skip
     ap.add_argument("--bootstrap", action="store_true", help="bootstrap intervals over pairs")
     return ap.parse_args(argv), extra
 
@@ -143,6 +146,9 @@ def schedule(study: Study, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args, extra = parse(list(sys.argv[1:] if argv is None else argv))
+    for path in args.merge:
+        if not path.is_file():
+            raise SystemExit(f"study: --merge {path}: no such file (a study's results.csv)")
     try:
         plan = plan_of(args, extra)
     except ValueError as exc:
@@ -161,6 +167,6 @@ def main(argv: list[str] | None = None) -> int:
 
     for cell in plan.cells():
         study.update(cell)
-    write_report(study, bootstrap=args.bootstrap)
+    write_report(study, bootstrap=args.bootstrap, merge=args.merge)
     log.info("study done in %.0f s of this session: %s", time.perf_counter() - t0, plan.out)
     return 0

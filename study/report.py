@@ -266,13 +266,32 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
     return "\n".join(out)
 
 
-def write_report(study, *, bootstrap: bool = False) -> Path:  # noqa: ANN001 - a Study
-    """results.csv, report.md and study.png in the study's directory."""
+def merged_rows(own: list[dict], paths: list[Path]) -> list[dict]:
+    """The rows of other studies' results.csv files (``--merge``) whose cell (optimizer, model,
+    budget) this study does not have, so each cell comes from one study. Their run_dir is
+    prefixed with the file it came from."""
+    have = {(r["optimizer"], r["model"], float(r["budget"])) for r in own}
+    extra: list[dict] = []
+    for path in paths:
+        for r in read_csv(path):
+            cell = (r["optimizer"], r["model"], float(r["budget"]))
+            if cell in have:
+                continue
+            r["run_dir"] = f"{path.parent.name}:{r['run_dir']}"
+            extra.append(r)
+        have |= {(r["optimizer"], r["model"], float(r["budget"])) for r in extra}
+    return extra
+
+
+def write_report(study, *, bootstrap: bool = False, merge: list[Path] = ()) -> Path:  # noqa: ANN001
+    """results.csv, report.md and study.png in the study's directory; ``merge``: other studies'
+    results.csv whose cells join this one's (same model, seeds and protocol)."""
     from data.config import DataConfig
     from study.baselines import ngram_losses
 
     out = study.plan.out
     rows = collect(study)
+    rows += merged_rows(rows, [Path(p) for p in merge])
     write_csv(rows, out / "results.csv")
     rows = read_csv(out / "results.csv")
     floors: dict = {}

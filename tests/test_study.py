@@ -198,3 +198,25 @@ def test_center_option_is_checked() -> None:
     with pytest.raises(SystemExit, match="OPT:KEY=VALUE"):
         main(["--out", "/nonexistent/x", "--optimizers", "adamw", "--center", "adamw:lr",
               "--dry-run"])  # fmt: skip
+
+
+def test_merged_rows_join_only_the_cells_a_study_lacks(tmp_path: Path) -> None:
+    from study.report import merged_rows
+    from study.results import write_csv
+
+    def row(opt: str, budget: float, seed: int, loss: float) -> dict:
+        return {"optimizer": opt, "model": "proxy-100k", "budget": budget, "seed": seed,
+                "role": "eval", "final_val_loss": loss, "run_dir": f"runs/{opt}/{seed}"}  # fmt: skip
+
+    own = [row("adamw", 0.25, 1, 2.5), row("soap", 0.25, 1, 2.4)]
+    other = tmp_path / "earlier" / "results.csv"
+    other.parent.mkdir()
+    write_csv([row("adamw", 0.25, 1, 2.5), row("muon", 0.25, 1, 2.2), row("muon", 1.0, 1, 1.9)],
+              other)  # fmt: skip
+    extra = merged_rows(own, [other])
+    assert [(r["optimizer"], r["budget"]) for r in extra] == [("muon", 0.25), ("muon", 1.0)]
+    assert extra[0]["run_dir"] == "earlier:runs/muon/1"
+    with pytest.raises(SystemExit, match="no such file"):
+        from study.cli import main
+
+        main(["--out", str(tmp_path / "s"), "--report-only", "--merge", str(tmp_path / "nope.csv")])
