@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from study import grid
-from study.plan import FIXED, Cell, Plan, block_params, budget_steps
+from study.plan import FIXED, Cell, Plan, block_params, budget_steps, split_variant
 from study.runner import Run, result, run_name
 
 FAILED = "study_failed.json"  # written into a run that a failed command left unfinished
@@ -76,9 +76,10 @@ class Study:
 
     def fixed(self, cell: Cell, steps: int, values: dict[str, float], swept: set) -> tuple:
         warmup = max(1, round(self.plan.warmup_frac * steps))
+        base, options = split_variant(cell.optimizer)
         return (
-            "experiment=study", f"model={cell.model}", f"optimizer={cell.optimizer}",
-            *FIXED.get(cell.optimizer, []), f"max_steps={steps}",
+            "experiment=study", f"model={cell.model}", f"optimizer={base}",
+            *FIXED.get(base, []), *options, f"max_steps={steps}",
             f"batch_tokens={self.plan.batch_tokens}", f"schedule.warmup_steps={warmup}",
             *(f"{k}={v!r}" for k, v in values.items() if k not in swept), *self.plan.extra,
         )  # fmt: skip
@@ -107,6 +108,10 @@ class Study:
         current = {k: self.center(cell, k) for k in keys}
         select_dir = plan.cell_dir(cell) / "select"
         names = (*keys, "seed")
+        if cell.optimizer in plan.untuned:  # an ablation at given values: no selection runs
+            state.chosen = dict(current)
+            state.flags = dict.fromkeys(keys, "fixed")
+            keys = []
         for key in keys:
             others = {k: v for k, v in current.items() if k != key}
             done, unfinished = _select_results(select_dir, key, others, steps)

@@ -3,7 +3,8 @@
     python -m study [--out runs/study] [--optimizers adamw mars-adamw muon mars-m moonlight]
                     [--models proxy-100k] [--budgets 1] [--reference-budgets 2 4]
                     [--eval-seeds 1 2 3 4 5] [--select-seed 0] [--tune KEY ...]
-                    [--center OPT:KEY=VALUE ...] [--merge OTHER/results.csv ...]
+                    [--center OPT:KEY=VALUE ...] [--untuned OPT ...]
+                    [--merge OTHER/results.csv ...]
                     [--jobs 2] [--threads 1] [--nproc N] [--launcher local|submitit_local|slurm]
                     [--report-only] [--dry-run] [-- train.py overrides...]
 
@@ -60,6 +61,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--group-size", type=int, default=3, help="runs per train.py command")
     ap.add_argument("--report-only", action="store_true", help="results.csv and report only")
     ap.add_argument("--dry-run", action="store_true", help="print the first round's commands")
+    ap.add_argument("--untuned", nargs="+", default=[], metavar="OPT",
+                    help="optimizers (e.g. the ablation mars-soap:gamma=0) run at their --center "
+                    "values on the evaluation seeds, without tuning")  # fmt: skip
     ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="CSV",
                     help="other studies' results.csv: their cells this study lacks join its "
                     "results and report (the same proxy, seeds and protocol)")  # fmt: skip
@@ -71,7 +75,7 @@ def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
     """``["adamw:optimizer.lr=0.016"]`` -> ``{"adamw": {"optimizer.lr": 0.016}}``."""
     centers: dict[str, dict[str, float]] = {}
     for item in items:
-        opt, sep, rest = item.partition(":")
+        opt, sep, rest = item.rpartition(":")  # a variant's name holds a colon
         key, eq, value = rest.partition("=")
         try:
             number = float(value)
@@ -89,7 +93,7 @@ def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
     return Plan(out=out, optimizers=args.optimizers, models=args.models, budgets=args.budgets,
                 reference_budgets=args.reference_budgets, select_seed=args.select_seed,
                 eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, tune=args.tune,
-                extra=extra, centers=parse_centers(args.center))  # fmt: skip
+                extra=extra, centers=parse_centers(args.center), untuned=args.untuned)  # fmt: skip
 
 
 def next_groups(study: Study, args: argparse.Namespace, busy: set) -> list[list]:

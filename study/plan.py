@@ -43,6 +43,23 @@ FIXED = {
 }
 
 
+def split_variant(name: str) -> tuple[str, list[str]]:
+    """An optimizer of the study and its fixed options: ``"mars-soap:gamma=0"`` is the registered
+    ``mars-soap`` with ``optimizer.gamma=0`` (an ablation cell); a plain name has none."""
+    base, sep, rest = name.partition(":")
+    pairs = [p for p in rest.split(",") if p]
+    bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0]]
+    if bad or (sep and not pairs):
+        raise ValueError(f"optimizer {name!r}: write NAME or NAME:KEY=VALUE[,KEY=VALUE], e.g. "
+                         "mars-soap:gamma=0 (KEY an option of optimizer=NAME)")  # fmt: skip
+    return base, [f"optimizer.{p}" for p in pairs]
+
+
+def dir_name(name: str) -> str:
+    """A variant's directory name: ``mars-soap:gamma=0`` -> ``mars-soap@gamma-0``."""
+    return name.replace(":", "@").replace("=", "-").replace(",", "_")
+
+
 def short(key: str) -> str:
     """``optimizer.adamw_lr`` -> ``adamw_lr``: the name in run directories and results.csv."""
     return key.rsplit(".", 1)[-1]
@@ -75,6 +92,9 @@ class Plan:
     extra: list[str] = field(default_factory=list)  # overrides for every run
     # grid centers replacing CENTERS: {optimizer: {key: value}} (--center OPT:KEY=VALUE)
     centers: dict[str, dict[str, float]] = field(default_factory=dict)
+    # optimizers run at their centers without tuning (--untuned: ablations at a tuned cell's
+    # values, e.g. mars-soap:gamma=0 at mars-soap's chosen lrs)
+    untuned: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.select_seed in self.eval_seeds:
@@ -82,6 +102,17 @@ class Plan:
                 f"the selection seed {self.select_seed} is among the evaluation seeds "
                 f"{self.eval_seeds}: evaluation seeds must be fresh; choose another --select-seed"
             )
+        for opt in self.optimizers:
+            split_variant(opt)
+        for opt in self.untuned:
+            if opt not in self.optimizers:
+                raise ValueError(f"--untuned {opt}: not among --optimizers {self.optimizers}")
+            missing = [
+                k for k in self.keys(Cell(opt, "", 1.0)) if k not in self.centers.get(opt, {})
+            ]
+            if missing:
+                raise ValueError(f"--untuned {opt}: give its values with --center "
+                                 + " ".join(f"{opt}:{k}=VALUE" for k in missing))  # fmt: skip
         for opt, given in self.centers.items():
             unknown = set(given) - set(self.keys(Cell(opt, "", 1.0)))
             if opt not in self.optimizers or unknown:
@@ -108,17 +139,17 @@ class Plan:
 
     def keys(self, cell: Cell) -> list[str]:
         """The keys tuned for ``cell``, in coordinate-descent order: the lr first."""
-        own = list(CENTERS.get(cell.optimizer, DEFAULT_CENTER))
+        own = list(CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER))
         return own + [k for k in self.tune if k not in own]
 
     def center(self, cell: Cell, key: str) -> float:
         given = self.centers.get(cell.optimizer, {})
         if key in given:
             return given[key]
-        return CENTERS.get(cell.optimizer, DEFAULT_CENTER).get(key, 1.0)
+        return CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER).get(key, 1.0)
 
     def cell_dir(self, cell: Cell) -> Path:
-        return self.out / "runs" / cell.model / f"{cell.budget:g}x" / cell.optimizer
+        return self.out / "runs" / cell.model / f"{cell.budget:g}x" / dir_name(cell.optimizer)
 
     def run_dir(self, cell: Cell, role: str, values: dict[str, float], seed: int) -> Path:
         parts = [f"{short(k)}-{values[k]!r}" for k in sorted(values)] + [f"seed-{seed}"]

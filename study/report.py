@@ -157,15 +157,19 @@ def setup_table(rows: list[dict]) -> list[str]:
 
 
 def routing_table(rows: list[dict]) -> list[str]:
-    from study.plan import FIXED
+    from study.plan import FIXED, split_variant
     from study.routing import routing
 
     lines = ["| optimizer | parameters | update | lr |", "|---|---|---|---|"]
     for opt in sorted({r["optimizer"] for r in rows}):
         model = next(r["model"] for r in rows if r["optimizer"] == opt)
-        pairs = (o.split("=", 1) for o in FIXED.get(opt, []))
-        options = {k.split(".", 1)[1]: v for k, v in pairs}
-        for params, update, lr in routing(opt, model, options):
+        base, variant = split_variant(opt)
+        pairs = (o.split("=", 1) for o in [*FIXED.get(base, []), *variant])
+        # the optimizer's own options (FIXED may also fix others, e.g. the schedule)
+        options = {
+            k.split(".", 1)[1]: yaml.safe_load(v) for k, v in pairs if k.startswith("optimizer.")
+        }
+        for params, update, lr in routing(base, model, options):
             lines.append(f"| {opt} | {params} | {update} | {lr} |")
     return lines
 

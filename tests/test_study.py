@@ -220,3 +220,44 @@ def test_merged_rows_join_only_the_cells_a_study_lacks(tmp_path: Path) -> None:
         from study.cli import main
 
         main(["--out", str(tmp_path / "s"), "--report-only", "--merge", str(tmp_path / "nope.csv")])
+
+
+def test_routing_table_covers_every_optimizer_with_fixed_values() -> None:
+    """FIXED holds optimizer options (muon's routing) and others (Schedule-Free's schedule)."""
+    from study.plan import FIXED
+    from study.report import routing_table
+
+    rows = [{"optimizer": opt, "model": "proxy-100k"} for opt in FIXED]
+    lines = routing_table(rows)
+    assert any("| adamw-schedulefree | block matrices | Schedule-Free AdamW" in x for x in lines)
+    assert any(x.startswith("| muon | block matrices | Muon") for x in lines)
+
+
+def test_an_ablation_variant_runs_untuned_at_given_values(tmp_path: Path) -> None:
+    """``mars-soap:gamma=0 --untuned`` evaluates the registered mars-soap with gamma 0 at the
+    given lrs on the evaluation seeds, no selection runs; its routing says gamma 0."""
+    from study.cells import Study
+    from study.plan import Cell, dir_name, split_variant
+    from study.report import routing_table
+
+    assert split_variant("mars-soap:gamma=0,clip=none") == (
+        "mars-soap", ["optimizer.gamma=0", "optimizer.clip=none"])  # fmt: skip
+    assert split_variant("adamw") == ("adamw", [])
+    assert dir_name("mars-soap:gamma=0") == "mars-soap@gamma-0"
+    for bad in ("mars-soap:", "mars-soap:gamma", "mars-soap:=1"):
+        with pytest.raises(ValueError, match="NAME:KEY=VALUE"):
+            split_variant(bad)
+    opt = "mars-soap:gamma=0"
+    values = {"optimizer.lr": 0.064, "optimizer.lr_1d": 0.016}
+    plan = Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[0.25],
+                reference_budgets=[], untuned=[opt], centers={opt: values})  # fmt: skip
+    state = Study(plan).update(Cell(opt, "proxy-100k", 0.25))
+    assert state.chosen == values and set(state.flags.values()) == {"fixed"}
+    assert len(state.pending) == 5 and all("/eval/" in str(r.out_dir) for r in state.pending)
+    assert "mars-soap@gamma-0" in str(state.pending[0].out_dir)
+    fixed = state.pending[0].fixed
+    assert "optimizer=mars-soap" in fixed and "optimizer.gamma=0" in fixed
+    with pytest.raises(ValueError, match="give its values with --center"):
+        Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[0.25], untuned=[opt])
+    lines = routing_table([{"optimizer": opt, "model": "proxy-100k"}])
+    assert any("MARS-SOAP (gamma 0)" in x for x in lines)
