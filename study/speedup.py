@@ -155,6 +155,13 @@ def speedup(adamw: dict, other: dict, budget_tokens: float, *, level: float = LE
         hi = Speedup(top, ">")
     if any(sp.side == "<" for sp in per_seed):
         lo = Speedup(bottom, "<")
+    if any(sp.censored for sp in per_seed):
+        # censored seeds enter the t-interval at their bound, which can put an end of the
+        # interval past the point read at the mean loss: widen it to hold the point
+        if not lo.censored and point.value < lo.value:
+            lo = Speedup(point.value, point.side)
+        if not hi.censored and point.value > hi.value:
+            hi = Speedup(point.value, point.side)
     return SpeedupResult(point, lo, hi)
 
 

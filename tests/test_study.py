@@ -261,3 +261,18 @@ def test_an_ablation_variant_runs_untuned_at_given_values(tmp_path: Path) -> Non
         Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[0.25], untuned=[opt])
     lines = routing_table([{"optimizer": opt, "model": "proxy-100k"}])
     assert any("MARS-SOAP (gamma 0)" in x for x in lines)
+
+
+def test_a_censored_interval_holds_its_point() -> None:
+    """NorMuon at 0.25x (docs/study/0.25x): two seeds beyond AdamW's 4x budget enter the
+    t-interval at their bound; the lower end, read from them, had come out above the point
+    read at the mean loss (3.71x [3.75x, >3.99x]). The interval now holds its point."""
+    tokens = (495616.0, 989184.0, 1978368.0)
+    per_seed = {1: (2.5382, 2.4390, 1.6136), 2: (2.6113, 2.4613, 1.8442),
+                3: (2.5481, 2.3456, 1.8977), 4: (2.8604, 2.2210, 2.0125),
+                5: (2.5834, 2.3240, 1.9398)}  # fmt: skip
+    adamw = {t: {s: v[i] for s, v in per_seed.items()} for i, t in enumerate(tokens)}
+    other = {1: 1.9335, 2: 1.9316, 3: 1.9479, 4: 1.9787, 5: 1.9575}
+    r = speedup(adamw, other, tokens[0])
+    assert not r.point.censored and r.hi.censored
+    assert r.lo.value <= r.point.value < r.hi.value
