@@ -3,6 +3,7 @@
     python -m bench.optim                                   # tiny model, CPU
     python -m bench.optim --model gpt2-small --device cuda  # the papers' smallest model
     python -m bench.optim --only mars-adamw adamw --foreach both
+    python -m bench.optim --model gpt2-small --only adamw muon normuon --set ns_dtype=float32
 
 Prints milliseconds per step (median of --steps after --warmup steps), the optimizer state in
 bytes per parameter, and the device. MARS optimizers can be timed with their per-tensor loop
@@ -62,7 +63,18 @@ def main() -> None:
     ap.add_argument("--foreach", choices=["auto", "both"], default="auto")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="options for the optimizers that have them, e.g. ns_dtype=float32 "
+                    "(Newton-Schulz in fp32: CPUs without bf16 matmul units run bf16 ~70x slower)")  # fmt: skip
     args = ap.parse_args()
+    import yaml
+
+    given = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise SystemExit(f"bench.optim: --set {item!r}: write KEY=VALUE, e.g. ns_dtype=float32")
+        given[key] = yaml.safe_load(value)
     device = pick_device(args.device, 0)
     model = build_model(model_config(args.model)).to(device)
     n = sum(p.numel() for p in model.parameters())
@@ -73,9 +85,10 @@ def main() -> None:
     for opt_name in args.only or optim.available():
         cls = optim.get_spec(opt_name).config_cls
         fields = {f.name for f in dataclasses.fields(cls)}
-        variants = [("", {})]
+        own = {k: v for k, v in given.items() if k in fields}
+        variants = [("".join(f" {k}={v}" for k, v in own.items()), own)]
         if args.exact and "mode" in fields:
-            variants.append((" exact", {"mode": "exact"}))
+            variants.append((variants[0][0] + " exact", {**own, "mode": "exact"}))
         if args.foreach == "both" and "foreach" in fields:
             variants = [(s + f" foreach={f}", {**kw, "foreach": f}) for s, kw in variants
                         for f in (False, True)]  # fmt: skip
