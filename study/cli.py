@@ -4,7 +4,7 @@
                     [--models proxy-100k] [--budgets 1] [--reference-budgets 2 4]
                     [--eval-seeds 1 2 3 4 5] [--select-seed 0] [--tune KEY ...]
                     [--center OPT:KEY=VALUE ...] [--untuned OPT ...]
-                    [--merge OTHER/results.csv ...]
+                    [--merge OTHER/results.csv ... [--merge-only OPT ...]]
                     [--jobs 2] [--threads 1] [--nproc N] [--launcher local|submitit_local|slurm]
                     [--report-only] [--dry-run] [-- train.py overrides...]
 
@@ -67,6 +67,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="CSV",
                     help="other studies' results.csv: their cells this study lacks join its "
                     "results and report (the same proxy, seeds and protocol)")  # fmt: skip
+    ap.add_argument("--merge-only", nargs="+", default=None, metavar="OPT",
+                    help="merge only these optimizers' cells (e.g. adamw: its other budgets "
+                    "for the speedup curve)")  # fmt: skip
     ap.add_argument("--bootstrap", action="store_true", help="bootstrap intervals over pairs")
     return ap.parse_args(argv), extra
 
@@ -171,6 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
     for cell in plan.cells():
         study.update(cell)
-    write_report(study, bootstrap=args.bootstrap, merge=args.merge)
+    write_report(study, bootstrap=args.bootstrap, merge=args.merge, merge_only=args.merge_only)
     log.info("study done in %.0f s of this session: %s", time.perf_counter() - t0, plan.out)
     return 0

@@ -270,7 +270,7 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
     return "\n".join(out)
 
 
-def merged_rows(own: list[dict], paths: list[Path]) -> list[dict]:
+def merged_rows(own: list[dict], paths: list[Path], only: list[str] | None = None) -> list[dict]:
     """The rows of other studies' results.csv files (``--merge``) whose cell (optimizer, model,
     budget) this study does not have, so each cell comes from one study. Their run_dir is
     prefixed with the file it came from."""
@@ -279,7 +279,7 @@ def merged_rows(own: list[dict], paths: list[Path]) -> list[dict]:
     for path in paths:
         for r in read_csv(path):
             cell = (r["optimizer"], r["model"], float(r["budget"]))
-            if cell in have:
+            if cell in have or (only and r["optimizer"] not in only):
                 continue
             r["run_dir"] = f"{path.parent.name}:{r['run_dir']}"
             extra.append(r)
@@ -287,7 +287,13 @@ def merged_rows(own: list[dict], paths: list[Path]) -> list[dict]:
     return extra
 
 
-def write_report(study, *, bootstrap: bool = False, merge: list[Path] = ()) -> Path:  # noqa: ANN001
+def write_report(
+    study,
+    *,
+    bootstrap: bool = False,
+    merge: list[Path] = (),  # noqa: ANN001
+    merge_only: list[str] | None = None,
+) -> Path:
     """results.csv, report.md and study.png in the study's directory; ``merge``: other studies'
     results.csv whose cells join this one's (same model, seeds and protocol)."""
     from data.config import DataConfig
@@ -295,7 +301,7 @@ def write_report(study, *, bootstrap: bool = False, merge: list[Path] = ()) -> P
 
     out = study.plan.out
     rows = collect(study)
-    rows += merged_rows(rows, [Path(p) for p in merge])
+    rows += merged_rows(rows, [Path(p) for p in merge], merge_only)
     write_csv(rows, out / "results.csv")
     rows = read_csv(out / "results.csv")
     floors: dict = {}

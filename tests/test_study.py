@@ -216,6 +216,7 @@ def test_merged_rows_join_only_the_cells_a_study_lacks(tmp_path: Path) -> None:
     extra = merged_rows(own, [other])
     assert [(r["optimizer"], r["budget"]) for r in extra] == [("muon", 0.25), ("muon", 1.0)]
     assert extra[0]["run_dir"] == "earlier:runs/muon/1"
+    assert merged_rows(own, [other], ["adamw"]) == []  # adamw 0.25x is own; muon filtered out
     with pytest.raises(SystemExit, match="no such file"):
         from study.cli import main
 
