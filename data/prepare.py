@@ -299,6 +299,16 @@ def _exclusive(path: Path):  # noqa: ANN202 - a context manager
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _has_shards(directory: Path) -> bool:
+    """Whether ``directory`` holds both train and val shards."""
+    try:
+        find_shards(directory, TRAIN_PATTERN)
+        find_shards(directory, VAL_PATTERN)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def ensure_prepared(
     name: str, directory: str | Path, tokenizer: str = "gpt2", val_fraction: float | None = None
 ) -> None:
@@ -307,12 +317,8 @@ def ensure_prepared(
     other directory without shards is refused with the command that prepares it
     (``missing_data_dir``)."""
     directory = Path(directory)
-    try:
-        find_shards(directory, TRAIN_PATTERN)
-        find_shards(directory, VAL_PATTERN)
+    if _has_shards(directory):
         return
-    except FileNotFoundError:
-        pass
     missing = missing_data_dir(name, directory)
     if missing:
         raise FileNotFoundError(missing)
@@ -321,12 +327,8 @@ def ensure_prepared(
         # prepares, the others wait on the lock and then find the shards.
         directory.mkdir(parents=True, exist_ok=True)
         with _exclusive(directory / ".prepare.lock"):
-            try:
-                find_shards(directory, TRAIN_PATTERN)
-                find_shards(directory, VAL_PATTERN)
+            if _has_shards(directory):  # another run prepared it while this one waited
                 return
-            except FileNotFoundError:
-                pass
             log.info("no token shards in %s: preparing the embedded %r corpus there",
                      directory, name)  # fmt: skip
             prepare(name, directory, tokenizer=tokenizer, val_fraction=val_fraction)

@@ -55,6 +55,22 @@ def split_variant(name: str) -> tuple[str, list[str]]:
     return base, [f"optimizer.{p}" for p in pairs]
 
 
+def check_optimizer(name: str) -> None:
+    """Refuse, before any run starts, an unregistered optimizer or a variant option its config
+    does not have (else every run of that cell would fail and count as diverged)."""
+    import dataclasses
+
+    from optim import get_spec
+
+    base, options = split_variant(name)
+    fields = {f.name for f in dataclasses.fields(get_spec(base).config_cls)}
+    unknown = [o.split("=", 1)[0].removeprefix("optimizer.") for o in options]
+    unknown = [k for k in unknown if k not in fields]
+    if unknown:
+        raise ValueError(f"optimizer {name!r}: {base} has no option {', '.join(unknown)}; "
+                         f"its options: {', '.join(sorted(fields))}")  # fmt: skip
+
+
 def dir_name(name: str) -> str:
     """A variant's directory name: ``mars-soap:gamma=0`` -> ``mars-soap@gamma-0``."""
     return name.replace(":", "@").replace("=", "-").replace(",", "_")
@@ -103,7 +119,7 @@ class Plan:
                 f"{self.eval_seeds}: evaluation seeds must be fresh; choose another --select-seed"
             )
         for opt in self.optimizers:
-            split_variant(opt)
+            check_optimizer(opt)
         for opt in self.untuned:
             if opt not in self.optimizers:
                 raise ValueError(f"--untuned {opt}: not among --optimizers {self.optimizers}")

@@ -277,3 +277,11 @@ def test_a_censored_interval_holds_its_point() -> None:
     r = speedup(adamw, other, tokens[0])
     assert not r.point.censored and r.hi.censored
     assert r.lo.value <= r.point.value < r.hi.value
+
+
+def test_a_bad_optimizer_or_variant_option_is_refused_before_any_run(tmp_path: Path) -> None:
+    for name, msg in (("mars-sop", "unknown optimizer 'mars-sop'; valid optimizers: "),
+                      ("mars-soap:gama=0", "mars-soap has no option gama; its options: ")):  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            Plan(out=tmp_path, optimizers=[name], models=["proxy-100k"], budgets=[0.25])
+    assert not list(tmp_path.iterdir())
