@@ -43,16 +43,32 @@ FIXED = {
 }
 
 
-def split_variant(name: str) -> tuple[str, list[str]]:
-    """An optimizer of the study and its fixed options: ``"mars-soap:gamma=0"`` is the registered
-    ``mars-soap`` with ``optimizer.gamma=0`` (an ablation cell); a plain name has none."""
+TUNED = "tuned"  # a variant's value that tunes the key instead: ``adamw:aux_lr=tuned``
+
+
+def _variant_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
     base, sep, rest = name.partition(":")
     pairs = [p for p in rest.split(",") if p]
     bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0]]
     if bad or (sep and not pairs):
         raise ValueError(f"optimizer {name!r}: write NAME or NAME:KEY=VALUE[,KEY=VALUE], e.g. "
-                         "mars-soap:gamma=0 (KEY an option of optimizer=NAME)")  # fmt: skip
-    return base, [f"optimizer.{p}" for p in pairs]
+                         "mars-soap:gamma=0 or adamw:aux_lr=tuned (KEY an option of "
+                         "optimizer=NAME; the value tuned: the key is tuned like the lr)")  # fmt: skip
+    return base, [tuple(p.split("=", 1)) for p in pairs]
+
+
+def split_variant(name: str) -> tuple[str, list[str]]:
+    """An optimizer of the study and its fixed options: ``"mars-soap:gamma=0"`` is the registered
+    ``mars-soap`` with ``optimizer.gamma=0`` (an ablation cell); a plain name has none. A key
+    whose value is ``tuned`` (``adamw:aux_lr=tuned``) is not fixed but tuned (variant_tuned)."""
+    base, pairs = _variant_pairs(name)
+    return base, [f"optimizer.{k}={v}" for k, v in pairs if v != TUNED]
+
+
+def variant_tuned(name: str) -> list[str]:
+    """The keys a variant tunes besides its optimizer's own: ``adamw:aux_lr=tuned`` ->
+    ``["optimizer.aux_lr"]`` (AdamW with its own lr for the non-matrix parameters, tuned)."""
+    return [f"optimizer.{k}" for k, v in _variant_pairs(name)[1] if v == TUNED]
 
 
 def check_optimizer(name: str) -> None:
@@ -64,7 +80,7 @@ def check_optimizer(name: str) -> None:
 
     base, options = split_variant(name)
     fields = {f.name for f in dataclasses.fields(get_spec(base).config_cls)}
-    unknown = [o.split("=", 1)[0].removeprefix("optimizer.") for o in options]
+    unknown = [o.split("=", 1)[0].removeprefix("optimizer.") for o in options + variant_tuned(name)]
     unknown = [k for k in unknown if k not in fields]
     if unknown:
         raise ValueError(f"optimizer {name!r}: {base} has no option {', '.join(unknown)}; "
@@ -156,13 +172,17 @@ class Plan:
     def keys(self, cell: Cell) -> list[str]:
         """The keys tuned for ``cell``, in coordinate-descent order: the lr first."""
         own = list(CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER))
+        own += [k for k in variant_tuned(cell.optimizer) if k not in own]
         return own + [k for k in self.tune if k not in own]
 
     def center(self, cell: Cell, key: str) -> float:
         given = self.centers.get(cell.optimizer, {})
         if key in given:
             return given[key]
-        return CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER).get(key, 1.0)
+        centers = CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER)
+        if key not in centers and key.endswith("lr") and key in variant_tuned(cell.optimizer):
+            key = "optimizer.lr"  # a variant's own lr (aux_lr) starts where the lr does
+        return given.get(key, centers.get(key, 1.0))
 
     def cell_dir(self, cell: Cell) -> Path:
         return self.out / "runs" / cell.model / f"{cell.budget:g}x" / dir_name(cell.optimizer)

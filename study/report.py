@@ -24,6 +24,9 @@ from study.stats import LEVEL, paired_interval
 
 log = logging.getLogger("study")
 REFERENCE = "adamw"
+# the tuned lrs a report shows, the lr first: MARS's 1-D lr, the Muon family's AdamW part, AdamW's
+# non-matrix lr (the control adamw:aux_lr=tuned)
+LR_KEYS = ("lr", "lr_1d", "adamw_lr", "aux_lr")
 
 
 def _by(rows: list[dict], *keys: str) -> dict:
@@ -51,7 +54,7 @@ def tuning_table(rows: list[dict]) -> list[str]:
     for (model, budget, opt), rs in sorted(_by([r for r in rows if r["role"] == "select"],
                                               "model", "budget", "optimizer").items()):  # fmt: skip
         chosen = [r for r in rs if r["chosen"] == 1.0]
-        tuned = [k for k in ("lr", "lr_1d", "adamw_lr") if k in rs[0] and rs[0][k] != ""]
+        tuned = [k for k in LR_KEYS if k in rs[0] and rs[0][k] != ""]
         pick = ", ".join(f"{k} {chosen[0][k]:.4g}" for k in tuned) if chosen else "-"
         points = ", ".join(
             "/".join(f"{r[k]:.4g}" for k in tuned) + f": {r['final_val_loss']:.4f}"
@@ -157,7 +160,7 @@ def setup_table(rows: list[dict]) -> list[str]:
 
 
 def routing_table(rows: list[dict]) -> list[str]:
-    from study.plan import FIXED, split_variant
+    from study.plan import FIXED, short, split_variant, variant_tuned
     from study.routing import routing
 
     lines = ["| optimizer | parameters | update | lr |", "|---|---|---|---|"]
@@ -169,6 +172,8 @@ def routing_table(rows: list[dict]) -> list[str]:
         options = {
             k.split(".", 1)[1]: yaml.safe_load(v) for k, v in pairs if k.startswith("optimizer.")
         }
+        # a tuned variant key (adamw:aux_lr=tuned) is set, so its routing shows; its value is moot
+        options.update({short(k): 1.0 for k in variant_tuned(opt)})
         for params, update, lr in routing(base, model, options):
             lines.append(f"| {opt} | {params} | {update} | {lr} |")
     return lines
@@ -189,7 +194,7 @@ def figure(rows: list[dict], floors: dict, path: Path) -> None:
     ):
         # the lr sweep: the runs whose other tuned lrs share their most common values
         rs = max(
-            _by(rs, *[k for k in ("lr_1d", "adamw_lr") if rs[0].get(k, "") != ""]).values(), key=len
+            _by(rs, *[k for k in LR_KEYS[1:] if rs[0].get(k, "") != ""]).values(), key=len
         )
         pts = sorted(
             (r["lr"], r["final_val_loss"]) for r in rs if isinstance(r["final_val_loss"], float)

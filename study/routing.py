@@ -32,6 +32,8 @@ def _update(group: dict, ndim: int, opt_name: str) -> tuple[str, str]:
                      "shape": "sqrt(max(1, rows/cols))"}.get(group.get("scale"), group.get("scale"))  # fmt: skip
             return f"{algo}, {scale}, wd {group['weight_decay']}", "lr"
         return f"AdamW, wd {group['weight_decay']}", MUON_AUX_LR.get(opt_name, "lr")
+    if group.get("kind") == "aux":  # AdamW's aux_lr: the non-matrix parameters' own lr
+        return f"AdamW, wd {group['weight_decay']}", "aux_lr"
     if "weight_lr_power" in group:  # Schedule-Free AdamW
         return f"Schedule-Free AdamW, wd {group['weight_decay']}", "lr"
     pre = group.get("preconditioner", "adam")

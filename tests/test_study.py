@@ -285,3 +285,33 @@ def test_a_bad_optimizer_or_variant_option_is_refused_before_any_run(tmp_path: P
         with pytest.raises(ValueError, match=msg):
             Plan(out=tmp_path, optimizers=[name], models=["proxy-100k"], budgets=[0.25])
     assert not list(tmp_path.iterdir())
+
+
+def test_a_variant_can_tune_a_key_of_its_own(tmp_path: Path) -> None:
+    """``adamw:aux_lr=tuned``, the equal-lr control: AdamW with the non-matrix parameters
+    (embedding = head, gains) on their own lr, tuned after the lr like the Muon family's
+    adamw_lr; its grid starts where the lr's does unless --center says otherwise."""
+    from study.cells import Study
+    from study.plan import Cell, dir_name, split_variant, variant_tuned
+    from study.report import routing_table
+
+    opt = "adamw:aux_lr=tuned"
+    assert split_variant(opt) == ("adamw", []) and variant_tuned(opt) == ["optimizer.aux_lr"]
+    assert split_variant("adamw:aux_lr=tuned,eps=1e-10") == ("adamw", ["optimizer.eps=1e-10"])
+    assert dir_name(opt) == "adamw@aux_lr-tuned"
+    plan = Plan(out=tmp_path, optimizers=["adamw", opt], models=["proxy-100k"], budgets=[0.25],
+                reference_budgets=[], centers={opt: {"optimizer.lr": 0.016}})  # fmt: skip
+    cell = Cell(opt, "proxy-100k", 0.25)
+    assert plan.keys(cell) == ["optimizer.lr", "optimizer.aux_lr"]
+    assert plan.keys(Cell("adamw", "proxy-100k", 0.25)) == ["optimizer.lr"]
+    assert plan.center(cell, "optimizer.aux_lr") == 0.016
+    state = Study(plan).update(cell)
+    first = state.pending[0]
+    assert "adamw@aux_lr-tuned/select" in str(first.out_dir)
+    assert "optimizer=adamw" in first.fixed and "optimizer.aux_lr=0.016" in first.fixed
+    assert not any("tuned" in f for f in first.fixed)
+    lines = routing_table([{"optimizer": opt, "model": "proxy-100k"}])
+    assert any("token embedding = head (tied)" in x and x.endswith("| aux_lr |") for x in lines)
+    with pytest.raises(ValueError, match="adamw has no option aux_l;"):
+        Plan(out=tmp_path, optimizers=["adamw:aux_l=tuned"], models=["proxy-100k"],
+             budgets=[0.25])  # fmt: skip
