@@ -33,6 +33,7 @@ ALTERNATIVES = {
     "max_precond_dim": {10000: 32},
     "alpha_warmup": {None: 3},
     "beta3_warmup": {None: 3},
+    "aux_lr": {None: 3e-2},
     "warmup_steps": {0: 3},
     "gamma_schedule": {"constant": "linear"},
 }
