@@ -293,10 +293,10 @@ def merged_rows(own: list[dict], paths: list[Path], only: list[str] | None = Non
 
 
 def write_report(
-    study,
+    study,  # noqa: ANN001 - a study.cells.Study
     *,
     bootstrap: bool = False,
-    merge: list[Path] = (),  # noqa: ANN001
+    merge: list[Path] = (),
     merge_only: list[str] | None = None,
 ) -> Path:
     """results.csv, report.md and study.png in the study's directory; ``merge``: other studies'
