@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from optim.groups import classify_parameters, decay_groups
-from optim.options import check_fields, check_option
+from optim.groups import decay_groups, split_aux  # noqa: F401  (split_aux: its old home)
+from optim.options import check_fields
 from optim.registry import register
 
 
@@ -24,35 +24,18 @@ class AdamWConfig:
     # Parameter kinds that get weight decay (optim/groups.py); the official AdamW decays matrices.
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
     fused: bool | None = None  # None: fused on CUDA, foreach otherwise
-    # Peak lr of every parameter that is not a block matrix (embedding, head, gains, biases):
-    # the parameters the Muon family trains on its AdamW part at its own lr. None: ``lr`` (one
-    # lr for all, the official baseline). The schedule scales both (each group's own peak).
+    # Peak lr of every parameter that is not a block matrix (embedding = tied head, untied
+    # head, positions, gains, biases), the same knob in every optimizer (optim/groups.py
+    # split_aux). None: ``lr`` for all, the official baseline. The schedule scales both.
     aux_lr: float | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "optimizer.")
-        if self.aux_lr is not None:
-            check_option("lr", self.aux_lr, "optimizer.aux_lr")
-
-
-def split_aux(model: nn.Module, groups: list[dict], aux_lr: float) -> list[dict]:
-    """``groups`` with every non-``matrix`` parameter moved to a group of its own at ``aux_lr``
-    (one per weight decay it had), labelled ``kind: aux`` (the study's routing table reads it)."""
-    matrix = {id(p) for _, p in classify_parameters(model)["matrix"]}
-    out = []
-    for g in groups:
-        main = [p for p in g["params"] if id(p) in matrix]
-        aux = [p for p in g["params"] if id(p) not in matrix]
-        out += [{**g, "params": main}] if main else []
-        out += [{**g, "params": aux, "lr": aux_lr, "kind": "aux"}] if aux else []
-    return out
 
 
 @register("adamw", AdamWConfig, "torch AdamW, decoupled weight decay on block matrices")
 def build_adamw(model: nn.Module, cfg: AdamWConfig) -> torch.optim.Optimizer:
-    groups = decay_groups(model, cfg.weight_decay, cfg.decay_kinds)
-    if cfg.aux_lr is not None:
-        groups = split_aux(model, groups, cfg.aux_lr)
+    groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     on_cuda = next(model.parameters()).is_cuda
     fused = on_cuda if cfg.fused is None else cfg.fused
     return torch.optim.AdamW(

@@ -28,7 +28,7 @@ from optim import normuon as _normuon  # noqa: F401  (registers "normuon" and "e
 from optim import soap as _soap  # noqa: F401  (registers the "soap" preconditioner)
 from optim.builders import PREFIX, MarsConfig, _split, build_mars
 from optim.core import VarianceReduced
-from optim.groups import decay_groups
+from optim.groups import decay_groups, split_aux
 from optim.options import check_fields
 from optim.preconditioners import PRECONDITIONERS, AdamOptions
 from optim.registry import register
@@ -185,6 +185,7 @@ class NorMuonConfig:
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adamw_eps: float = 1e-10
     adamw_weight_decay: float = 0.0
+    aux_lr: float | None = None  # set: the Adam part's lr, in place of adamw_lr; None: adamw_lr
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -204,7 +205,7 @@ def _build_normuon(model: nn.Module, cfg: NorMuonConfig) -> torch.optim.Optimize
         dict(params=rest, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay,
              betas=tuple(cfg.adamw_betas), **aux),
     ]  # fmt: skip
-    return VarianceReduced([g for g in groups if g["params"]])
+    return VarianceReduced([g for g in split_aux(model, groups, cfg.aux_lr) if g["params"]])
 
 
 @dataclass

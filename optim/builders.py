@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from optim.core import VarianceReduced
-from optim.groups import classify_parameters, decay_groups
+from optim.groups import classify_parameters, decay_groups, split_aux
 from optim.lion import Lion
 from optim.mars import mars_rule
 from optim.muon import MuonFamily, adamw_group, muon_group
@@ -25,6 +25,9 @@ from optim.registry import register
 from optim.rule import Rule
 
 PREFIX = "optimizer."  # config errors name the full key (optimizer.lr)
+# Every registered optimizer's second lr, one meaning everywhere (docs/optimizers.md): the peak lr
+# of every parameter that is not a block matrix (embedding = tied head, untied head, positions,
+# gains, biases), whatever rule it is on; None: the optimizer's own lrs, unchanged.
 
 
 @dataclass
@@ -48,6 +51,9 @@ class MarsConfig:
     lr_1d: float = 3e-3
     betas_1d: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay_1d: float = 0.1  # the fallback's decay, whatever the tensor's group (official)
+    # Set: the embeddings/head (on the MARS rule) and the non-2-D tensors (on the fallback, in
+    # place of lr_1d, which is then not read) at this peak lr; None: lr and lr_1d as above.
+    aux_lr: float | None = None
     clip: str = "tensor"  # tensor (official) | global (levanter) | none
     first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
     foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
@@ -130,16 +136,20 @@ def build_mars(model: nn.Module, cfg: MarsConfig, *, cls: type | None = None,
     the core or a subclass of it), decay on ``decay_kinds``; the config's fields named in the
     class's ``adapter_keys`` become group keys, and ``gamma_schedule`` the group's schedule."""
     cls = cls or cfg.optimizer_class
+    rule = cfg.rule()
     if not (isinstance(cls, type) and issubclass(cls, VarianceReduced)):
         raise TypeError(f"build_mars builds a subclass of optim.VarianceReduced, got {cls!r}")
     # eps in every group: the non-2-D tensors' Adam reads it whatever the preconditioner
     defaults = {"lr": cfg.lr, "betas": tuple(cfg.betas), "weight_decay": cfg.weight_decay,
-                "eps": cfg.eps, **cfg.rule().group_keys()}  # fmt: skip
+                "eps": cfg.eps, **rule.group_keys()}  # fmt: skip
     defaults.update({k: v for k, v in forward(cfg).items() if k in cls.adapter_keys})
     if cfg.gamma_schedule != "constant":
         defaults["schedules"] = {"gamma": (cfg.gamma_schedule, cfg.gamma, cfg.gamma_end)}
-    return cls(decay_groups(model, cfg.weight_decay, cfg.decay_kinds), defaults,
-               is_approx=cfg.mode == "approx", foreach=cfg.foreach, fused=cfg.fused)  # fmt: skip
+    # aux_lr: the fallback's lr is lr * lr_1d_factor, so a factor of 1 puts it at aux_lr too
+    groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr,
+                       **({"lr_1d_factor": 1.0} if rule.split_1d else {}))  # fmt: skip
+    return cls(groups, defaults, is_approx=cfg.mode == "approx", foreach=cfg.foreach,
+               fused=cfg.fused)  # fmt: skip
 
 
 register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(build_mars)
@@ -164,6 +174,7 @@ class MuonLikeConfig:
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adamw_eps: float = 1e-8
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    aux_lr: float | None = None  # set: the AdamW part's lr (embeddings, head, gains); None: lr
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -215,12 +226,14 @@ def _moonlight_like(model: nn.Module, cfg: MuonLikeConfig, algorithm: str, **opt
     """Block matrices on the Muon-style rule, the rest on AdamW with the same lr and wd."""
     muon, rest = _split(model, ("matrix",))
     common = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
-    muon_keys = forward(cfg, "lr", "weight_decay", "adamw_betas", "adamw_eps", "mode", "fused")
+    muon_keys = forward(cfg, "lr", "weight_decay", "adamw_betas", "adamw_eps", "mode", "fused",
+                        "aux_lr")  # fmt: skip
+    groups = [
+        muon_group(muon, algorithm=algorithm, scale="rms", **common, **muon_keys, **options),
+        adamw_group(rest, betas=cfg.adamw_betas, eps=cfg.adamw_eps, **common),
+    ]
     return MuonFamily(
-        [
-            muon_group(muon, algorithm=algorithm, scale="rms", **common, **muon_keys, **options),
-            adamw_group(rest, betas=cfg.adamw_betas, eps=cfg.adamw_eps, **common),
-        ],
+        split_aux(model, groups, cfg.aux_lr),
         is_approx=getattr(cfg, "mode", "approx") == "approx",
         fused=cfg.fused,
     )
@@ -273,6 +286,10 @@ class MuonConfig:
     adamw_weight_decay: float = 0.1
     adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    # Set: the peak lr of every non-matrix parameter, taking precedence over adamw_lr (the AdamW
+    # part's lr, then not read); under routing=mars-repo the embeddings/head stay on Newton-Schulz
+    # (a group of their own) at this lr. None: adamw_lr, and lr for what is on Newton-Schulz.
+    aux_lr: float | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -284,30 +301,28 @@ def _build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
     if cfg.routing == "mars-repo":  # Newton-Schulz takes the 2-D tensors; the rest stay on AdamW
         rest += [p for p in muon if p.ndim != 2]
         muon = [p for p in muon if p.ndim == 2]
-    return MuonFamily(
-        [
-            muon_group(
-                muon,
-                lr=cfg.lr,
-                weight_decay=cfg.weight_decay,
-                momentum=cfg.momentum,
-                nesterov=cfg.nesterov,
-                ns_steps=cfg.ns_steps,
-                ns_dtype=cfg.ns_dtype,
-                ns_distributed=cfg.ns_distributed,
-                scale=cfg.scale,
-            ),
-            adamw_group(
-                rest,
-                lr=cfg.adamw_lr,
-                weight_decay=cfg.adamw_weight_decay,
-                betas=cfg.adamw_betas,
-                eps=cfg.adamw_eps,
-                bias_corrected=cfg.adamw_decay_bias_corrected,
-            ),
-        ],
-        fused=cfg.fused,
-    )
+    groups = [
+        muon_group(
+            muon,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            ns_steps=cfg.ns_steps,
+            ns_dtype=cfg.ns_dtype,
+            ns_distributed=cfg.ns_distributed,
+            scale=cfg.scale,
+        ),
+        adamw_group(
+            rest,
+            lr=cfg.adamw_lr,
+            weight_decay=cfg.adamw_weight_decay,
+            betas=cfg.adamw_betas,
+            eps=cfg.adamw_eps,
+            bias_corrected=cfg.adamw_decay_bias_corrected,
+        ),
+    ]
+    return MuonFamily(split_aux(model, groups, cfg.aux_lr), fused=cfg.fused)
 
 
 @dataclass

@@ -72,3 +72,23 @@ def decay_groups(
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0, "kind": "no_decay"})
     return [g for g in groups if g["params"]]
+
+
+def split_aux(model: nn.Module, groups: list[dict], aux_lr: float | None, **aux_keys) -> list[dict]:
+    """Every registered optimizer's ``aux_lr`` (docs/optimizers.md): ``groups`` with each
+    parameter that is not of kind ``matrix`` (embeddings, tied or untied head, gains, biases,
+    other) moved to a copy of its group at peak lr ``aux_lr`` (one copy per group, right after
+    it; ``aux_keys`` override further keys of the copy, e.g. MARS's ``lr_1d_factor``), labelled
+    ``kind: aux``; every other key stays what it was, so only the lr of those parameters
+    changes. ``aux_lr=None`` returns ``groups`` as they are. A group left without parameters is
+    dropped, unless it had none to begin with (a builder may check an empty group's values)."""
+    if aux_lr is None:
+        return groups
+    matrix = {id(p) for _, p in classify_parameters(model)["matrix"]}
+    out = []
+    for g in groups:
+        main = [p for p in g["params"] if id(p) in matrix]
+        aux = [p for p in g["params"] if id(p) not in matrix]
+        out += [{**g, "params": main}] if main or not aux else []
+        out += [{**g, "params": aux, "lr": aux_lr, **aux_keys, "kind": "aux"}] if aux else []
+    return out

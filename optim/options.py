@@ -106,6 +106,13 @@ validator("weight_decay")(_at_least(0, strict=False))
 validator("gamma")(_at_least(0, strict=False))
 
 
+@validator("aux_lr")
+def _aux_lr(value: Any, key: str) -> None:
+    """Every registered optimizer's second lr (docs/optimizers.md): None (unset) or an lr."""
+    if value is not None:
+        check_option("lr", value, key)
+
+
 @validator("betas")
 def _betas(value: Any, key: str) -> None:
     if len(value) != 2 or not all(0.0 <= b < 1.0 for b in value):
