@@ -1,9 +1,9 @@
 """Where each cell of the study stands, read from its run directories (so the study resumes):
-the tuning's coordinate descent on the selection seed, then the evaluation seeds.
-
-Per cell, the tuned keys are searched one after the other (the lr first), each on its bracketing
-grid (study/grid.py) with the other keys at their chosen value (earlier keys) or their starting
-value (later ones); then every evaluation seed runs at the chosen values.
+the tuning (study/tuner.py: coordinate descent to the joint optimum, chosen by the mean over the
+selection seeds), then the evaluation seeds at the chosen values, and, for the main budgets, the
+final lr line's finalists on the evaluation seeds too (the swap that measures selection error).
+A reference budget (AdamW at 2x, 4x) tunes its lrs from its main budget's choice and carries the
+other knobs from there.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from study import grid
+from study.knobs import overrides as knob_overrides
 from study.plan import FIXED, Cell, Plan, block_params, budget_steps, split_variant
-from study.runner import Run, result, run_name
+from study.runner import Run, result
+from study.tuner import Tuned, final_line, tune
 
 FAILED = "study_failed.json"  # written into a run that a failed command left unfinished
 
@@ -45,25 +44,11 @@ class CellState:
     cell: Cell
     max_steps: int
     chosen: dict[str, float] = field(default_factory=dict)
-    flags: dict[str, str] = field(default_factory=dict)  # key -> "bracketed" | "capped"
+    flags: dict[str, str] = field(default_factory=dict)  # key -> bracketed|capped|edge|fixed
     pending: list[Run] = field(default_factory=list)
     done: bool = False
-
-
-def _select_results(role_dir: Path, key: str, others: dict, max_steps: int) -> tuple[dict, list]:
-    """``{value of key: loss}`` of the finished selection runs whose other keys are ``others``,
-    and the started, unfinished ones' values."""
-    done, unfinished = {}, []
-    for run_dir in sorted(role_dir.glob("*/config.yaml")):
-        cfg = yaml.safe_load(run_dir.read_text())
-        if any(not math.isclose(float(lookup(cfg, k)), v) for k, v in others.items()):
-            continue
-        value, loss = float(lookup(cfg, key)), finished_loss(run_dir.parent, max_steps)
-        if loss is None:
-            unfinished.append(value)
-        else:
-            done[value] = loss
-    return done, unfinished
+    tuned: Tuned | None = None  # the tuning's lines and passes (None: untuned or waiting)
+    swap_values: list[float] = field(default_factory=list)  # lr finalists on the eval seeds
 
 
 class Study:
@@ -74,65 +59,90 @@ class Study:
         self.params = {m: block_params(m) for m in plan.models}
         self.states: dict[Cell, CellState] = {}
 
-    def fixed(self, cell: Cell, steps: int, values: dict[str, float], swept: set) -> tuple:
-        warmup = max(1, round(self.plan.warmup_frac * steps))
+    def steps(self, cell: Cell) -> int:
+        return budget_steps(self.params[cell.model], cell.budget, self.batch_tokens(cell))
+
+    def batch_tokens(self, cell: Cell) -> int:
+        """The cell's global batch: the study's, or a variant's ``batch_tokens=N``."""
+        for o in split_variant(cell.optimizer)[1]:
+            if o.startswith("batch_tokens="):
+                return int(o.split("=", 1)[1])
+        return self.plan.batch_tokens
+
+    def overrides(self, cell: Cell, values: dict[str, float], seed: int) -> tuple[str, ...]:
+        """Every override of one run of ``cell`` at ``values`` (tuned and fixed knobs)."""
+        steps, plan = self.steps(cell), self.plan
         base, options = split_variant(cell.optimizer)
+        set_by_variant = {o.split("=", 1)[0] for o in options}
+        knob_args: list[str] = []
+        for k, v in values.items():
+            knob_args += [a for a in knob_overrides(base, k, v, steps)
+                          if a.split("=", 1)[0] not in set_by_variant]  # fmt: skip
+        if "warmup" not in values:
+            knob_args.append(f"schedule.warmup_steps={max(1, round(plan.warmup_frac * steps))}")
+        every = max(1, steps // max(1, plan.evals)) if plan.evals > 1 else 0
         return (
             "experiment=study", f"model={cell.model}", f"optimizer={base}",
-            *FIXED.get(base, []), *options, f"max_steps={steps}",
-            f"batch_tokens={self.plan.batch_tokens}", f"schedule.warmup_steps={warmup}",
-            *(f"{k}={v!r}" for k, v in values.items() if k not in swept), *self.plan.extra,
+            *FIXED.get(base, []), *[o for o in options if not o.startswith("batch_tokens=")],
+            f"max_steps={steps}", f"batch_tokens={self.batch_tokens(cell)}",
+            f"eval_every={every}", *knob_args, f"seed={seed}", *plan.extra,
         )  # fmt: skip
 
-    def center(self, cell: Cell, key: str) -> float:
-        """The grid's starting value: a reference budget starts at the main budget's choice."""
-        if cell.budget not in self.plan.budgets:
-            main = min(self.plan.budgets, key=lambda b: abs(math.log(b / cell.budget)))
-            state = self.states.get(Cell(cell.optimizer, cell.model, main))
-            if state is not None and key in state.chosen:
-                return state.chosen[key]
-        return self.plan.center(cell, key)
+    def run(self, cell: Cell, role: str, values: dict[str, float], seed: int) -> Run:
+        keyed = {k: values[k] for k in self.plan.keys(cell)}
+        out_dir = self.plan.run_dir(cell, role, keyed, seed)
+        return Run(self.overrides(cell, values, seed), out_dir, self.steps(cell))
+
+    def start(self, cell: Cell) -> dict[str, float] | None:
+        """Every knob's starting or fixed value; a reference budget's carried knobs come from
+        its main budget's choice (None while that is not chosen yet)."""
+        plan = self.plan
+        keys = plan.keys(cell)
+        values = {**plan.fixed_knobs(cell), **{k: plan.center(cell, k) for k in keys}}
+        if plan.is_main(cell):
+            return values
+        main = min(plan.budgets, key=lambda b: abs(math.log(b / cell.budget)))
+        ref = self.states.get(Cell(cell.optimizer, cell.model, main))
+        if ref is None or not ref.done:
+            return None
+        return {**values, **ref.chosen}  # tuned keys start there, the rest are carried
 
     def update(self, cell: Cell) -> CellState:
         """Read ``cell``'s runs; its next runs (``pending``) or its chosen values."""
         plan = self.plan
-        steps = budget_steps(self.params[cell.model], cell.budget, plan.batch_tokens)
-        state = CellState(cell, steps)
+        state = CellState(cell, self.steps(cell))
         self.states[cell] = state
+        start = self.start(cell)
+        if start is None:  # a reference budget waits for its main budget's choice
+            return state
         keys = plan.keys(cell)
-        if cell.budget not in plan.budgets:  # a reference budget waits for the main choice
-            main = min(plan.budgets, key=lambda b: abs(math.log(b / cell.budget)))
-            ref = self.states.get(Cell(cell.optimizer, cell.model, main))
-            if ref is None or not all(k in ref.chosen for k in keys):
-                return state
-        current = {k: self.center(cell, k) for k in keys}
-        select_dir = plan.cell_dir(cell) / "select"
-        names = (*keys, "seed")
+
+        def loss_of(values: dict, seed: int) -> float | None:
+            return finished_loss(self.run(cell, "select", values, seed).out_dir, state.max_steps)
+
         if cell.optimizer in plan.untuned:  # an ablation at given values: no selection runs
-            state.chosen = dict(current)
-            state.flags = dict.fromkeys(keys, "fixed")
-            keys = []
-        for key in keys:
-            others = {k: v for k, v in current.items() if k != key}
-            done, unfinished = _select_results(select_dir, key, others, steps)
-            values = unfinished or grid.step(done, current[key]).next
-            g = grid.step(done, current[key])
-            if values:
-                fixed = self.fixed(cell, steps, {**current, "seed": plan.select_seed}, {key})
-                for v in values:
-                    full = {**current, key: v, "seed": plan.select_seed}
-                    state.pending.append(Run(fixed, ((key, repr(v)),), names,
-                                             select_dir / run_name(full, names), steps))  # fmt: skip
+            state.chosen, state.flags = dict(start), dict.fromkeys(keys, "fixed")
+        else:
+            tuned = tune(keys, start, plan.select_seeds, loss_of, finalists=plan.finalists,
+                         cap=plan.cap, max_passes=plan.max_passes)  # fmt: skip
+            state.tuned = tuned
+            if tuned.pending:
+                state.pending = [self.run(cell, "select", v, s) for v, s in tuned.pending]
                 return state
-            current[key] = g.best
-            state.chosen[key] = g.best
-            state.flags[key] = "capped" if g.capped else "bracketed"
-        eval_dir = plan.cell_dir(cell) / "eval"
-        fixed = self.fixed(cell, steps, current, set())
-        for seed in plan.eval_seeds:
-            run_dir = eval_dir / run_name({**current, "seed": seed}, names)
-            if finished_loss(run_dir, steps) is None:
-                state.pending.append(Run(fixed, (("seed", str(seed)),), names, run_dir, steps))
+            state.chosen, state.flags = tuned.chosen, dict(tuned.flags)
+            if not tuned.converged:
+                state.flags["passes"] = "capped"
+        points = [state.chosen]
+        if plan.swap and plan.is_main(cell) and state.tuned is not None and "lr" in keys:
+            line = final_line(state.tuned, "lr")
+            state.swap_values = sorted(line.means) if line else []
+            points += [{**state.chosen, "lr": v} for v in state.swap_values
+                       if not math.isclose(v, state.chosen["lr"])]  # fmt: skip
+        for values in points:
+            for seed in plan.eval_seeds:
+                r = self.run(cell, "eval", values, seed)
+                if finished_loss(r.out_dir, state.max_steps) is None:
+                    state.pending.append(r)
         state.done = not state.pending
         return state
 

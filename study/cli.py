@@ -2,18 +2,22 @@
 
     python -m study [--out runs/study] [--optimizers adamw mars-adamw muon mars-m moonlight]
                     [--models proxy-100k] [--budgets 1] [--reference-budgets 2 4]
-                    [--eval-seeds 1 2 3 4 5] [--select-seed 0] [--tune KEY ...]
-                    [--center OPT:KEY=VALUE ...] [--untuned OPT ...]
-                    [--merge OTHER/results.csv ... [--merge-only OPT ...]]
-                    [--jobs 2] [--threads 1] [--nproc N] [--launcher local|submitit_local|slurm]
+                    [--select-seeds 0 6 7] [--eval-seeds 1 2 3 4 5]
+                    [--knobs lr aux_lr wd beta2 warmup] [--center OPT:KNOB=VALUE ...]
+                    [--untuned OPT ...] [--merge OTHER/results.csv ... [--merge-only OPT ...]]
+                    [--jobs 2] [--threads 1] [--nproc N] [--device cpu|cuda]
+                    [--launcher local|submitit_local|slurm] [--allow-dirty]
                     [--report-only] [--dry-run] [-- train.py overrides...]
 
-Per (optimizer, model, budget): the lr (then each --tune key: coordinate descent) on a x2 grid
-on the selection seed, extended until the best has two worse values on each side (a cap, flagged
-loudly); then the evaluation seeds at the chosen values. The reference (AdamW) also runs, tuned
-the same way, at each --reference-budgets multiple of every budget, so loss gaps become
-data-equivalent speedups. Then OUT/results.csv (one row per run) and OUT/report.md with its
-figure. The same command again continues an interrupted study.
+Per (optimizer, model, budget): every knob tuned the same way for every optimizer (study/knobs.py)
+by coordinate descent until a whole pass moves none, each line a successive halving (a lattice
+bracketed on the first selection seed, its best few on every selection seed, the choice the
+lowest mean over them, bracketed by worse means); then the evaluation seeds at the chosen values
+(and the final lr line's finalists, to measure selection error). The reference (AdamW) also runs
+at each --reference-budgets multiple of every budget (its lrs tuned, the other knobs carried), so
+loss gaps become data-equivalent speedups. Then OUT/results.csv (one row per run), curves.csv.gz
+(every run's curves) and OUT/report.md with its figures. The same command again continues an
+interrupted study; it refuses a working tree with uncommitted changes (--allow-dirty).
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from study.cells import Study, mark_failed
+from study.knobs import DEFAULT_KNOBS, KNOBS
 from study.plan import Plan
-from study.runner import LAUNCHERS, command, execute, group
+from study.runner import LAUNCHERS, ROOT, command, execute
 
 log = logging.getLogger("study")
 OPTIMIZERS = ["adamw", "mars-adamw", "muon", "mars-m", "moonlight"]
@@ -46,19 +52,30 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                     help="tokens per block parameter / 20 (1 = Chinchilla)")  # fmt: skip
     ap.add_argument("--reference-budgets", nargs="*", type=float, default=[2.0, 4.0])
     ap.add_argument("--eval-seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    ap.add_argument("--select-seed", type=int, default=0)
-    ap.add_argument("--tune", nargs="*", default=[], metavar="KEY",
-                    help="more keys for coordinate descent after the lr (e.g. "
-                    "optimizer.weight_decay); the Muon family's adamw_lr is always tuned")  # fmt: skip
-    ap.add_argument("--center", action="append", default=[], metavar="OPT:KEY=VALUE",
-                    help="where a tuned key's grid starts for an optimizer, e.g. "
-                    "adamw:optimizer.lr=0.016 (repeatable; default: study/plan.py CENTERS)")  # fmt: skip
+    ap.add_argument("--select-seeds", nargs="+", type=int, default=[0, 6, 7],
+                    help="seeds that choose (by the mean over them); disjoint from --eval-seeds")  # fmt: skip
+    ap.add_argument("--knobs", nargs="+", default=list(DEFAULT_KNOBS), choices=list(KNOBS),
+                    help="the knobs tuned for every optimizer (study/knobs.py)")  # fmt: skip
+    ap.add_argument("--center", action="append", default=[], metavar="OPT:KNOB=VALUE",
+                    help="where a tuned knob's search starts for an optimizer, or an untuned "
+                    "knob's fixed value, e.g. adamw:lr=0.016 (repeatable)")  # fmt: skip
+    ap.add_argument("--finalists", type=int, default=3, help="values per line on every seed")
+    ap.add_argument("--max-passes", type=int, default=3, help="coordinate-descent passes")
+    ap.add_argument("--no-swap", action="store_true",
+                    help="skip the lr finalists on the evaluation seeds (selection error)")  # fmt: skip
+    ap.add_argument("--evals", type=int, default=2, help="validation evaluations per run")
+    ap.add_argument("--collapse-floor", type=float, default=None,
+                    help="a final loss at or above it is a collapse (default: the validation "
+                    "split's bigram loss)")  # fmt: skip
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="run from a working tree with uncommitted changes (rows are marked)")  # fmt: skip
+    ap.add_argument("--device", default=None,
+                    help="train.py's device for every run (cuda: --jobs runs share the GPU)")  # fmt: skip
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--jobs", type=int, default=1, help="commands at a time on this machine")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads per command")
     ap.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun, GPUs)")
     ap.add_argument("--launcher", choices=LAUNCHERS, default="local")
-    ap.add_argument("--group-size", type=int, default=3, help="runs per train.py command")
     ap.add_argument("--report-only", action="store_true", help="results.csv and report only")
     ap.add_argument("--dry-run", action="store_true", help="print the first round's commands")
     ap.add_argument("--untuned", nargs="+", default=[], metavar="OPT",
@@ -93,26 +110,31 @@ def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
 
 def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
+    if args.device:
+        extra = [f"device={args.device}", *extra]
     return Plan(out=out, optimizers=args.optimizers, models=args.models, budgets=args.budgets,
-                reference_budgets=args.reference_budgets, select_seed=args.select_seed,
-                eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, tune=args.tune,
-                extra=extra, centers=parse_centers(args.center), untuned=args.untuned)  # fmt: skip
+                reference_budgets=args.reference_budgets, select_seeds=args.select_seeds,
+                eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, knobs=args.knobs,
+                extra=extra, centers=parse_centers(args.center), untuned=args.untuned,
+                finalists=args.finalists, max_passes=args.max_passes, swap=not args.no_swap,
+                evals=args.evals)  # fmt: skip
 
 
-def next_groups(study: Study, args: argparse.Namespace, busy: set) -> list[list]:
+def next_runs(study: Study, busy: set) -> list:
     """The pending runs of the first cell (in the plan's order) that has some and none in
-    flight, as commands' groups: cells finish one after another, so an interrupted study has
-    whole comparisons, and a cell's next grid values wait for its runs in flight."""
+    flight: cells finish one after another, so an interrupted study has whole comparisons, and
+    a cell's next values wait for its runs in flight."""
     for cell in study.plan.cells():
         state = study.update(cell)
         for key, flag in state.flags.items():
-            if flag == "capped" and (cell, key) not in study.warned:
+            if flag in ("capped", "edge") and (cell, key) not in study.warned:
                 study.warned.add((cell, key))
                 log.warning(
-                    "!!! GRID CAP HIT: %s %s: the best is at the grid's edge", cell.name, key
+                    "!!! %s: %s %s: the best is at the search's %s", flag.upper(), cell.name,
+                    key, "cap (passes or values)" if flag == "capped" else "lattice's bound",
                 )
         if state.pending and cell not in busy:
-            return group(state.pending, args.group_size)
+            return list(state.pending)
     return []
 
 
@@ -125,15 +147,14 @@ def schedule(study: Study, args: argparse.Namespace) -> None:
         while True:
             while len(running) < max(1, args.jobs):
                 if not queue:
-                    queue = next_groups(study, args, {c for c, _ in running.values()})
+                    queue = next_runs(study, {c for c, _ in running.values()})
                     if not queue:
                         break
-                runs = queue.pop(0)
-                cmd = command(runs, launcher=args.launcher, nproc=args.nproc)
+                run = queue.pop(0)
+                runs = [run]
+                cmd = command(run, launcher=args.launcher, nproc=args.nproc)
                 cell = next(
-                    c
-                    for c in study.plan.cells()
-                    if study.plan.cell_dir(c) in runs[0].out_dir.parents
+                    c for c in study.plan.cells() if study.plan.cell_dir(c) in run.out_dir.parents
                 )
                 fut = pool.submit(execute, [cmd], jobs=1, threads=args.threads,
                                   dry_run=args.dry_run, log_file=study.plan.out / "train.log")  # fmt: skip
@@ -150,6 +171,16 @@ def schedule(study: Study, args: argparse.Namespace) -> None:
                     mark_failed(runs)
 
 
+def dirty_files(root: Path = ROOT) -> list[str]:
+    """Tracked files with uncommitted changes under ``root`` (empty outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [line[3:] for line in out.splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args, extra = parse(list(sys.argv[1:] if argv is None else argv))
@@ -160,6 +191,15 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_of(args, extra)
     except ValueError as exc:
         raise SystemExit(f"study: {exc}") from None
+    if not (args.report_only or args.dry_run or args.allow_dirty):
+        dirty = dirty_files()
+        if dirty:
+            raise SystemExit(
+                "study: the working tree has uncommitted changes to tracked files ("
+                + ", ".join(dirty[:5]) + (", ..." if len(dirty) > 5 else "")
+                + "): its rows could not name the code they ran. Commit them, or pass "
+                "--allow-dirty (those rows are marked +dirty in results.csv)"
+            )
     plan.out.mkdir(parents=True, exist_ok=True)
     started = plan.out / "started.txt"  # the study's wall time counts from its first start
     if not started.is_file() and not args.report_only and not args.dry_run:
@@ -174,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for cell in plan.cells():
         study.update(cell)
-    write_report(study, bootstrap=args.bootstrap, merge=args.merge, merge_only=args.merge_only)
+    write_report(study, bootstrap=args.bootstrap, merge=args.merge, merge_only=args.merge_only,
+                 collapse_floor=args.collapse_floor)  # fmt: skip
     log.info("study done in %.0f s of this session: %s", time.perf_counter() - t0, plan.out)
     return 0

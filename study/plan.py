@@ -10,29 +10,30 @@ warmup is a fixed fraction of each budget's steps, so each budget has its own fu
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from study.knobs import DEFAULT_KNOBS, KNOBS, default
+
 CHINCHILLA = 20  # tokens per parameter at 1x
-# Where each optimizer's tuning starts (the lr grid's center); the grid moves as far as it must.
+# Where each optimizer's lr search starts (the other knobs start at the optimizer's own defaults,
+# study/knobs.py ``default``); the search moves as far as it must.
 CENTERS = {
-    "adamw": {"optimizer.lr": 4e-3},
-    "mars-adamw": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
-    "muon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 4e-3},
-    "mars-m": {"optimizer.lr": 4e-3},
-    "moonlight": {"optimizer.lr": 4e-3},
+    "adamw": {"lr": 4e-3},
+    "mars-adamw": {"lr": 4e-3, "aux_lr": 2e-3},
+    "muon": {"lr": 1.6e-2, "aux_lr": 4e-3},
+    "mars-m": {"lr": 4e-3},
+    "moonlight": {"lr": 4e-3},
     # the baselines of docs/optimizers.md: the same starting points as their nearest kin above
-    "soap": {"optimizer.lr": 4e-3},
-    "ademamix": {"optimizer.lr": 4e-3},
-    "adamw-schedulefree": {"optimizer.lr": 4e-3},
-    "normuon": {"optimizer.lr": 2e-2, "optimizer.adamw_lr": 4e-3},
-    "mars-soap": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
-    "mars-ademamix": {"optimizer.lr": 4e-3, "optimizer.lr_1d": 2e-3},
+    "soap": {"lr": 4e-3},
+    "ademamix": {"lr": 4e-3},
+    "adamw-schedulefree": {"lr": 4e-3},
+    "normuon": {"lr": 1.6e-2, "aux_lr": 4e-3},
+    "mars-soap": {"lr": 4e-3, "aux_lr": 2e-3},
+    "mars-ademamix": {"lr": 4e-3, "aux_lr": 2e-3},
 }
-DEFAULT_CENTER = {"optimizer.lr": 4e-3}
-# MARS-AdamW's 1-D tensors (norm gains) and Muon's non-matrix tensors (embedding, head, gains) are
-# on an AdamW of their own lr: tuned like the lr (coordinate descent, after it). MARS-M and
-# Moonlight share one lr (their AdamW part's update is scaled to match Muon's RMS).
+DEFAULT_CENTER = {"lr": 4e-3}
 # Values every run of an optimizer gets (stated in the report): Muon trains only the blocks'
 # matrices with Newton-Schulz (its recommended routing), the rest on its own AdamW.
 # Schedule-Free AdamW replaces the decaying schedule (its averaging is the decay): the trainer's
@@ -41,6 +42,8 @@ FIXED = {
     "muon": ["optimizer.routing=recommended"],
     "adamw-schedulefree": ["schedule=constant"],
 }
+# Variant keys that are run settings, not optimizer options (``mars-adamw:batch_tokens=8192``).
+RUN_KEYS = ("batch_tokens",)
 
 
 TUNED = "tuned"  # a variant's value that tunes the key instead: ``adamw:aux_lr=tuned``
@@ -48,7 +51,7 @@ TUNED = "tuned"  # a variant's value that tunes the key instead: ``adamw:aux_lr=
 
 def _variant_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
     base, sep, rest = name.partition(":")
-    pairs = [p for p in rest.split(",") if p]
+    pairs = [p for p in re.split(r",(?![^\[]*\])", rest) if p]  # a list value keeps its commas
     bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0]]
     if bad or (sep and not pairs):
         raise ValueError(f"optimizer {name!r}: write NAME or NAME:KEY=VALUE[,KEY=VALUE], e.g. "
@@ -62,13 +65,14 @@ def split_variant(name: str) -> tuple[str, list[str]]:
     ``mars-soap`` with ``optimizer.gamma=0`` (an ablation cell); a plain name has none. A key
     whose value is ``tuned`` (``adamw:aux_lr=tuned``) is not fixed but tuned (variant_tuned)."""
     base, pairs = _variant_pairs(name)
-    return base, [f"optimizer.{k}={v}" for k, v in pairs if v != TUNED]
+    return base, [f"{'' if k in RUN_KEYS else 'optimizer.'}{k}={v}" for k, v in pairs
+                  if v != TUNED]  # fmt: skip
 
 
 def variant_tuned(name: str) -> list[str]:
-    """The keys a variant tunes besides its optimizer's own: ``adamw:aux_lr=tuned`` ->
-    ``["optimizer.aux_lr"]`` (AdamW with its own lr for the non-matrix parameters, tuned)."""
-    return [f"optimizer.{k}" for k, v in _variant_pairs(name)[1] if v == TUNED]
+    """The keys a variant tunes besides the study's knobs: ``adamw:eps=tuned`` -> ``["eps"]``
+    (``adamw:aux_lr=tuned``, a knob, is tuned whether or not the study tunes aux_lr)."""
+    return [k for k, v in _variant_pairs(name)[1] if v == TUNED]
 
 
 def check_optimizer(name: str) -> None:
@@ -80,8 +84,9 @@ def check_optimizer(name: str) -> None:
 
     base, options = split_variant(name)
     fields = {f.name for f in dataclasses.fields(get_spec(base).config_cls)}
-    unknown = [o.split("=", 1)[0].removeprefix("optimizer.") for o in options + variant_tuned(name)]
-    unknown = [k for k in unknown if k not in fields]
+    keys = [o.split("=", 1)[0] for o in options if o.startswith("optimizer.")]
+    keys = [k.removeprefix("optimizer.") for k in keys] + variant_tuned(name)
+    unknown = [k for k in keys if k not in fields and k not in KNOBS]
     if unknown:
         raise ValueError(f"optimizer {name!r}: {base} has no option {', '.join(unknown)}; "
                          f"its options: {', '.join(sorted(fields))}")  # fmt: skip
@@ -89,7 +94,9 @@ def check_optimizer(name: str) -> None:
 
 def dir_name(name: str) -> str:
     """A variant's directory name: ``mars-soap:gamma=0`` -> ``mars-soap@gamma-0``."""
-    return name.replace(":", "@").replace("=", "-").replace(",", "_")
+    for a, b in ((":", "@"), ("=", "-"), (",", "_"), ("[", ""), ("]", "")):
+        name = name.replace(a, b)
+    return name
 
 
 def short(key: str) -> str:
@@ -116,45 +123,58 @@ class Plan:
     budgets: list[float]
     reference: str = "adamw"
     reference_budgets: list[float] = field(default_factory=lambda: [2.0, 4.0])  # x each budget
-    select_seed: int = 0
+    # seeds that choose (by the mean over them) and seeds that evaluate: disjoint, and the same
+    # for every optimizer (a seed fixes the initial weights and the data order)
+    select_seeds: list[int] = field(default_factory=lambda: [0, 6, 7])
     eval_seeds: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 5])
     batch_tokens: int = 2048
-    warmup_frac: float = 0.1
-    tune: list[str] = field(default_factory=list)  # extra keys for coordinate descent
+    warmup_frac: float = 0.1  # when warmup is neither tuned nor given
+    knobs: list[str] = field(default_factory=lambda: list(DEFAULT_KNOBS))  # tuned, in order
     extra: list[str] = field(default_factory=list)  # overrides for every run
-    # grid centers replacing CENTERS: {optimizer: {key: value}} (--center OPT:KEY=VALUE)
+    # starting (tuned knobs) or fixed (other knobs) values: {optimizer: {knob: value}}
     centers: dict[str, dict[str, float]] = field(default_factory=dict)
     # optimizers run at their centers without tuning (--untuned: ablations at a tuned cell's
-    # values, e.g. mars-soap:gamma=0 at mars-soap's chosen lrs)
+    # values, e.g. mars-soap:gamma=0 at mars-soap's chosen values)
     untuned: list[str] = field(default_factory=list)
+    finalists: int = 3  # values of a line that run on every selection seed
+    max_passes: int = 3  # coordinate descent's passes at most (a cap, flagged)
+    cap: int = 9  # values per line at most (a cap, flagged)
+    swap: bool = True  # the final lr line's finalists also on the evaluation seeds
+    evals: int = 2  # validation evaluations per run (the last at the end)
+    # knobs the reference's extra budgets tune; the rest carried from its main budget
+    reference_knobs: tuple[str, ...] = ("lr", "aux_lr")
 
     def __post_init__(self) -> None:
-        if self.select_seed in self.eval_seeds:
+        self.centers = {o: {short(k): v for k, v in c.items()} for o, c in self.centers.items()}
+        both = sorted(set(self.select_seeds) & set(self.eval_seeds))
+        if both:
             raise ValueError(
-                f"the selection seed {self.select_seed} is among the evaluation seeds "
-                f"{self.eval_seeds}: evaluation seeds must be fresh; choose another --select-seed"
+                f"seeds {both} are both selection and evaluation seeds: evaluation seeds must "
+                "be fresh; make --select-seeds and --eval-seeds disjoint"
             )
+        if not self.select_seeds:
+            raise ValueError("--select-seeds: at least one seed (3 or more advised)")
+        bad = [k for k in self.knobs if k not in KNOBS]
+        if bad:
+            raise ValueError(f"--knobs {' '.join(bad)}: unknown; knobs: {', '.join(KNOBS)}")
         for opt in self.optimizers:
             check_optimizer(opt)
         for opt in self.untuned:
             if opt not in self.optimizers:
                 raise ValueError(f"--untuned {opt}: not among --optimizers {self.optimizers}")
-            missing = [
-                k for k in self.keys(Cell(opt, "", 1.0)) if k not in self.centers.get(opt, {})
-            ]
+            missing = [k for k in ("lr", *variant_tuned(opt))
+                       if k not in self.centers.get(opt, {})]  # fmt: skip
             if missing:
                 raise ValueError(f"--untuned {opt}: give its values with --center "
                                  + " ".join(f"{opt}:{k}=VALUE" for k in missing))  # fmt: skip
         for opt, given in self.centers.items():
-            unknown = set(given) - set(self.keys(Cell(opt, "", 1.0)))
+            allowed = set(KNOBS) | set(variant_tuned(opt))
+            unknown = set(given) - allowed
             if opt not in self.optimizers or unknown:
                 raise ValueError(
-                    f"--center {opt}:{','.join(sorted(unknown)) or '...'}: not a tuned key of an "
-                    f"optimizer of this study (tuned: "
-                    + "; ".join(
-                        f"{o}: {', '.join(self.keys(Cell(o, '', 1.0)))}" for o in self.optimizers
-                    )
-                    + ")"
+                    f"--center {opt}:{','.join(sorted(unknown)) or '...'}: not a knob of an "
+                    f"optimizer of this study (knobs: {', '.join(KNOBS)}; optimizers: "
+                    f"{', '.join(self.optimizers)})"
                 )
         if len(self.eval_seeds) < 2:
             raise ValueError("at least 2 evaluation seeds are needed for an interval (5 advised)")
@@ -169,26 +189,49 @@ class Plan:
         ref = [Cell(self.reference, m, b) for b in extra for m in self.models]
         return main + ref
 
+    def is_main(self, cell: Cell) -> bool:
+        return cell.budget in self.budgets
+
     def keys(self, cell: Cell) -> list[str]:
         """The keys tuned for ``cell``, in coordinate-descent order: the lr first."""
-        own = list(CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER))
-        own += [k for k in variant_tuned(cell.optimizer) if k not in own]
-        return own + [k for k in self.tune if k not in own]
+        if cell.optimizer in self.untuned:
+            own = list(self.centers.get(cell.optimizer, {}))
+            return [k for k in KNOBS if k in own] + [k for k in own if k not in KNOBS]
+        knobs = self.knobs if self.is_main(cell) else [
+            k for k in self.knobs if k in self.reference_knobs]  # fmt: skip
+        extra = [k for k in variant_tuned(cell.optimizer) if k not in knobs]
+        if "aux_lr" in extra:  # adamw:aux_lr=tuned in a study that does not tune aux_lr
+            extra.remove("aux_lr")
+            knobs = [*knobs, "aux_lr"]
+        order = [k for k in KNOBS if k in knobs]
+        return order + extra
 
     def center(self, cell: Cell, key: str) -> float:
+        """Where ``key``'s search starts for ``cell`` (or its fixed value)."""
         given = self.centers.get(cell.optimizer, {})
         if key in given:
             return given[key]
-        centers = CENTERS.get(split_variant(cell.optimizer)[0], DEFAULT_CENTER)
-        if key not in centers and key.endswith("lr") and key in variant_tuned(cell.optimizer):
-            key = "optimizer.lr"  # a variant's own lr (aux_lr) starts where the lr does
-        return given.get(key, centers.get(key, 1.0))
+        base = split_variant(cell.optimizer)[0]
+        centers = CENTERS.get(base, DEFAULT_CENTER)
+        if key in centers:
+            return centers[key]
+        lr = given.get("lr", centers["lr"])
+        if key in KNOBS:
+            return default(base, key, lr)
+        return 1.0  # a variant's own tuned key that is not a knob: give a --center
+
+    def fixed_knobs(self, cell: Cell) -> dict[str, float]:
+        """Knobs not tuned in ``cell`` that --center sets (the rest keep their defaults)."""
+        given = self.centers.get(cell.optimizer, {})
+        return {k: v for k, v in given.items() if k not in self.keys(cell)}
 
     def cell_dir(self, cell: Cell) -> Path:
         return self.out / "runs" / cell.model / f"{cell.budget:g}x" / dir_name(cell.optimizer)
 
     def run_dir(self, cell: Cell, role: str, values: dict[str, float], seed: int) -> Path:
-        parts = [f"{short(k)}-{values[k]!r}" for k in sorted(values)] + [f"seed-{seed}"]
+        """``.../select/lr-0.004_aux_lr-0.002_wd-0.1_beta2-0.95_warmup-0.1_seed-0``: the tuned
+        values in the cell's key order, then the seed."""
+        parts = [f"{k}-{values[k]!r}" for k in self.keys(cell)] + [f"seed-{seed}"]
         return self.cell_dir(cell) / role / "_".join(parts)
 
 

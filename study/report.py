@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from study.curves import write_curves
 from study.results import collect, read_csv, write_csv
 from study.speedup import speedup
 from study.stats import LEVEL, paired_interval
@@ -172,8 +173,11 @@ def routing_table(rows: list[dict]) -> list[str]:
         options = {
             k.split(".", 1)[1]: yaml.safe_load(v) for k, v in pairs if k.startswith("optimizer.")
         }
-        # a tuned variant key (adamw:aux_lr=tuned) is set, so its routing shows; its value is moot
+        # a tuned aux_lr (a knob, or a variant's adamw:aux_lr=tuned) is set, so its routing
+        # shows; its value is moot
         options.update({short(k): 1.0 for k in variant_tuned(opt)})
+        if any(isinstance(r.get("aux_lr"), float) for r in rows if r["optimizer"] == opt):
+            options["aux_lr"] = 1.0
         for params, update, lr in routing(base, model, options):
             lines.append(f"| {opt} | {params} | {update} | {lr} |")
     return lines
@@ -298,6 +302,7 @@ def write_report(
     bootstrap: bool = False,
     merge: list[Path] = (),
     merge_only: list[str] | None = None,
+    collapse_floor: float | None = None,
 ) -> Path:
     """results.csv, report.md and study.png in the study's directory; ``merge``: other studies'
     results.csv whose cells join this one's (same model, seeds and protocol)."""
@@ -305,14 +310,17 @@ def write_report(
     from study.baselines import ngram_losses
 
     out = study.plan.out
-    rows = collect(study)
+    floors: dict = {}
+    first = next(iter(sorted(out.glob("runs/*/*/*/*/*/config.yaml"))), None)
+    if first is not None:
+        floors = ngram_losses(DataConfig(**yaml.safe_load(first.read_text())["data"]))
+    floor = collapse_floor if collapse_floor is not None else floors.get("bigram")
+    rows, curves = collect(study, floor)
     rows += merged_rows(rows, [Path(p) for p in merge], merge_only)
     write_csv(rows, out / "results.csv")
+    write_curves(curves, out / "curves.csv.gz")
     rows = read_csv(out / "results.csv")
-    floors: dict = {}
-    if rows:
-        cfg = yaml.safe_load((out / rows[0]["run_dir"] / "config.yaml").read_text())
-        floors = ngram_losses(DataConfig(**cfg["data"]))
+    floors["collapse_floor"] = floor
     complete = all(s.done for s in study.states.values())
     start = out / "started.txt"
     wall = ""

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from study.cells import FAILED, Study, finished_loss, lookup
-from study.plan import short
+from study.cells import FAILED, Study, finished_loss
+from study.curves import collapse_reason, run_curves
 from study.runner import result
 
 BASE_COLUMNS = [
@@ -19,7 +19,7 @@ BASE_COLUMNS = [
     "final_val_loss", "best_val_loss", "wall_s", "tokens_per_s", "commit",
 ]  # fmt: skip
 MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "chosen", "grid",
-                "diverged", "run_dir"]  # fmt: skip
+                "diverged", "collapsed", "collapse", "run_dir"]  # fmt: skip
 
 
 def _commit(run_dir: Path) -> str:
@@ -31,45 +31,72 @@ def _commit(run_dir: Path) -> str:
     return meta.get("git_commit", "")[:12] + ("+dirty" if meta.get("git_dirty") else "")
 
 
-def _row(study: Study, cell, role: str, run_dir: Path, state) -> dict | None:  # noqa: ANN001
+def parse_run_name(name: str, keys: list[str]) -> dict[str, float]:
+    """``lr-0.004_aux_lr-0.002_seed-1`` with ``keys`` ``["lr", "aux_lr"]`` -> the values and
+    the seed (the keys in order, so a key holding ``_`` parses)."""
+    out: dict[str, float] = {}
+    rest = name
+    for k in [*keys, "seed"]:
+        prefix = f"{k}-"
+        if not rest.startswith(prefix):
+            raise ValueError(f"run directory {name!r} does not spell the keys {keys}")
+        rest = rest[len(prefix) :]
+        value, _, rest = rest.partition("_") if k != "seed" else (rest, "", "")
+        while rest and not any(rest.startswith(f"{n}-") for n in [*keys, "seed"]):
+            more, _, rest = rest.partition("_")  # a value that held "_" (none do today)
+            value = f"{value}_{more}"
+        out[k] = float(value)
+    return out
+
+
+def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> dict | None:  # noqa: ANN001
     loss = finished_loss(run_dir, state.max_steps)
     if loss is None:
         return None
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     summary = result(run_dir, state.max_steps) or {}
     keys = study.plan.keys(cell)
-    values = {k: float(lookup(cfg, k)) for k in keys}
+    values = parse_run_name(run_dir.name, keys)
     elapsed = summary.get("elapsed_s") or math.nan
     tokens = summary.get("tokens") or 0
+    reason = collapse_reason(loss, floor, curve)
     row = {
         "optimizer": cell.optimizer, "model": cell.model,
         "non_embedding_params": study.params[cell.model], "budget": cell.budget,
-        "tokens": tokens, "lr": values["optimizer.lr"], "seed": cfg["seed"], "role": role,
+        "tokens": tokens, "lr": values.get("lr", cfg["optimizer"].get("lr")),
+        "seed": int(values["seed"]), "role": role,
         "final_val_loss": summary.get("final_val_loss"), "best_val_loss": summary.get("best_val_loss"),
         "wall_s": elapsed, "tokens_per_s": round(tokens / elapsed) if tokens and elapsed else "",
         "commit": _commit(run_dir), "max_steps": cfg["max_steps"],
         "warmup_steps": cfg["schedule"]["warmup_steps"],
         "min_lr_ratio": cfg["schedule"].get("min_lr_ratio"), "batch_tokens": cfg["batch_tokens"],
         "chosen": int(all(math.isclose(values[k], state.chosen.get(k, math.nan)) for k in keys)),
-        "grid": ";".join(f"{short(k)}:{state.flags.get(k, 'open')}" for k in keys),
+        "grid": ";".join(f"{k}:{state.flags.get(k, 'open')}" for k in keys)
+                + (";passes:capped" if state.flags.get("passes") == "capped" else ""),
         "diverged": int((run_dir / FAILED).is_file() or math.isinf(loss)),
+        "collapsed": int(bool(reason)), "collapse": reason,
         "run_dir": str(run_dir.relative_to(study.plan.out)),
     }  # fmt: skip
-    row.update({short(k): v for k, v in values.items() if k != "optimizer.lr"})
+    row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
+    for k, v in study.plan.fixed_knobs(cell).items():
+        row.setdefault(k, v)
     return row
 
 
-def collect(study: Study) -> list[dict]:
+def collect(study: Study, floor: float | None = None) -> tuple[list[dict], dict[str, list]]:
     """Every finished run of the plan's cells (their states up to date), selection and
-    evaluation."""
-    rows = []
+    evaluation, and their curves (``{run_dir: records}``)."""
+    rows, curves = [], {}
     for cell in study.plan.cells():
         state = study.states.get(cell) or study.update(cell)
         for role in ("select", "eval"):
             for cfg_file in sorted((study.plan.cell_dir(cell) / role).glob("*/config.yaml")):
-                if (row := _row(study, cell, role, cfg_file.parent, state)) is not None:
+                curve = run_curves(cfg_file.parent)
+                row = _row(study, cell, role, cfg_file.parent, state, floor, curve)
+                if row is not None:
                     rows.append(row)
-    return rows
+                    curves[row["run_dir"]] = curve
+    return rows, curves
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

@@ -20,7 +20,13 @@ MUON_AUX_LR = {"muon": "adamw_lr", "normuon": "adamw_lr"}  # their AdamW part's 
 
 
 def _update(group: dict, ndim: int, opt_name: str) -> tuple[str, str]:
-    """(update, lr as a formula of the tuned values) of one parameter in ``group``."""
+    """(update, the tuned value that is its peak lr) of one parameter in ``group``: a group that
+    ``aux_lr`` made (``kind: aux``) is at aux_lr, whatever its update."""
+    update, lr = _update_lr(group, ndim, opt_name)
+    return update, "aux_lr" if group.get("kind") == "aux" else lr
+
+
+def _update_lr(group: dict, ndim: int, opt_name: str) -> tuple[str, str]:
     if "use_muon" in group:
         if group["use_muon"]:
             algo = (
@@ -32,8 +38,6 @@ def _update(group: dict, ndim: int, opt_name: str) -> tuple[str, str]:
                      "shape": "sqrt(max(1, rows/cols))"}.get(group.get("scale"), group.get("scale"))  # fmt: skip
             return f"{algo}, {scale}, wd {group['weight_decay']}", "lr"
         return f"AdamW, wd {group['weight_decay']}", MUON_AUX_LR.get(opt_name, "lr")
-    if group.get("kind") == "aux":  # AdamW's aux_lr: the non-matrix parameters' own lr
-        return f"AdamW, wd {group['weight_decay']}", "aux_lr"
     if "weight_lr_power" in group:  # Schedule-Free AdamW
         return f"Schedule-Free AdamW, wd {group['weight_decay']}", "lr"
     pre = group.get("preconditioner", "adam")

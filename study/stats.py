@@ -119,3 +119,30 @@ def bootstrap_pairs(diffs, level: float = LEVEL, resamples: int = 2000, seed: in
     means = d[rng.integers(0, len(d), size=(resamples, len(d)))].mean(axis=1)
     q = np.quantile(means, [0.5 - level / 2, 0.5 + level / 2])
     return Interval(float(d.mean()), float(q[0]), float(q[1]), len(d))
+
+
+def paired_p_value(base: dict, other: dict) -> float:
+    """The two-sided p-value of the paired t-test of ``other - base`` over their shared seeds
+    (1.0 with fewer than two pairs or no spread)."""
+    seeds = sorted(set(base) & set(other))
+    d = np.asarray([other[s] - base[s] for s in seeds], dtype=float)
+    if len(d) < 2 or not np.all(np.isfinite(d)):
+        return 1.0
+    sd = float(np.std(d, ddof=1))
+    if sd == 0.0:
+        return 0.0 if float(d.mean()) != 0.0 else 1.0
+    t = float(d.mean()) / (sd / math.sqrt(len(d)))
+    return min(1.0, 2.0 * (1.0 - t_cdf(abs(t), len(d) - 1)))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of ``p_values`` (same order): a hypothesis is rejected at
+    family-wise level alpha when its adjusted p is at most alpha."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from study import grid
 from study.plan import Plan, budget_steps
 from study.speedup import data_needed, isotonic_decreasing, speedup
 from study.stats import bootstrap_pairs, paired_interval, t_quantile, unpaired_interval
@@ -88,37 +87,41 @@ def test_adamws_curve_is_made_monotone() -> None:
     )
 
 
-def run_grid(optimum: float, center: float, cap: int = grid.CAP) -> tuple[grid.GridState, dict]:
+def run_line(optimum: float, center: float, cap: int = 9):  # noqa: ANN201
+    """One lr line on one seed, to the end: a bowl in log lr, diverging far above the optimum."""
+    from study.tuner import search_line
+
     results: dict = {}
     for _ in range(20):
-        state = grid.step(results, center, cap=cap)
-        if not state.next:
-            return state, results
-        for lr in state.next:  # a bowl in log lr, diverging far above the optimum
-            results[lr] = None if lr > 64 * optimum else math.log2(lr / optimum) ** 2
-    raise AssertionError("the grid never settled")
+        line = search_line("lr", {"lr": center}, [0], lambda p, s: results.get(p["lr"]), cap=cap)
+        if not line.pending:
+            return line, results
+        for p, _s in line.pending:
+            lr = p["lr"]
+            results[lr] = math.inf if lr > 64 * optimum else math.log2(lr / optimum) ** 2
+    raise AssertionError("the line never settled")
 
 
 def test_grid_outside_the_first_grid_is_extended_until_bracketed() -> None:
-    state, results = run_grid(optimum=0.1, center=0.01)
-    assert state.bracketed and not state.capped
-    assert state.best == pytest.approx(0.08)  # the grid value nearest 0.1 in log
+    line, results = run_line(optimum=0.1, center=0.008)
+    assert line.flag == "bracketed"
+    assert line.best == pytest.approx(0.128)  # the lattice value nearest 0.1 in log
     values = sorted(results)
-    i = values.index(state.best)
+    i = values.index(line.best)
     assert i >= 2 and len(values) - 1 - i >= 2
     assert len(results) > 5  # the first grid (5 values) was not enough
 
 
 def test_grid_cap_is_flagged() -> None:
-    state, results = run_grid(optimum=10.0, center=0.001, cap=6)
-    assert state.capped and not state.bracketed and len(results) == 6
+    line, results = run_line(optimum=10.0, center=0.001, cap=6)
+    assert line.flag == "capped" and len(results) == 6
 
 
 def test_budget_and_seeds() -> None:
     assert budget_steps(100_000, 1.0, 4096) == math.ceil(2_000_000 / 4096)
-    with pytest.raises(ValueError, match="selection seed"):
+    with pytest.raises(ValueError, match="both selection and evaluation seeds"):
         Plan(out=None, optimizers=["adamw"], models=["proxy-100k"], budgets=[1.0],
-             select_seed=1, eval_seeds=[1, 2, 3])  # fmt: skip
+             select_seeds=[0, 1], eval_seeds=[1, 2, 3])  # fmt: skip
 
 
 def test_min_lr_ratio_ends_each_group_at_its_own_fraction() -> None:
@@ -143,7 +146,8 @@ def _row(opt: str, budget: float, seed: int, loss: float, role: str = "eval", **
 def test_report_tables_from_results_rows() -> None:
     """The report reads rows as results.csv holds them: a planted 1.25x shows as a significant
     lower loss with its speedup; a capped grid is flagged."""
-    from study.report import comparison_table, tuning_table
+    from study.report import comparison_table
+    from study.tables import knob_table
 
     adamw, other = synthetic(1.25)
     rows = [_row("adamw", d / 1e6, s, v) for d, seeds in adamw.items() for s, v in seeds.items()]
@@ -154,36 +158,41 @@ def test_report_tables_from_results_rows() -> None:
     assert "yes: lower" in muon
     value = float(muon.rsplit("|", 2)[1].split("x")[0])
     assert value == pytest.approx(1.25, abs=0.05)
-    assert "CAPPED" in "\n".join(tuning_table(rows))
+    assert "0.004 (capped)" in "\n".join(knob_table(rows))
 
 
 def test_grid_fills_the_holes_an_interruption_left() -> None:
+    from study.tuner import search_line
+
     # the first grid was 0.001..0.016; only its ends finished before an interruption
-    state = grid.step({0.001: 2.7, 0.008: 2.8}, 0.004)
-    assert state.next == [0.002, 0.004] and not state.bracketed
+    done = {0.001: 2.7, 0.016: 2.8}
+    line = search_line("lr", {"lr": 0.004}, [0], lambda p, s: done.get(p["lr"]))
+    assert sorted(p["lr"] for p, _ in line.pending) == [0.002, 0.004, 0.008]
 
 
 def test_every_optimizer_states_its_routing_and_the_lr_it_is_tuned_with() -> None:
-    """The report's equal-treatment table, read off the optimizers as built: each lr named
-    there is a key the study tunes for that optimizer (docs/study.md)."""
+    """The report's equal-treatment table, read off the optimizers as built with aux_lr set:
+    the block matrices at lr, every other parameter at aux_lr, whatever its update."""
     from study.plan import Cell
     from study.routing import routing
 
     plan = Plan(out=Path("/nonexistent"), optimizers=[], models=["proxy-100k"], budgets=[1.0])
     cases = {
         "normuon": {"block matrices": ("NorMuon", "lr"),
-                    "token embedding = head (tied)": ("AdamW", "adamw_lr")},
-        "soap": {"block matrices": ("SOAP", "lr"), "norm gains (1-D)": ("SOAP's Adam", "lr")},
+                    "token embedding = head (tied)": ("AdamW", "aux_lr")},
+        "soap": {"block matrices": ("SOAP", "lr"), "norm gains (1-D)": ("SOAP's Adam", "aux_lr")},
         "mars-soap": {"block matrices": ("MARS-SOAP", "lr"),
-                      "norm gains (1-D)": ("AdamW fallback", "lr_1d")},
-        "mars-ademamix": {"token embedding = head (tied)": ("MARS-AdEMAMix", "lr")},
+                      "norm gains (1-D)": ("AdamW fallback", "aux_lr")},
+        "mars-ademamix": {"token embedding = head (tied)": ("MARS-AdEMAMix", "aux_lr")},
         "adamw-schedulefree": {"block matrices": ("Schedule-Free AdamW", "lr")},
+        "mars-adamw": {"token embedding = head (tied)": ("MARS-AdamW", "aux_lr")},
+        "moonlight": {"norm gains (1-D)": ("AdamW", "aux_lr")},
     }  # fmt: skip
     for opt, want in cases.items():
-        rows = routing(opt, "proxy-100k")
-        tuned = {k.rsplit(".", 1)[-1] for k in plan.keys(Cell(opt, "proxy-100k", 1.0))}
+        rows = routing(opt, "proxy-100k", {"aux_lr": 1.0})
+        tuned = set(plan.keys(Cell(opt, "proxy-100k", 1.0)))
         for params, _update, lr in rows:
-            assert lr in tuned, (opt, params, lr, tuned)
+            assert lr in tuned and (lr == "lr") == (params == "block matrices"), (opt, rows)
         for kind, (update, lr) in want.items():
             hit = [r for r in rows if kind in r[0].split(", ")]
             assert hit and hit[0][1].startswith(update) and hit[0][2] == lr, (opt, kind, rows)
@@ -192,7 +201,7 @@ def test_every_optimizer_states_its_routing_and_the_lr_it_is_tuned_with() -> Non
 def test_center_option_is_checked() -> None:
     from study.cli import main
 
-    with pytest.raises(SystemExit, match="not a tuned key"):
+    with pytest.raises(SystemExit, match="not a knob"):
         main(["--out", "/nonexistent/x", "--optimizers", "adamw", "--center",
               "adamw:optimizer.lr_1d=0.1", "--dry-run"])  # fmt: skip
     with pytest.raises(SystemExit, match="OPT:KEY=VALUE"):
@@ -249,15 +258,16 @@ def test_an_ablation_variant_runs_untuned_at_given_values(tmp_path: Path) -> Non
         with pytest.raises(ValueError, match="NAME:KEY=VALUE"):
             split_variant(bad)
     opt = "mars-soap:gamma=0"
-    values = {"optimizer.lr": 0.064, "optimizer.lr_1d": 0.016}
+    values = {"lr": 0.064, "aux_lr": 0.016}
     plan = Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[0.25],
                 reference_budgets=[], untuned=[opt], centers={opt: values})  # fmt: skip
     state = Study(plan).update(Cell(opt, "proxy-100k", 0.25))
     assert state.chosen == values and set(state.flags.values()) == {"fixed"}
     assert len(state.pending) == 5 and all("/eval/" in str(r.out_dir) for r in state.pending)
     assert "mars-soap@gamma-0" in str(state.pending[0].out_dir)
-    fixed = state.pending[0].fixed
+    fixed = state.pending[0].overrides
     assert "optimizer=mars-soap" in fixed and "optimizer.gamma=0" in fixed
+    assert "optimizer.lr=0.064" in fixed and "optimizer.aux_lr=0.016" in fixed
     with pytest.raises(ValueError, match="give its values with --center"):
         Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[0.25], untuned=[opt])
     lines = routing_table([{"optimizer": opt, "model": "proxy-100k"}])
@@ -288,30 +298,44 @@ def test_a_bad_optimizer_or_variant_option_is_refused_before_any_run(tmp_path: P
 
 
 def test_a_variant_can_tune_a_key_of_its_own(tmp_path: Path) -> None:
-    """``adamw:aux_lr=tuned``, the equal-lr control: AdamW with the non-matrix parameters
-    (embedding = head, gains) on their own lr, tuned after the lr like the Muon family's
-    adamw_lr; its grid starts where the lr's does unless --center says otherwise."""
+    """``adamw:aux_lr=tuned`` tunes aux_lr even in a study whose knobs are the lr alone (the
+    equal-lr control of the earlier studies); a key that is not a knob (``adamw:eps=tuned``)
+    is tuned after the knobs on a x2 lattice from its --center."""
     from study.cells import Study
     from study.plan import Cell, dir_name, split_variant, variant_tuned
-    from study.report import routing_table
 
     opt = "adamw:aux_lr=tuned"
-    assert split_variant(opt) == ("adamw", []) and variant_tuned(opt) == ["optimizer.aux_lr"]
+    assert split_variant(opt) == ("adamw", []) and variant_tuned(opt) == ["aux_lr"]
     assert split_variant("adamw:aux_lr=tuned,eps=1e-10") == ("adamw", ["optimizer.eps=1e-10"])
+    assert split_variant("mars-adamw:betas=[0.9,0.95],batch_tokens=8192") == (
+        "mars-adamw", ["optimizer.betas=[0.9,0.95]", "batch_tokens=8192"])  # fmt: skip
     assert dir_name(opt) == "adamw@aux_lr-tuned"
-    plan = Plan(out=tmp_path, optimizers=["adamw", opt], models=["proxy-100k"], budgets=[0.25],
-                reference_budgets=[], centers={opt: {"optimizer.lr": 0.016}})  # fmt: skip
+    plan = Plan(out=tmp_path, optimizers=["adamw", opt, "adamw:eps=tuned"], knobs=["lr"],
+                models=["proxy-100k"], budgets=[0.25], reference_budgets=[],
+                centers={opt: {"optimizer.lr": 0.016}, "adamw:eps=tuned": {"eps": 1e-8}})  # fmt: skip
     cell = Cell(opt, "proxy-100k", 0.25)
-    assert plan.keys(cell) == ["optimizer.lr", "optimizer.aux_lr"]
-    assert plan.keys(Cell("adamw", "proxy-100k", 0.25)) == ["optimizer.lr"]
-    assert plan.center(cell, "optimizer.aux_lr") == 0.016
+    assert plan.keys(cell) == ["lr", "aux_lr"]
+    assert plan.keys(Cell("adamw", "proxy-100k", 0.25)) == ["lr"]
+    assert plan.keys(Cell("adamw:eps=tuned", "proxy-100k", 0.25)) == ["lr", "eps"]
+    assert plan.center(cell, "aux_lr") == 0.016
     state = Study(plan).update(cell)
     first = state.pending[0]
     assert "adamw@aux_lr-tuned/select" in str(first.out_dir)
-    assert "optimizer=adamw" in first.fixed and "optimizer.aux_lr=0.016" in first.fixed
-    assert not any("tuned" in f for f in first.fixed)
-    lines = routing_table([{"optimizer": opt, "model": "proxy-100k"}])
-    assert any("token embedding = head (tied)" in x and x.endswith("| aux_lr |") for x in lines)
+    assert "optimizer=adamw" in first.overrides and "optimizer.aux_lr=0.016" in first.overrides
+    assert not any("tuned" in f for f in first.overrides)
     with pytest.raises(ValueError, match="adamw has no option aux_l;"):
         Plan(out=tmp_path, optimizers=["adamw:aux_l=tuned"], models=["proxy-100k"],
              budgets=[0.25])  # fmt: skip
+
+
+def test_a_variants_batch_sets_its_steps(tmp_path: Path) -> None:
+    from study.cells import Study
+    from study.plan import Cell
+
+    opt = "mars-adamw:batch_tokens=8192,mode=exact"
+    plan = Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[1.0],
+                reference_budgets=[], untuned=[opt], centers={opt: {"lr": 0.004}})  # fmt: skip
+    study = Study(plan)
+    run = study.update(Cell(opt, "proxy-100k", 1.0)).pending[0]
+    assert run.max_steps == budget_steps(98848, 1.0, 8192)
+    assert "batch_tokens=8192" in run.overrides and "optimizer.mode=exact" in run.overrides

@@ -1,0 +1,220 @@
+"""The study's protocol with known answers (docs/study.md, "The protocol"): selection by the mean
+over several seeds avoids a planted winner's curse; repeated coordinate descent reaches a planted
+joint optimum that one pass misses; the same knobs for every optimizer; the collapse flag; Holm's
+correction; the dirty-tree refusal; the tuning table; curves written and read back; the whole
+cell (tuning, evaluation, the swap) replayed from run directories."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from study.knobs import KNOBS, overrides
+from study.tuner import tune
+
+
+def _lattice_loss(fn):  # noqa: ANN001, ANN202
+    """A ``loss_of`` over a dict of finished runs, and the function that finishes them."""
+    runs: dict = {}
+
+    def key(p: dict, s: int) -> tuple:
+        return tuple(sorted((k, round(v, 10)) for k, v in p.items())) + (s,)
+
+    def loss_of(p: dict, s: int) -> float | None:
+        return runs.get(key(p, s))
+
+    def finish(pending: list) -> None:
+        for p, s in pending:
+            runs[key(p, s)] = fn(p, s)
+
+    return loss_of, finish, runs
+
+
+def _run_to_end(keys, start, seeds, fn, **kw):  # noqa: ANN001, ANN202
+    loss_of, finish, runs = _lattice_loss(fn)
+    for _ in range(200):
+        t = tune(keys, start, seeds, loss_of, **kw)
+        if t.done:
+            return t, runs
+        finish(t.pending)
+    raise AssertionError("the tuner did not finish")
+
+
+def test_selection_by_the_mean_avoids_a_planted_winners_curse() -> None:
+    """lr 0.004 is best in truth; lr 0.008 is 0.05 worse but its seed-0 run was lucky by 0.12.
+    One selection seed picks the lucky value; the mean over three seeds picks the true best."""
+    kn = KNOBS["lr"]
+    truth = {kn.index(v): 2.0 + 0.3 * (math.log2(v / 0.004)) ** 2 for v in
+             [kn.value(k) for k in range(-4, 10)]}  # fmt: skip
+    truth[kn.index(0.008)] = 2.05
+
+    def fn(p: dict, s: int) -> float:
+        k = kn.index(p["lr"])
+        luck = -0.12 if (k == kn.index(0.008) and s == 0) else 0.0
+        return truth[k] + luck + 0.001 * s
+
+    one, _ = _run_to_end(["lr"], {"lr": 0.004}, [0], fn)
+    three, runs = _run_to_end(["lr"], {"lr": 0.004}, [0, 6, 7], fn)
+    assert one.chosen["lr"] == 0.008
+    assert three.chosen["lr"] == 0.004 and three.flags["lr"] == "bracketed"
+    line = three.lines[-1]
+    assert set(line.means) >= {0.002, 0.004, 0.008}  # the choice is bracketed by worse means
+    assert line.means[0.002] > line.means[0.004] < line.means[0.008]
+
+
+def test_repeated_coordinate_descent_reaches_a_joint_optimum_one_pass_misses() -> None:
+    """In lattice units (x for lr, y for aux_lr) the loss is (x - 0.3 y - 1)^2 + (y - 4)^2:
+    from (0, 0) one pass stops at (1, 4); passes until none moves reach (2, 4)."""
+    kl, ka = KNOBS["lr"], KNOBS["aux_lr"]
+    o = kl.index(1e-3)
+
+    def fn(p: dict, s: int) -> float:
+        x, y = kl.index(p["lr"]) - o, ka.index(p["aux_lr"]) - o
+        return (x - 0.3 * y - 1) ** 2 + (y - 4) ** 2 + 0.0001 * s
+
+    start = {"lr": 1e-3, "aux_lr": 1e-3}
+    one, _ = _run_to_end(["lr", "aux_lr"], start, [0, 6, 7], fn, max_passes=1)
+    assert (one.chosen["lr"], one.chosen["aux_lr"]) == (2e-3, 16e-3) and not one.converged
+    full, _ = _run_to_end(["lr", "aux_lr"], start, [0, 6, 7], fn)
+    assert (full.chosen["lr"], full.chosen["aux_lr"]) == (4e-3, 16e-3)
+    assert full.converged and full.passes == 3  # the third pass moved nothing
+
+
+def test_a_best_beyond_the_lattice_bound_is_flagged_edge_and_the_cap_capped() -> None:
+    kn = KNOBS["warmup"]
+
+    def fn(p: dict, s: int) -> float:
+        return -p["warmup"]  # the longer the better: runs into the bound 0.5
+
+    t, _ = _run_to_end(["warmup"], {"warmup": 0.1}, [0, 6], fn)
+    assert t.chosen["warmup"] == kn.value(kn.index(0.4)) and t.flags["warmup"] == "edge"
+
+    def falling(p: dict, s: int) -> float:
+        return -math.log(p["lr"])
+
+    t, _ = _run_to_end(["lr"], {"lr": 1e-3}, [0], falling, cap=5)
+    assert t.flags["lr"] == "capped"
+
+
+def test_every_optimizer_gets_the_same_knobs_with_the_same_meaning() -> None:
+    """aux_lr, wd and beta2 reach every optimizer of the headline comparison; beta2 sets the
+    second-moment beta where there is one, the Muon family's momentum where there is none."""
+    from optim import get_spec
+
+    assert overrides("adamw", "beta2", 0.99, 100) == ["optimizer.betas=[0.9,0.99]"]
+    assert overrides("mars-adamw", "beta2", 0.99, 100) == ["optimizer.betas=[0.95,0.99]"]
+    assert overrides("moonlight", "beta2", 0.9776, 100) == ["optimizer.momentum=0.9776"]
+    assert overrides("adamw", "warmup", 0.1, 966) == ["schedule.warmup_steps=97"]
+    for opt in ("adamw", "mars-adamw", "muon", "mars-m", "moonlight"):
+        fields = set(get_spec(opt).config_cls.__dataclass_fields__)
+        assert {"lr", "aux_lr", "weight_decay"} <= fields, opt
+        assert fields & {"betas", "momentum"}, opt
+
+
+def test_collapse_flag() -> None:
+    from study.curves import collapse_reason, rise
+
+    flat = [{"kind": "train", "loss": x} for x in (3.0, 2.5, 2.2, 2.1, 2.0, 2.0)]
+    spike = [{"kind": "train", "loss": x} for x in (3.0, 2.2, 2.0, 2.0, 2.9, 3.1, 3.0)]
+    assert rise([3.0, 2.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert collapse_reason(1.8, 2.356, flat) == ""
+    assert collapse_reason(2.40, 2.356, flat) == "floor"
+    assert collapse_reason(math.inf, 2.356, flat) == "diverged"
+    assert collapse_reason(2.0, 2.356, spike) == "rise"
+    assert collapse_reason(2.40, None, flat) == ""
+
+
+def test_holm_on_planted_p_values() -> None:
+    from study.stats import holm, paired_p_value
+
+    # m = 4: sorted 0.01, 0.02, 0.03, 0.5 -> 0.04, 0.06, 0.06 (monotone), 0.5
+    assert holm([0.03, 0.01, 0.5, 0.02]) == pytest.approx([0.06, 0.04, 0.5, 0.06])
+    assert holm([]) == []
+    base = {s: 2.0 for s in range(1, 6)}
+    assert paired_p_value(base, {s: 2.0 + 0.1 + 0.01 * s for s in base}) < 0.001
+    assert paired_p_value(base, {s: 2.0 + (-1) ** s * 0.1 for s in base}) > 0.5
+
+
+def test_a_dirty_tree_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    import study.cli as cli
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "add", "a.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "a"], check=True)
+    assert cli.dirty_files(tmp_path) == []
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "new.py").write_text("untracked files do not count\n")
+    assert cli.dirty_files(tmp_path) == ["a.py"]
+    monkeypatch.setattr(cli, "dirty_files", lambda: ["optim/core.py"])
+    out = tmp_path / "study"
+    with pytest.raises(SystemExit, match="uncommitted changes to tracked files .optim/core.py"):
+        cli.main(["--out", str(out), "--optimizers", "adamw", "--budgets", "0.25"])
+    assert not out.exists()
+
+
+def _finish(run, loss: float, curve: list[float]) -> None:  # noqa: ANN001
+    """Write what a finished train.py run leaves: config.yaml, summary.json, metrics.jsonl."""
+    run.out_dir.mkdir(parents=True, exist_ok=True)
+    ov = dict(o.split("=", 1) for o in run.overrides)
+    cfg = {"max_steps": run.max_steps, "batch_tokens": int(ov["batch_tokens"]),
+           "schedule": {"warmup_steps": int(ov["schedule.warmup_steps"]), "min_lr_ratio": 0.1},
+           "optimizer": {"lr": float(ov["optimizer.lr"])}, "data": {}}  # fmt: skip
+    (run.out_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    summary = {"steps": run.max_steps, "final_val_loss": loss, "best_val_loss": loss,
+               "tokens": run.max_steps * 2048, "elapsed_s": 10.0}  # fmt: skip
+    (run.out_dir / "summary.json").write_text(json.dumps(summary))
+    recs = [{"step": 20 * i, "tokens": 0, "train_loss": x, "grad_norm": 1.0, "clip_rate": 0.0,
+             "lr": 1e-3} for i, x in enumerate(curve)]  # fmt: skip
+    recs.append({"step": run.max_steps, "tokens": 0, "val_loss": loss})
+    (run.out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
+    """Tuning, evaluation and the swap from run directories alone: the chosen values on every
+    evaluation seed, the final lr line's finalists too; then results.csv with the knob columns,
+    the collapse flag, the tuning table and curves.csv.gz read back."""
+    from study.cells import Study
+    from study.curves import read_curves, write_curves
+    from study.plan import Cell, Plan
+    from study.results import collect, parse_run_name
+    from study.tables import knob_table
+
+    plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
+                reference_budgets=[], knobs=["lr", "wd"])  # fmt: skip
+    study, cell = Study(plan), Cell("adamw", "proxy-100k", 0.25)
+
+    def loss(run) -> float:  # noqa: ANN001
+        v = parse_run_name(run.out_dir.name, ["lr", "wd"])
+        return 2.0 + (math.log2(v["lr"] / 0.008)) ** 2 / 10 + abs(math.log10(v["wd"] / 0.1)) / 10
+
+    for _ in range(100):
+        state = study.update(cell)
+        if state.done:
+            break
+        for r in state.pending:
+            collapsed = "lr-0.064" in r.out_dir.name
+            _finish(r, 2.5 if collapsed else loss(r), [3.0, 2.5, 2.2, 2.1])
+    assert state.done and state.chosen == {"lr": 0.008, "wd": 0.1}
+    assert state.flags == {"lr": "bracketed", "wd": "bracketed"}
+    assert state.swap_values == [0.004, 0.008, 0.016]
+    rows, curves = collect(study, floor=2.356)
+    evals = [r for r in rows if r["role"] == "eval"]
+    assert len(evals) == 15 and sum(r["chosen"] for r in evals) == 5
+    assert {r["wd"] for r in rows} >= {0.1, 0.03162, 0.3162}
+    assert all(r["collapsed"] == int(r["final_val_loss"] >= 2.356) for r in rows)
+    assert any(r["collapsed"] for r in rows) and not all(r["collapsed"] for r in rows)
+    write_curves(curves, tmp_path / "curves.csv.gz")
+    back = read_curves(tmp_path / "curves.csv.gz")
+    assert set(back) == {r["run_dir"] for r in rows}
+    first = back[rows[0]["run_dir"]]
+    assert [x["loss"] for x in first if x["kind"] == "train"] == [3.0, 2.5, 2.2, 2.1]
+    table = "\n".join(knob_table(rows))
+    assert "| adamw | lr |" in table and "0.008 (bracketed)" in table
