@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The referee's study (docs/study.md, "The referee's study"): every optimizer with the same five
+# knobs (lr, aux_lr, wd, beta2, warmup), chosen by the mean over selection seeds 0, 6, 7, judged
+# on evaluation seeds 1-5. Run it again to continue; it refuses uncommitted tracked changes.
+#
+#   scripts/study_referee.sh headline   # proxy-100k at 1x: AdamW (and 2x, 4x), MARS-AdamW, Muon,
+#                                       # MARS-M, Moonlight
+#   scripts/study_referee.sh report     # results.csv, curves.csv.gz, report.md, figures only
+#
+# OUT (default runs/referee) holds the run directories; docs/study/referee/ the committed files.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/referee}
+JOBS=${JOBS:-2}
+OPTS=(adamw mars-adamw muon mars-m moonlight)
+# Where each search starts: the earlier 1x study's choices (docs/study/1x), on the lattices;
+# the searches move as far as they must.
+CENTERS=(
+  --center adamw:lr=0.008 --center adamw:aux_lr=0.256
+  --center mars-adamw:lr=0.016 --center mars-adamw:aux_lr=0.128
+  --center muon:lr=0.032 --center muon:aux_lr=0.016
+  --center mars-m:lr=0.032 --center mars-m:aux_lr=0.032
+  --center moonlight:lr=0.032 --center moonlight:aux_lr=0.032
+)
+case "${1:-headline}" in
+  headline)
+    python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
+      --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}" ;;
+  report)
+    python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
+      --reference-budgets 2 4 "${CENTERS[@]}" --report-only ;;
+  *) echo "usage: $0 headline|report" >&2; exit 2 ;;
+esac
