@@ -14,7 +14,7 @@ from optim import builders as _builders  # noqa: F401  (registers the rest)
 from optim.adamw import AdamWConfig
 from optim.builders import MarsAdamWConfig, MarsConfig, build_mars
 from optim.core import VarianceReduced
-from optim.groups import classify_parameters, decay_groups
+from optim.groups import classify_parameters, decay_groups, split_aux
 from optim.lion import Lion
 from optim.mars import MARS
 from optim.muon import MARS_M, MARS_M_Efficient, Moonlight, Muon, MuonFamily
@@ -60,4 +60,5 @@ __all__ = [
     "reference_pass",
     "register",
     "set_initial_lr",
+    "split_aux",
 ]

@@ -51,8 +51,8 @@ def _plain(model: nn.Module, cfg, preconditioner: str) -> torch.optim.Optimizer:
     )
     defaults = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
                     **rule.group_keys())  # fmt: skip
-    return VarianceReduced(decay_groups(model, cfg.weight_decay, cfg.decay_kinds), defaults,
-                           foreach=cfg.foreach)  # fmt: skip
+    groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
+    return VarianceReduced(groups, defaults, foreach=cfg.foreach)
 
 
 def _refuse_sharded(model: nn.Module, name: str, why: str) -> None:
@@ -84,6 +84,7 @@ class SoapConfig(SoapFields):
     weight_decay: float = 0.01
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
     foreach: bool | None = None  # the core's momentum: foreach (None/true) or the loop
+    aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -141,6 +142,7 @@ class AdEMAMixConfig(AdEMAMixFields):
     weight_decay: float = 0.1
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
     foreach: bool | None = None
+    aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -224,6 +226,7 @@ class AdamWScheduleFreeConfig:
     warmup_steps: int = 0  # the optimizer's own warmup (the trainer's schedule may warm up too)
     r: float = 0.0
     foreach: bool = True
+    aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -231,7 +234,7 @@ class AdamWScheduleFreeConfig:
 
 @register("adamw-schedulefree", AdamWScheduleFreeConfig, "Schedule-Free AdamW")
 def _build_schedulefree(model: nn.Module, cfg: AdamWScheduleFreeConfig) -> torch.optim.Optimizer:
-    groups = decay_groups(model, cfg.weight_decay, cfg.decay_kinds)
+    groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     return AdamWScheduleFree(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
                              warmup_steps=cfg.warmup_steps, r=cfg.r,
                              foreach=cfg.foreach)  # fmt: skip

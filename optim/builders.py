@@ -336,6 +336,7 @@ class LionConfig:
     weight_decay: float = 0.3
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
     fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
 
     def __post_init__(self) -> None:
         check_fields(self, PREFIX)
@@ -343,5 +344,5 @@ class LionConfig:
 
 @register("lion", LionConfig, "Lion: sign of interpolated momentum")
 def _build_lion(model: nn.Module, cfg: LionConfig) -> torch.optim.Optimizer:
-    groups = decay_groups(model, cfg.weight_decay, cfg.decay_kinds)
+    groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=cfg.fused)

@@ -104,15 +104,8 @@ def group_of(opt) -> dict[int, dict]:
     return out
 
 
-def skip_without_field(name: str) -> None:
-    if "aux_lr" not in fields_of(name):
-        pytest.skip(f"{name} has no aux_lr yet")
-
-
 def test_every_optimizer_has_the_field():
     for name in NAMES:
-        if "aux_lr" not in fields_of(name):
-            continue  # the second half of the rollout adds the rest
         cls = optim.get_spec(name).config_cls
         assert cls().aux_lr is None, name
         with pytest.raises(ValueError, match="optimizer.aux_lr"):
@@ -142,7 +135,6 @@ def equal_lrs(name: str) -> dict:
 def test_moving_to_an_aux_group_at_the_same_lr_changes_no_bit(name, arch):
     """(a) The regrouping alone is arithmetic-neutral: with every lr equal, aux_lr=lr gives the
     trajectory of aux_lr unset, bit for bit (approx and, where there is one, exact mode)."""
-    skip_without_field(name)
     modes = [{"mode": m} for m in ("approx", "exact")] if "mode" in fields_of(name) else [{}]
     for mode in modes:
         over = {**equal_lrs(name), **mode}
@@ -159,7 +151,6 @@ def test_set_moves_only_the_lr_of_the_non_matrix_parameters(name, arch):
     """(b) aux_lr set: each non-matrix parameter is stepped at aux_lr (its group's lr, and for
     MARS's 1-D fallback the routed lr), each matrix at lr; every other value of each
     parameter's group is what it was without aux_lr."""
-    skip_without_field(name)
     model, opt = build(name, arch, aux_lr=AUX)
     ref_model, ref_opt = build(name, arch)
     lr = optim.get_spec(name).config_cls().lr
@@ -185,7 +176,6 @@ def test_set_steps_each_parameter_as_the_optimizer_at_that_lr(name, arch):
     """(c) float64, scheduled steps: with aux_lr = 2 lr the matrices follow the optimizer at lr
     and every other parameter the same optimizer with all its lrs at 2 lr (lr, and lr_1d or
     adamw_lr where it has them), bit for bit; in exact mode too where there is one."""
-    skip_without_field(name)
     lr = optim.get_spec(name).config_cls().lr
     modes = [{"mode": m} for m in ("approx", "exact")] if "mode" in fields_of(name) else [{}]
     for mode in modes:
