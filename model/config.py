@@ -47,6 +47,10 @@ class ModelConfig:
     mlp_hidden: int | None = None  # llama: SwiGLU width; None: swiglu_hidden(n_embd)
     rope_theta: float = 10000.0  # llama: RoPE base
     norm_eps: float = 1e-5  # llama: RMSNorm epsilon
+    # gpt2: the weights' init std (GPT-2's 0.02; the residual projections get it / sqrt(2 L)).
+    # A width-aware choice keeps GPT-2 small's initial logit scale: 0.02 * sqrt(768 / n_embd)
+    # (docs/study.md: the proxies' tied head starts cold at 0.02).
+    init_std: float = 0.02
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHS:
@@ -60,6 +64,10 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
+        if not self.init_std > 0:
+            raise ValueError(f"model.init_std must be > 0, got {self.init_std}")
+        if self.arch != "gpt2" and self.init_std != 0.02:
+            raise ValueError("model.init_std is a gpt2 option (model/llama.py keeps its own init)")
         if self.arch == "gpt2":
             self._check_gpt2()
         else:

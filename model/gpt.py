@@ -123,20 +123,21 @@ class GPT(CausalLM):
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.tie_head()  # weight tying; checkpoints store the tied weight once
-        self.apply(self._init_weights)
+        std = cfg.init_std
+        self.apply(lambda m: self._init_weights(m, std))
         # GPT-2's scaled init of the residual projections: std 0.02 / sqrt(2 * n_layer).
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * cfg.n_layer))
 
     @staticmethod
-    def _init_weights(module: nn.Module) -> None:
+    def _init_weights(module: nn.Module, std: float = 0.02) -> None:
         if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
 
     def embed(self, idx: torch.Tensor) -> torch.Tensor:
         """Token plus position embeddings (and dropout) of ``idx``, shape (B, T, n_embd)."""

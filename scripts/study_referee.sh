@@ -5,9 +5,14 @@
 #
 #   scripts/study_referee.sh headline   # proxy-100k at 1x: AdamW (and 2x, 4x), MARS-AdamW, Muon,
 #                                       # MARS-M, Moonlight
-#   scripts/study_referee.sh report     # results.csv, curves.csv.gz, report.md, figures only
+#   scripts/study_referee.sh factorial  # MARS-AdamW's loss taken apart at its chosen values
+#   scripts/study_referee.sh ladder     # three sizes of one shape at 0.25x: every knob tuned at
+#                                       # proxy-100k, the lrs at proxy-193k and proxy-423k
+#   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
+#   scripts/study_referee.sh report     # the headline's results.csv, curves, report.md, figures
 #
-# OUT (default runs/referee) holds the run directories; docs/study/referee/ the committed files.
+# OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder... beside it);
+# docs/study/referee/ the committed files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/referee}
@@ -26,8 +31,23 @@ case "${1:-headline}" in
   headline)
     python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
       --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}" ;;
+  factorial)
+    python -m study.factorial --from "$OUT/results.csv" --out "$OUT-factorial" --jobs "$JOBS" \
+      --threads 1 ;;
+  ladder)
+    python -m study --out "$OUT-ladder" --optimizers "${OPTS[@]}" --models proxy-100k \
+      --budgets 0.25 --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}"
+    python -m study --out "$OUT-ladder-up" --optimizers "${OPTS[@]}" \
+      --models proxy-193k proxy-423k --budgets 0.25 --reference-budgets 2 4 --knobs lr aux_lr \
+      --center-from "$OUT-ladder/results.csv" --center-cell proxy-100k:0.25 \
+      --merge "$OUT-ladder/results.csv" --jobs "$JOBS" --threads 1 ;;
+  widthinit)
+    # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32)
+    python -m study --out "$OUT-widthinit" --optimizers "${OPTS[@]}" --models proxy-100k \
+      --budgets 0.25 --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}" \
+      -- model.init_std=0.098 ;;
   report)
     python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
       --reference-budgets 2 4 "${CENTERS[@]}" --report-only ;;
-  *) echo "usage: $0 headline|report" >&2; exit 2 ;;
+  *) echo "usage: $0 headline|factorial|ladder|widthinit|report" >&2; exit 2 ;;
 esac

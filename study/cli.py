@@ -59,6 +59,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--center", action="append", default=[], metavar="OPT:KNOB=VALUE",
                     help="where a tuned knob's search starts for an optimizer, or an untuned "
                     "knob's fixed value, e.g. adamw:lr=0.016 (repeatable)")  # fmt: skip
+    ap.add_argument("--center-from", type=Path, default=None, metavar="CSV",
+                    help="start (or fix) every optimizer's knobs at the values another study "
+                    "chose (its results.csv); --center wins")  # fmt: skip
+    ap.add_argument("--center-cell", default=None, metavar="MODEL:BUDGET",
+                    help="the cell of --center-from to read (default: the file's only one)")  # fmt: skip
     ap.add_argument("--finalists", type=int, default=3, help="values per line on every seed")
     ap.add_argument("--max-passes", type=int, default=3, help="coordinate-descent passes")
     ap.add_argument("--no-swap", action="store_true",
@@ -108,14 +113,47 @@ def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
     return centers
 
 
+def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
+    """``{optimizer: {knob: value}}`` of the chosen evaluation runs in another study's
+    results.csv (one cell: ``cell`` as MODEL:BUDGET, or the file's only one). A variant
+    (``mars-adamw:gamma=0``) takes its base optimizer's values when the file lacks it."""
+    from study.knobs import KNOBS
+    from study.plan import split_variant
+    from study.results import read_csv
+
+    if not path.is_file():
+        raise ValueError(f"--center-from {path}: no such file (a study's results.csv)")
+    rows = [r for r in read_csv(path) if r["role"] == "eval" and r.get("chosen") == 1.0]
+    cells = sorted({(r["model"], r["budget"]) for r in rows})
+    if cell is not None:
+        model, _, budget = cell.partition(":")
+        cells = [c for c in cells if c == (model, float(budget.rstrip("x") or "nan"))]
+    if len(cells) != 1:
+        raise ValueError(f"--center-from {path}: say which cell with --center-cell MODEL:BUDGET "
+                         f"(it has {', '.join(f'{m}:{b:g}' for m, b in cells) or 'none'})")  # fmt: skip
+    out = {}
+    for opt in optimizers:
+        for name in (opt, split_variant(opt)[0]):
+            hit = [r for r in rows if (r["model"], r["budget"]) == cells[0] and r["optimizer"] == name]
+            if hit:
+                out[opt] = {k: hit[0][k] for k in KNOBS if isinstance(hit[0].get(k), float)}
+                break
+    return out
+
+
 def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
     out = args.out if args.out.is_absolute() else Path.cwd() / args.out
     if args.device:
         extra = [f"device={args.device}", *extra]
+    centers = {}
+    if args.center_from is not None:
+        centers = centers_from(args.center_from, args.center_cell, args.optimizers)
+    for opt, given in parse_centers(args.center).items():
+        centers.setdefault(opt, {}).update({k.rsplit(".", 1)[-1]: v for k, v in given.items()})
     return Plan(out=out, optimizers=args.optimizers, models=args.models, budgets=args.budgets,
                 reference_budgets=args.reference_budgets, select_seeds=args.select_seeds,
                 eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, knobs=args.knobs,
-                extra=extra, centers=parse_centers(args.center), untuned=args.untuned,
+                extra=extra, centers=centers, untuned=args.untuned,
                 finalists=args.finalists, max_passes=args.max_passes, swap=not args.no_swap,
                 evals=args.evals)  # fmt: skip
 

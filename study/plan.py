@@ -42,6 +42,11 @@ FIXED = {
     "muon": ["optimizer.routing=recommended"],
     "adamw-schedulefree": ["schedule=constant"],
 }
+# The config fields each knob sets (a variant that fixes one of them fixes the knob).
+KNOB_FIELDS = {
+    "lr": ("optimizer.lr",), "aux_lr": ("optimizer.aux_lr",), "wd": ("optimizer.weight_decay",),
+    "beta2": ("optimizer.betas", "optimizer.momentum"), "warmup": ("schedule.warmup_steps",),
+}  # fmt: skip
 # Variant keys that are run settings, not optimizer options (``mars-adamw:batch_tokens=8192``).
 RUN_KEYS = ("batch_tokens",)
 
@@ -193,7 +198,12 @@ class Plan:
         return cell.budget in self.budgets
 
     def keys(self, cell: Cell) -> list[str]:
-        """The keys tuned for ``cell``, in coordinate-descent order: the lr first."""
+        """The keys tuned for ``cell``, in coordinate-descent order: the lr first; a knob whose
+        config field a variant fixes (``mars-adamw:betas=[0.9,0.95]`` fixes beta2) is not."""
+        fixed = {o.split("=", 1)[0] for o in split_variant(cell.optimizer)[1]}
+        return [k for k in self._keys(cell) if not fixed & set(KNOB_FIELDS.get(k, ()))]
+
+    def _keys(self, cell: Cell) -> list[str]:
         if cell.optimizer in self.untuned:
             own = list(self.centers.get(cell.optimizer, {}))
             return [k for k in KNOBS if k in own] + [k for k in own if k not in KNOBS]
@@ -223,7 +233,9 @@ class Plan:
     def fixed_knobs(self, cell: Cell) -> dict[str, float]:
         """Knobs not tuned in ``cell`` that --center sets (the rest keep their defaults)."""
         given = self.centers.get(cell.optimizer, {})
-        return {k: v for k, v in given.items() if k not in self.keys(cell)}
+        fixed = {o.split("=", 1)[0] for o in split_variant(cell.optimizer)[1]}
+        return {k: v for k, v in given.items() if k not in self.keys(cell)
+                and not fixed & set(KNOB_FIELDS.get(k, ()))}  # fmt: skip
 
     def cell_dir(self, cell: Cell) -> Path:
         return self.out / "runs" / cell.model / f"{cell.budget:g}x" / dir_name(cell.optimizer)

@@ -18,16 +18,22 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from study.curves import write_curves
+from study.curves import read_curves, write_curves
+from study.figures import curves_figure, study_figure
 from study.results import collect, read_csv, write_csv
 from study.speedup import speedup
 from study.stats import LEVEL, paired_interval
+from study.tables import (
+    REFERENCE,
+    collapse_table,
+    commits,
+    eval_losses,
+    knob_table,
+    pairs_holm,
+    swap_table,
+)
 
 log = logging.getLogger("study")
-REFERENCE = "adamw"
-# the tuned lrs a report shows, the lr first: MARS's 1-D lr, the Muon family's AdamW part, AdamW's
-# non-matrix lr (the control adamw:aux_lr=tuned)
-LR_KEYS = ("lr", "lr_1d", "adamw_lr", "aux_lr")
 
 
 def _by(rows: list[dict], *keys: str) -> dict:
@@ -37,51 +43,31 @@ def _by(rows: list[dict], *keys: str) -> dict:
     return out
 
 
-def _eval_losses(rows: list[dict]) -> dict:
-    """``{(optimizer, model, budget): {seed: final loss}}`` of the chosen evaluation runs."""
-    out: dict = defaultdict(dict)
-    for r in rows:
-        if r["role"] == "eval":
-            loss = r["final_val_loss"]
-            out[(r["optimizer"], r["model"], r["budget"])][int(r["seed"])] = (
-                loss if isinstance(loss, float) and math.isfinite(loss) else math.inf
-            )
-    return out
-
-
-def tuning_table(rows: list[dict]) -> list[str]:
-    lines = ["| model | budget | optimizer | chosen | grid (value: loss on the selection seed) | status |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for (model, budget, opt), rs in sorted(_by([r for r in rows if r["role"] == "select"],
-                                              "model", "budget", "optimizer").items()):  # fmt: skip
-        chosen = [r for r in rs if r["chosen"] == 1.0]
-        tuned = [k for k in LR_KEYS if k in rs[0] and rs[0][k] != ""]
-        pick = ", ".join(f"{k} {chosen[0][k]:.4g}" for k in tuned) if chosen else "-"
-        points = ", ".join(
-            "/".join(f"{r[k]:.4g}" for k in tuned) + f": {r['final_val_loss']:.4f}"
-            if isinstance(r["final_val_loss"], float) else "/".join(f"{r[k]:.4g}" for k in tuned) + ": diverged"
-            for r in sorted(rs, key=lambda r: tuple(r[k] for k in tuned[::-1]))
-        )  # fmt: skip
-        status = str(rs[0]["grid"]).replace(";", ", ")
-        loud = " **CAPPED: best at the grid's edge**" if "capped" in status else ""
-        lines.append(f"| {model} | {budget:g}x | {opt} | {pick} | {points} | {status}{loud} |")
-    return lines
-
-
-def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: bool) -> list[str]:
-    losses = _eval_losses(rows)
+def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: bool,
+                     holm_p: dict | None = None) -> list[str]:  # fmt: skip
+    """Per optimizer at a main budget: mean (sd), median, collapses, the paired gap to AdamW
+    with its t-interval, whether it differs (and still does after Holm's correction over every
+    pair of the report), the speedup with its interval."""
+    losses = eval_losses(rows)
     tokens = {(r["model"], r["budget"]): r["tokens"] for r in rows if r["role"] == "eval"}
+    collapsed = defaultdict(int)
+    for r in rows:
+        if r["role"] == "eval" and r.get("chosen", 1.0) == 1.0 and r.get("collapsed"):
+            collapsed[(r["optimizer"], r["model"], r["budget"])] += 1
+    holm_p = holm_p or {}
     pct = f"{LEVEL:.0%}"
-    lines = [f"| model | budget | optimizer | seeds | mean loss (sd) | gap to AdamW, paired {pct} t-interval | "
-             f"differs from AdamW? | speedup [{pct} interval] |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [f"| model | budget | optimizer | seeds | mean loss (sd) | median | collapsed | gap to AdamW, "
+             f"paired {pct} t-interval | differs from AdamW? (Holm p) | speedup [{pct} interval] |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for (opt, model, budget), seeds in sorted(
         losses.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])
     ):
         if budget not in main_budgets:
             continue
         vals = np.array(list(seeds.values()))
-        sd = f"{vals.std(ddof=1):.4f}" if len(vals) > 1 else "-"
-        cells = [model, f"{budget:g}x", opt, str(len(vals)), f"{vals.mean():.4f} ({sd})"]
+        sd = f"{vals.std(ddof=1):.4f}" if len(vals) > 1 and np.all(np.isfinite(vals)) else "-"
+        cells = [model, f"{budget:g}x", opt, str(len(vals)), f"{vals.mean():.4f} ({sd})",
+                 f"{np.median(vals):.4f}", f"{collapsed[(opt, model, budget)]}/{len(vals)}"]  # fmt: skip
         ref = losses.get((REFERENCE, model, budget))
         if opt == REFERENCE or not ref:
             lines.append(
@@ -91,8 +77,10 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
             )
             continue
         gap = paired_interval(ref, seeds)
+        p = holm_p.get((model, budget, *sorted((opt, REFERENCE))))
+        after = "" if p is None else f" ({p:.2g}: {'holds' if p <= 1 - LEVEL else 'not after correction'})"
         verdict = (
-            ("yes: lower" if gap.hi < 0 else "yes: higher")
+            ("yes: lower" if gap.hi < 0 else "yes: higher") + after
             if gap.significant
             else "no (interval holds 0)"
         )
@@ -108,32 +96,8 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
     return lines
 
 
-def pairs_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
-    """Every pair of optimizers at a main budget: the paired gap (column minus row) over their
-    shared evaluation seeds, with its t-interval; * marks an interval that excludes 0."""
-    losses = _eval_losses(rows)
-    lines = []
-    for model, budget in sorted({(m, b) for (_, m, b) in losses if b in main_budgets}):
-        opts = sorted(o for (o, m, b) in losses if (m, b) == (model, budget))
-        lines += [f"{model} at {budget:g}x, loss of the column minus the row:", "",
-                  "| | " + " | ".join(opts) + " |", "|---|" + "---|" * len(opts)]  # fmt: skip
-        for a in opts:
-            cells = []
-            for b in opts:
-                if a == b:
-                    cells.append("")
-                    continue
-                g = paired_interval(losses[(a, model, budget)], losses[(b, model, budget)])
-                cells.append(
-                    f"{g.mean:+.3f} [{g.lo:+.3f}, {g.hi:+.3f}]{'*' if g.significant else ''}"
-                )
-            lines.append(f"| {a} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines
-
-
 def reference_table(rows: list[dict]) -> list[str]:
-    losses = _eval_losses(rows)
+    losses = eval_losses(rows)
     tokens = {(r["model"], r["budget"]): r["tokens"] for r in rows if r["role"] == "eval"}
     lines = ["| model | budget | tokens | seeds | AdamW mean loss (sd) |", "|---|---|---|---|---|"]
     for (opt, model, budget), seeds in sorted(losses.items(), key=lambda kv: (kv[0][1], kv[0][2])):
@@ -183,98 +147,54 @@ def routing_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def figure(rows: list[dict], floors: dict, path: Path) -> None:
-    """Left: each optimizer's selection grid (loss against lr). Right: AdamW's mean end loss
-    against tokens, each optimizer's evaluation seeds at its budget, the n-gram floors."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colour = {o: f"C{i}" for i, o in enumerate(sorted({r["optimizer"] for r in rows}))}
-    for (opt, budget), rs in sorted(
-        _by([r for r in rows if r["role"] == "select"], "optimizer", "budget").items()
-    ):
-        # the lr sweep: the runs whose other tuned lrs share their most common values
-        rs = max(
-            _by(rs, *[k for k in LR_KEYS[1:] if rs[0].get(k, "") != ""]).values(), key=len
-        )
-        pts = sorted(
-            (r["lr"], r["final_val_loss"]) for r in rs if isinstance(r["final_val_loss"], float)
-        )
-        if pts:
-            a.plot(
-                *zip(*pts),
-                "o-" if budget == min(r["budget"] for r in rows) else "s--",
-                label=f"{opt} {budget:g}x",
-                ms=3,
-                color=colour[opt],
-                alpha=1.0 if budget == min(r["budget"] for r in rows) else 0.5,
-            )
-    a.set_xscale("log")
-    a.set_xlabel("lr (selection seed)")
-    a.set_ylabel("final validation loss (nats/byte)")
-    a.legend(fontsize=7)
-    losses = _eval_losses(rows)
-    tokens = {(r["model"], r["budget"]): r["tokens"] for r in rows if r["role"] == "eval"}
-    ref = sorted(
-        (tokens[(m, bu)], np.mean(list(s.values())))
-        for (o, m, bu), s in losses.items()
-        if o == REFERENCE
-    )
-    if ref:
-        b.plot(*zip(*ref), "k-", lw=1, label="AdamW (mean of seeds)")
-    for i, ((opt, model, budget), seeds) in enumerate(sorted(losses.items())):
-        x = tokens[(model, budget)] * (1 + 0.03 * (i % 5 - 2))
-        b.plot(
-            [x] * len(seeds),
-            list(seeds.values()),
-            "o",
-            ms=3,
-            label=f"{opt} {budget:g}x",
-            color=colour[opt],
-        )
-    for name, value in floors.items():
-        if name in ("unigram", "bigram"):
-            b.axhline(value, ls=":", c="gray")
-            b.text(b.get_xlim()[0], value, f" {name} {value:.3f}", va="bottom", fontsize=7)
-    b.set_xscale("log")
-    b.set_xlabel("training tokens")
-    b.set_ylabel("final validation loss (evaluation seeds)")
-    b.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complete: bool,
-           bootstrap: bool = False, wall: str = "") -> str:  # fmt: skip
+           bootstrap: bool = False, wall: str = "", figures: tuple = ()) -> str:  # fmt: skip
     status = (
         "complete"
         if complete
         else "PARTIAL: some cells are unfinished (the same command continues them)"
     )
+    pairs, pair_data = pairs_holm(rows, main_budgets)
+    holm_p = {(p["model"], p["budget"], p["a"], p["b"]): p["p_holm"] for p in pair_data}
+    floor = floors.get("collapse_floor")
+    seeds = {role: sorted({int(r["seed"]) for r in rows if r["role"] == role})
+             for role in ("select", "eval")}  # fmt: skip
     out = [
         "# Optimizer study: report", "",
         f"Status: **{status}**. Made by `python -m study` from results.csv ({len(rows)} runs){wall}.", "",
         f"Validation: the whole held-out split, {floors.get('val_tokens', 0):,} tokens; its unigram loss is "
         f"{floors.get('unigram', math.nan):.4f} and its bigram loss {floors.get('bigram', math.nan):.4f} nats/token "
-        "(training-split counts, add-one smoothing): the floor any model must beat.", "",
+        "(training-split counts, add-one smoothing). A run **collapsed** when it ended at or above "
+        f"{floor if floor is not None else math.nan:.4f} (the collapse floor), diverged, or its training loss rose "
+        "more than 1.25x above its lowest point (study/curves.py).", "",
+        f"Selection seeds {', '.join(map(str, seeds['select'])) or '-'} (every knob chosen by the mean over them); "
+        f"evaluation seeds {', '.join(map(str, seeds['eval'])) or '-'} (never used to choose; the same for every "
+        "optimizer).", "",
+        *[f"![{name}]({name})" for name in figures], "",
         "## Setup", "", *setup_table(rows), "",
         "## Comparison at the main budget", "",
-        f"End-of-run validation loss over the evaluation seeds (never the selection seed, the same for every "
-        f"optimizer). Gap: the mean per-seed difference to AdamW with its {LEVEL:.0%} t-interval; an interval "
-        "that holds 0 says the seeds cannot tell the two apart. Speedup: AdamW's tokens to reach the "
+        f"End-of-run validation loss over the evaluation seeds at the chosen values. Gap: the mean per-seed "
+        f"difference to AdamW with its {LEVEL:.0%} t-interval; an interval that holds 0 says the seeds cannot "
+        f"tell the two apart; Holm p: the paired t-test's p-value adjusted over every pair of this report "
+        f"(a difference holds after correction at p <= {1 - LEVEL:.2f}). Speedup: AdamW's tokens to reach the "
         "optimizer's mean loss over the optimizer's tokens (AdamW's losses across its budgets, monotone, "
-        "interpolated in log tokens); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B).", "",
-        *comparison_table(rows, main_budgets, bootstrap=bootstrap), "",
-        "## Every pair (paired over the shared evaluation seeds, 90% t-intervals)", "",
-        *pairs_table(rows, main_budgets),
+        "interpolated in log tokens); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B); "
+        "n/a without AdamW at two budgets or more.", "",
+        *comparison_table(rows, main_budgets, bootstrap=bootstrap, holm_p=holm_p), "",
+        "## Collapses and medians (evaluation runs; selection runs beside)", "",
+        *collapse_table(rows, main_budgets), "",
+        "## Every pair, Holm-corrected", "", *pairs, "",
+        "## Selection error: the seed sets swapped", "",
+        "The final lr line's finalists (every value run on all selection seeds) also ran on the "
+        "evaluation seeds. sel->eval: chosen on the selection seeds, read on the evaluation seeds (the "
+        "protocol); eval->sel: chosen on the evaluation seeds, read on the selection seeds. Where the two "
+        "choices and gaps agree, the selection did not flatter the optimizer.", "",
+        *swap_table(rows, main_budgets), "",
         "## AdamW across budgets", "", *reference_table(rows), "",
-        "## Tuning (selection seed)", "", *tuning_table(rows), "",
+        "## Tuning: every knob's values, the choice, the runs spent", "", *knob_table(rows), "",
         "## Which parameters each optimizer trains, with which update and lr", "",
         *routing_table(rows), "",
+        "## Provenance: the commits the rows come from", "", *commits(rows), "",
     ]  # fmt: skip
     return "\n".join(out)
 
@@ -304,7 +224,7 @@ def write_report(
     merge_only: list[str] | None = None,
     collapse_floor: float | None = None,
 ) -> Path:
-    """results.csv, report.md and study.png in the study's directory; ``merge``: other studies'
+    """results.csv, curves.csv.gz, report.md, curves.png and study.png in the study's directory; ``merge``: other studies'
     results.csv whose cells join this one's (same model, seeds and protocol)."""
     from data.config import DataConfig
     from study.baselines import ngram_losses
@@ -328,11 +248,15 @@ def write_report(
         import time
 
         wall = f"; wall time since the study started: {(time.time() - float(start.read_text())) / 60:.1f} min"
-    text = render(
-        rows, floors, study.plan.budgets, complete=complete, bootstrap=bootstrap, wall=wall
-    )
-    (out / "report.md").write_text(text)
+    figures: list[str] = []
     if rows:
-        figure(rows, floors, out / "study.png")
-    log.info("wrote %s, %s and the figure", out / "results.csv", out / "report.md")
+        if curves_figure(rows, read_curves(out / "curves.csv.gz"), floors, study.plan.budgets,
+                         out / "curves.png"):  # fmt: skip
+            figures.append("curves.png")
+        study_figure(rows, floors, out / "study.png")
+        figures.append("study.png")
+    text = render(rows, floors, study.plan.budgets, complete=complete, bootstrap=bootstrap,
+                  wall=wall, figures=tuple(figures))  # fmt: skip
+    (out / "report.md").write_text(text)
+    log.info("wrote %s, %s and its figures", out / "results.csv", out / "report.md")
     return out / "report.md"

@@ -107,3 +107,24 @@ def test_generate():
     model = GPT(GPTConfig(**SMALL)).eval()
     out = model.generate(torch.zeros(1, 3, dtype=torch.long), 5, temperature=1.0, top_k=5)
     assert out.shape == (1, 8)
+
+
+def test_init_std_scales_every_initialised_weight() -> None:
+    """``model.init_std`` (the study's width-aware check): the embeddings and Linear weights at
+    that std, the residual projections at std / sqrt(2 n_layer); GPT-2's 0.02 by default."""
+    import math
+
+    import torch
+
+    from model import ModelConfig, build_model
+
+    torch.manual_seed(0)
+    cfg = dict(name="x", block_size=64, vocab_size=257, n_layer=2, n_head=2, n_embd=64)
+    for std in (0.02, 0.2):
+        m = build_model(ModelConfig(**cfg, init_std=std))
+        sd = {n: p.std().item() for n, p in m.named_parameters() if p.ndim == 2}
+        assert math.isclose(sd["transformer.wte.weight"], std, rel_tol=0.05)
+        assert math.isclose(sd["transformer.h.0.mlp.c_fc.weight"], std, rel_tol=0.05)
+        assert math.isclose(sd["transformer.h.0.mlp.c_proj.weight"], std / 2, rel_tol=0.05)
+    with pytest.raises(ValueError, match="init_std must be > 0"):
+        ModelConfig(**cfg, init_std=0.0)

@@ -218,3 +218,46 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     assert [x["loss"] for x in first if x["kind"] == "train"] == [3.0, 2.5, 2.2, 2.1]
     table = "\n".join(knob_table(rows))
     assert "| adamw | lr |" in table and "0.008 (bracketed)" in table
+    from study.report import render
+    from study.results import read_csv, write_csv
+
+    write_csv(rows, tmp_path / "results.csv")
+    back_rows = read_csv(tmp_path / "results.csv")
+    text = render(back_rows, {"bigram": 2.356, "collapse_floor": 2.356}, [0.25], complete=True)
+    for heading in ("## Collapses and medians", "## Every pair, Holm-corrected",
+                    "## Selection error", "## Tuning: every knob", "## Provenance"):  # fmt: skip
+        assert heading in text
+    assert "| proxy-100k | 0.25x | adamw | 0.008 / 0.008 |" in text  # the swap agrees here
+
+
+def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
+    """--center-from reads another study's chosen values; the factorial's variants run untuned
+    at MARS-AdamW's, a variant that fixes betas leaves the beta2 knob out of its runs."""
+    from study.cells import Study
+    from study.cli import centers_from
+    from study.factorial import variants
+    from study.plan import Cell, Plan
+    from study.results import write_csv
+
+    base = {"model": "proxy-100k", "budget": 1.0, "role": "eval", "chosen": 1, "seed": 1,
+            "lr": 0.016, "aux_lr": 0.128, "wd": 0.01, "beta2": 0.99, "warmup": 0.1}  # fmt: skip
+    csv = tmp_path / "results.csv"
+    write_csv([{**base, "optimizer": "mars-adamw"},
+               {**base, "optimizer": "adamw", "lr": 0.008, "beta2": 0.95, "wd": 0.1}], csv)  # fmt: skip
+    cells = variants({"beta2": 0.99}, 0.95)
+    assert len(cells) == 9 and "mars-adamw:mode=exact" in cells
+    assert "mars-adamw:gamma=0.0,betas=[0.9,0.95],weight_decay_1d=0.0" in cells
+    centers = centers_from(csv, None, cells)
+    assert centers[cells[0]] == {"lr": 0.016, "aux_lr": 0.128, "wd": 0.01, "beta2": 0.99,
+                                 "warmup": 0.1}  # fmt: skip
+    with pytest.raises(ValueError, match="no such file"):
+        centers_from(tmp_path / "nope.csv", None, cells)
+    opt = "mars-adamw:gamma=0.0,betas=[0.9,0.95],weight_decay_1d=0.0"
+    plan = Plan(out=tmp_path / "f", optimizers=[opt], models=["proxy-100k"], budgets=[1.0],
+                reference_budgets=[], untuned=[opt], centers={opt: centers[opt]})  # fmt: skip
+    assert plan.keys(Cell(opt, "proxy-100k", 1.0)) == ["lr", "aux_lr", "wd", "warmup"]
+    run = Study(plan).update(Cell(opt, "proxy-100k", 1.0)).pending[0]
+    assert "optimizer.betas=[0.9,0.95]" in run.overrides and "optimizer.gamma=0.0" in run.overrides
+    assert sum(o.startswith("optimizer.betas=") for o in run.overrides) == 1
+    assert "optimizer.lr=0.016" in run.overrides and "optimizer.weight_decay_1d=0.0" in run.overrides
+    assert "beta2" not in run.out_dir.name and "/eval/" in str(run.out_dir)
