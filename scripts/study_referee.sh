@@ -10,6 +10,7 @@
 #                                       # proxy-100k, the lrs at proxy-193k and proxy-423k
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
 #   scripts/study_referee.sh report     # the headline's results.csv, curves, report.md, figures
+#   scripts/study_referee.sh publish    # report, then its files into docs/study/referee/
 #
 # OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder... beside it);
 # docs/study/referee/ the committed files.
@@ -49,5 +50,11 @@ case "${1:-headline}" in
   report)
     python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
       --reference-budgets 2 4 "${CENTERS[@]}" --report-only ;;
-  *) echo "usage: $0 headline|factorial|ladder|widthinit|report" >&2; exit 2 ;;
+  publish)
+    "$0" report
+    mkdir -p docs/study/referee
+    for f in results.csv curves.csv.gz report.md curves.png study.png; do
+      [ -f "$OUT/$f" ] && cp "$OUT/$f" docs/study/referee/
+    done ;;
+  *) echo "usage: $0 headline|factorial|ladder|widthinit|report|publish" >&2; exit 2 ;;
 esac

@@ -86,11 +86,14 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
         )
         curve = {tokens[(model, b)]: s for (o, m, b), s in losses.items()
                  if o == REFERENCE and m == model and (model, b) in tokens}  # fmt: skip
-        try:
-            sp = speedup(curve, seeds, tokens[(model, budget)], bootstrap=bootstrap)
-            sp_text = f"{sp.point} [{sp.lo}, {sp.hi}]"
-        except ValueError as exc:
-            sp_text = f"n/a ({exc})"
+        if len(curve) < 2:  # one AdamW budget: no curve to read a speedup off
+            sp_text = "n/a (AdamW at one budget)"
+        else:
+            try:
+                sp = speedup(curve, seeds, tokens[(model, budget)], bootstrap=bootstrap)
+                sp_text = f"{sp.point} [{sp.lo}, {sp.hi}]"
+            except ValueError as exc:
+                sp_text = f"n/a ({exc})"
         cells += [f"{gap.mean:+.4f} [{gap.lo:+.4f}, {gap.hi:+.4f}]", verdict, sp_text]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

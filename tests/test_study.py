@@ -159,6 +159,9 @@ def test_report_tables_from_results_rows() -> None:
     value = float(muon.rsplit("|", 2)[1].split("x")[0])
     assert value == pytest.approx(1.25, abs=0.05)
     assert "0.004 (capped)" in "\n".join(knob_table(rows))
+    one = [r for r in rows if r["optimizer"] != "adamw" or r["budget"] == 1.0]
+    table = "\n".join(comparison_table(one, [1.0], bootstrap=False))
+    assert "n/a (AdamW at one budget)" in table and ">1.00x" not in table
 
 
 def test_grid_fills_the_holes_an_interruption_left() -> None:
