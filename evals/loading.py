@@ -18,6 +18,7 @@ import torch
 
 from model import CausalLM, GPTConfig, build_model
 from model.hf import is_hf_dir, load_hf
+from runtime import runfiles
 from trainer import checkpoint as ckpt
 from trainer.dcp_checkpoint import METADATA, TRAIN_STATE, load_dcp
 
@@ -37,14 +38,14 @@ class LoadedModel:
     @property
     def run_dir(self) -> Path | None:
         """The run directory of a checkpoint under ``<run>/checkpoints/``."""
-        if self.kind == "checkpoint" and self.source.parent.name == "checkpoints":
+        if self.kind == "checkpoint" and self.source.parent.name == runfiles.CHECKPOINTS:
             return self.source.parent.parent
         return None
 
     def default_results_path(self) -> Path:
         """``<run>/eval/step_N.json`` next to the run, else beside the checkpoint or HF dir."""
         if self.run_dir is not None:
-            return self.run_dir / "eval" / f"{self.source.stem}.json"
+            return self.run_dir / runfiles.EVAL / f"{self.source.stem}.json"
         if self.kind == "hf":
             return self.source / "eval.json"
         return self.source.with_suffix(".eval.json")

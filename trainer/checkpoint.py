@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from model.gpt import tied_state_dict
+from runtime import runfiles
 from runtime.distributed import DistInfo, broadcast_object, gather_objects
 from runtime.files import atomic_open
 from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp
@@ -37,7 +38,7 @@ _ZIP_MAGIC = b"PK\x03\x04"
 
 
 def checkpoint_dir(out_dir: str | Path) -> Path:
-    return Path(out_dir) / "checkpoints"
+    return Path(out_dir) / runfiles.CHECKPOINTS
 
 
 def list_checkpoints(out_dir: str | Path) -> list[Path]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from runtime import runfiles
 from runtime.files import atomic_open
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class MetricsLogger:
     """Appends records to ``metrics.jsonl`` and mirrors them to wandb (rank 0 only)."""
 
     def __init__(self, out_dir: str | Path, enabled: bool, wandb_run: Any = None) -> None:
-        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path = Path(out_dir) / runfiles.METRICS
         self.enabled = enabled
         self.wandb_run = wandb_run
         self._file = open(self.path, "a", encoding="utf-8") if enabled else None
@@ -64,7 +65,7 @@ class MetricsLogger:
 
 def truncate_metrics(out_dir: str | Path, step: int) -> None:
     """Drop records past ``step`` (logged after the checkpoint a resumed run starts from)."""
-    path = Path(out_dir) / "metrics.jsonl"
+    path = Path(out_dir) / runfiles.METRICS
     if not path.exists():
         return
     kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= step]

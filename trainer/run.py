@@ -8,17 +8,17 @@ overrides); everything here takes plain values.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime import runfiles
 from runtime.distributed import DistInfo, broadcast_object
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.logs import MetricsLogger, init_wandb, truncate_metrics
-from trainer.rundir import SUMMARY_FILE, check_run_dir, write_run_files, write_summary
+from trainer.rundir import check_run_dir, write_run_files
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +55,15 @@ def prepare_out_dir(
     out_dir = Path(broadcast_object(name))
     resume_path = ckpt.resolve_resume(resume, out_dir)
     on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None, resume)
-    if resume_path is None and resume == "auto" and (out_dir / "metrics.jsonl").exists():
+    if resume_path is None and resume == "auto" and (out_dir / runfiles.METRICS).exists():
         log.warning("%s holds a run stopped before its first checkpoint: starting it over", out_dir)
     return out_dir, resume_path
 
 
 def finished_summary(out_dir: Path, step: int, max_steps: int) -> dict | None:
-    """The summary of a run that an earlier session finished (a relaunched table or sweep)."""
-    path = out_dir / SUMMARY_FILE
-    if step >= max_steps and path.exists():
-        return json.loads(path.read_text())
-    return None
+    """The summary of a run that an earlier session finished (a relaunched table or sweep): its
+    checkpoint is at ``max_steps`` and its summary was written."""
+    return runfiles.read_summary(out_dir) if step >= max_steps else None
 
 
 def open_run(
@@ -109,5 +107,5 @@ def finish_run(
         "out_dir": str(out_dir),
     }
     if dist.is_main:
-        write_summary(out_dir, summary)
+        runfiles.write_summary(out_dir, summary)
     return summary

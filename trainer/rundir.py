@@ -1,10 +1,10 @@
-"""The run directory: its name, its config (never silently replaced), and run metadata."""
+"""The run directory: its name, its config (never silently replaced), and run metadata. The
+names and formats of its files are runtime/runfiles.py's."""
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import json
 import os
 import platform
 import subprocess
@@ -13,15 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from runtime.files import atomic_open
+from runtime import runfiles
 from trainer.checks import redact
 from trainer.config import RESUMABLE_KEYS, config_differences
-
-CONFIG_FILE = "config.yaml"
-SUMMARY_FILE = "summary.json"
-
 
 # Override keys that do not change what a run computes (those a continuation may change, but
 # max_steps, which sets the schedule) and those the name says already: left out of run names, so
@@ -77,18 +72,16 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
     A different config, or an existing run with resume=never, is an error that names the
     differences and the way out.
     """
-    cfg_path = out_dir / CONFIG_FILE
-    if not cfg_path.exists():
-        leftovers = [
-            p.name for p in (out_dir / "metrics.jsonl", out_dir / "checkpoints") if p.exists()
-        ]
+    if not (out_dir / runfiles.CONFIG).exists():
+        leftovers = [name for name in (runfiles.METRICS, runfiles.CHECKPOINTS)
+                     if (out_dir / name).exists()]  # fmt: skip
         if leftovers:
             raise SystemExit(
-                f"{out_dir} holds run files ({', '.join(leftovers)}) but no {CONFIG_FILE}; "
+                f"{out_dir} holds run files ({', '.join(leftovers)}) but no {runfiles.CONFIG}; "
                 "choose another out_dir or move those files away"
             )
         return
-    old = yaml.safe_load(cfg_path.read_text()) or {}
+    old = runfiles.load_config(out_dir) or {}
     diffs = config_differences(old, config)
     if diffs:
         raise SystemExit(
@@ -97,7 +90,7 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
             + "\nFor a new run, give it another name=NAME (or out_dir=DIR); to continue that run, "
             "use its settings."
         )
-    if not resuming and resume != "auto" and (out_dir / "metrics.jsonl").exists():
+    if not resuming and resume != "auto" and (out_dir / runfiles.METRICS).exists():
         raise SystemExit(
             f"{out_dir} already holds a run and resume=never: for a fresh run give it another "
             f"name=NAME (or out_dir=DIR), or delete {out_dir}; resume=auto continues it"
@@ -152,11 +145,10 @@ def _is_small_text(path: Path) -> bool:
 def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> None:
     """Write the resolved config and run metadata (rank 0 only)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_open(out_dir / CONFIG_FILE, "w") as f:  # a kill never leaves half a config
-        f.write(yaml.safe_dump(config, sort_keys=False))
+    runfiles.write_config(out_dir, config)
     git = git_info()
     if git.get("diff"):
-        (out_dir / "git.diff").write_text(git["diff"])
+        (out_dir / runfiles.GIT_DIFF).write_text(git["diff"])
     meta = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": redact(sys.argv),  # no secret from the environment or the command line
@@ -172,10 +164,4 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
         "host": platform.node(),
         **extra_meta,
     }
-    with open(out_dir / "meta.jsonl", "a", encoding="utf-8") as f:  # one line per (re)start
-        f.write(json.dumps(meta) + "\n")
-
-
-def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    with atomic_open(out_dir / SUMMARY_FILE, "w") as f:
-        f.write(json.dumps(summary, indent=2) + "\n")
+    runfiles.append_meta(out_dir, meta)  # one line per (re)start
