@@ -261,3 +261,21 @@ def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     assert sum(o.startswith("optimizer.betas=") for o in run.overrides) == 1
     assert "optimizer.lr=0.016" in run.overrides and "optimizer.weight_decay_1d=0.0" in run.overrides
     assert "beta2" not in run.out_dir.name and "/eval/" in str(run.out_dir)
+
+
+def test_dry_run_prints_one_command_per_run_with_the_device(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """--device cuda --jobs N: N runs at once, each ``device=cuda`` (one GPU shared); each run
+    is one train.py command with its own out_dir."""
+    import logging
+
+    from study.cli import main
+
+    caplog.set_level(logging.INFO, logger="study")
+    out = tmp_path / "s"
+    assert main(["--out", str(out), "--optimizers", "adamw", "--budgets", "0.25",
+                 "--reference-budgets", "--knobs", "lr", "--device", "cuda", "--jobs", "2",
+                 "--dry-run"]) == 0  # fmt: skip
+    cmds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("+ ")]
+    assert len(cmds) == 2 and all("device=cuda" in c and "train.py" in c for c in cmds)
+    assert all("out_dir=" in c and "/select/lr-" in c for c in cmds)
+    assert not (out / "started.txt").exists()
