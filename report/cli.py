@@ -31,11 +31,12 @@ from report import analysis as ana
 from report import runs as rr
 from report.render import render
 from report.sections import build_report
+from runtime import runfiles
 
 PUBLISHED = Path(__file__).resolve().parent.parent / "docs" / "published.yaml"
 REPORT_FILES = ("report.md", "report.json", "val_loss.csv", "downstream.csv")
 FIGURE_PATTERNS = ("val_loss_*_tokens.png", "val_loss_*_time.png", "loss_fit_*.png")
-SKIP_DIRS = {"checkpoints", "hf", "eval", "wandb", "__pycache__"}
+SKIP_DIRS = {runfiles.CHECKPOINTS, "hf", runfiles.EVAL, "wandb", "__pycache__"}
 
 
 # ---- finding runs ---------------------------------------------------------------------------
@@ -43,12 +44,12 @@ SKIP_DIRS = {"checkpoints", "hf", "eval", "wandb", "__pycache__"}
 
 def find_runs(root: Path) -> list[Path]:
     """Run directories at or below ``root`` (not descending into a run or hidden folders)."""
-    if rr.is_run_dir(root):
+    if runfiles.is_run_dir(root):
         return [root]
     found = []
     for dirpath, dirnames, _ in os.walk(root):
         here = Path(dirpath)
-        if rr.is_run_dir(here):
+        if runfiles.is_run_dir(here):
             found.append(here)
             dirnames.clear()
             continue
@@ -75,8 +76,8 @@ def expand(args: list[str], warnings: list[str]) -> tuple[list[Path], list[Path]
                 found = find_runs(m)
                 if not found:
                     warnings.append(
-                        f"skipped {m}: not a run directory (config.yaml + "
-                        "metrics.jsonl) and holds none"
+                        f"skipped {m}: not a run directory ({runfiles.CONFIG} + "
+                        f"{runfiles.METRICS}) and holds none"
                     )
                 runs.update((p.resolve(), None) for p in found)
             elif m.suffix == ".json":
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     if not runs:
         raise SystemExit(
             f"report: no runs found in {' '.join(args.paths)}; a run directory "
-            "holds config.yaml and metrics.jsonl"
+            f"holds {runfiles.CONFIG} and {runfiles.METRICS}"
         )
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

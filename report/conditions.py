@@ -8,11 +8,12 @@ report states, beside the time figures, when these differ between the runs it co
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from runtime import runfiles
 
 # Runs of one model and batch whose median tokens/s differ by more than this ratio were made on
 # different hardware or under different load: an optimizer's own per-step cost rarely differs so
@@ -53,17 +54,7 @@ def read_conditions(
     """The conditions of one run from its meta.jsonl, metrics records and summary (any missing:
     the fields stay empty)."""
     out = Conditions()
-    meta = run_dir / "meta.jsonl"
-    lines = (
-        meta.read_text(encoding="utf-8", errors="replace").splitlines() if meta.is_file() else []
-    )
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line being written; the report is tolerant
-        if not isinstance(entry, dict):
-            continue
+    for entry in runfiles.read_meta(run_dir):  # tolerant: a line being written is skipped
         _add(out.hosts, entry.get("host"))
         device = entry.get("device_name") or entry.get("device")
         _add(out.devices, str(device).split(":")[0] if device is not None else None)

@@ -21,6 +21,7 @@ import yaml
 
 from evals import tasks as et
 from report.conditions import Conditions, read_conditions
+from runtime import runfiles
 
 DATASET_NAMES = {
     "openwebtext": "OpenWebText",
@@ -195,11 +196,8 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        """summary.json exists and records at least max_steps steps."""
-        if self.summary is None:
-            return False
-        steps = to_float(self.summary.get("steps"))
-        return steps is not None and (self.max_steps is None or steps >= self.max_steps)
+        """summary.json exists and records at least max_steps steps (runtime/runfiles.py)."""
+        return runfiles.reached(self.summary, self.max_steps)
 
     @property
     def variant_items(self) -> dict[str, Any]:
@@ -229,27 +227,6 @@ class Run:
         return max((p.tokens for p in self.trained_evals(tokens)), default=None)
 
 
-def is_run_dir(path: Path) -> bool:
-    """A run directory holds config.yaml and metrics.jsonl."""
-    return (path / "config.yaml").is_file() and (path / "metrics.jsonl").is_file()
-
-
-def read_metrics(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl; an unparsable last line (a run being written) is dropped."""
-    lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln]
-    records = []
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                warnings.append(f"{path}: line {i + 1} is not JSON; skipped")
-            continue
-        if isinstance(record, dict) and "step" in record:
-            records.append(record)
-    return records
-
-
 def eval_points(records: list[dict[str, Any]], where: Path, warnings: list[str]) -> list[EvalPoint]:
     """Validation records in step order (the last record of a step wins), finite losses only.
 
@@ -273,29 +250,17 @@ def eval_points(records: list[dict[str, Any]], where: Path, warnings: list[str])
     return [points[s] for s in sorted(points)]
 
 
-def _read_json(path: Path, warnings: list[str]) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        warnings.append(f"{path}: unreadable ({exc}); ignored")
-        return None
-    if not isinstance(data, dict):
-        warnings.append(f"{path}: not a JSON object; ignored")
-        return None
-    return data
-
-
 def eval_py_scores(run_dir: Path, warnings: list[str]) -> Downstream | None:
     """Scores from the highest step's ``eval/step_N.json`` written by eval.py."""
     files = []
-    for p in (run_dir / "eval").glob("step_*.json"):
+    for p in (run_dir / runfiles.EVAL).glob("step_*.json"):
         m = re.fullmatch(r"step_(\d+)\.json", p.name)
         if m:
             files.append((int(m.group(1)), p))
     if not files:
         return None
     step, path = max(files)
-    data = _read_json(path, warnings)
+    data = runfiles.read_json(path, warnings)
     if data is None:
         return None
     out = Downstream()
@@ -319,7 +284,7 @@ def lm_eval_scores(path: Path, warnings: list[str]) -> dict[str, float]:
 
     MMLU is the aggregate ``mmlu`` entry (the per-subject entries are ignored).
     """
-    data = _read_json(path, warnings)
+    data = runfiles.read_json(path, warnings)
     results = (data or {}).get("results")
     if data is not None and "checkpoint" in data:
         warnings.append(f"{path}: an eval.py file, not lm-eval's; pass its run directory instead")
@@ -376,7 +341,7 @@ def load_run(path: Path, lm_files: list[Path], warnings: list[str]) -> Run | Non
     over the ones found under ``<run>/eval``.
     """
     try:
-        config = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8"))
+        config = runfiles.load_config(path)
     except (OSError, yaml.YAMLError) as exc:
         warnings.append(f"{path}: config.yaml unreadable ({exc}); run skipped")
         return None
@@ -384,17 +349,16 @@ def load_run(path: Path, lm_files: list[Path], warnings: list[str]) -> Run | Non
         warnings.append(f"{path}: config.yaml is not a mapping; run skipped")
         return None
     own: list[str] = []
-    records = read_metrics(path / "metrics.jsonl", own)
-    summary = None
-    if (path / "summary.json").is_file():
-        summary = _read_json(path / "summary.json", own)
+    records = runfiles.read_metrics(path, own)
+    summary = runfiles.read_summary(path, own)
     run = Run(path, config, len(records), eval_points(records, path, own), summary, warnings=own)
     run.conditions = read_conditions(path, records, summary)
     steps = [int(r["step"]) for r in records if isinstance(r.get("step"), int | float)]
     tokens = [to_float(r.get("tokens")) or 0.0 for r in records]
     run.steps = max(steps + [int(to_float((summary or {}).get("steps")) or 0)], default=0)
     run.tokens = max(tokens + [to_float((summary or {}).get("tokens")) or 0.0], default=0.0)
-    found = sorted((path / "eval").glob("**/results_*.json")) if (path / "eval").is_dir() else []
+    evals = path / runfiles.EVAL
+    found = sorted(evals.glob("**/results_*.json")) if evals.is_dir() else []
     lm = lm_eval_scores(newest(lm_files), own) if lm_files else {}
     if not lm and found:  # files named on the command line win over the ones found
         lm = lm_eval_scores(newest(found), own)

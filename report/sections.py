@@ -16,6 +16,7 @@ from report import figures as figs
 from report import fits as rfits
 from report import runs as rr
 from report import speedup as rspeed
+from runtime import runfiles
 
 Groups = dict[tuple[str, str, str], list[ana.Variant]]
 
@@ -81,7 +82,7 @@ def unfinished(runs: list[rr.Run]) -> list[dict[str, Any]]:
     for r in runs:
         if r.finished:
             continue
-        mtime = (r.path / "metrics.jsonl").stat().st_mtime
+        mtime = (r.path / runfiles.METRICS).stat().st_mtime
         ago = (datetime.datetime.now().timestamp() - mtime) / 60
         when = f"{ago:.0f} min ago" if ago < 120 else f"{ago / 60:.1f} h ago"
         out.append(

@@ -85,10 +85,12 @@ def read_summary(run_dir: Path, warnings: list[str] | None = None) -> dict[str, 
     path = run_dir / SUMMARY
     if not path.is_file():
         return None
-    return _read_json(path, warnings)
+    return read_json(path, warnings)
 
 
-def _read_json(path: Path, warnings: list[str] | None) -> dict[str, Any] | None:
+def read_json(path: Path, warnings: list[str] | None = None) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (a summary, an evaluation's results); None when it is
+    unreadable or not an object (said in ``warnings``, when given)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

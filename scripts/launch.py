@@ -9,9 +9,9 @@
 Each run is `train.py experiment=<name> out_dir=<runs-dir>/<name> micro_batch_size=<B>`. The
 experiment pins the official 100,000 steps of 480 x 1024 tokens; train.py derives gradient
 accumulation from the micro-batch and the GPU count, so every GPU count trains the same global
-batch. A finished run (summary.json steps >= max_steps) is skipped; any other is launched with the
-same command and train.py (resume=auto) continues it from its newest checkpoint, so after an
-interruption just re-run the script. Runs: owt 10, fineweb 4, mars-m 20 (AdamW runs are shared
+batch. A finished run (summary.json steps >= max_steps: runtime/runfiles.py) is skipped; any
+other is launched with the same command and train.py (resume=auto) continues it from its newest
+checkpoint, so after an interruption just re-run the script. Runs: owt 10, fineweb 4, mars-m 20 (AdamW runs are shared
 with owt/fineweb: trained once).
 With several nodes the runs directory must be on a filesystem every node sees. With --slurm the
 command waits for the jobs; the jobs go on if it is stopped.
@@ -37,13 +37,13 @@ import argparse
 import fnmatch
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from bench.configs import ROOT
 from bench.memory_model import GIB, fitting_micro_batch
+from runtime import commands, runfiles
 from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the tests' too)
     BUCKET_VIEW,
     CPU_TABLES,
@@ -121,26 +121,15 @@ def plan_micro_batches(runs: list[Run], args: argparse.Namespace) -> dict[str, i
     return {size: b for size, (b, _, _) in chosen.items()}
 
 
-def _read_int(path: Path, key: str) -> int | None:
-    """`key` of a JSON or YAML mapping file; None when absent or unreadable (not known)."""
-    import yaml  # JSON is YAML
-
-    try:
-        return int(yaml.safe_load(path.read_text())[key])
-    except (OSError, ValueError, TypeError, KeyError, yaml.YAMLError):
-        return None
-
-
 def run_state(out_dir: Path, max_steps: int | None = None) -> tuple[bool, str]:
     """(finished, description) of the run in `out_dir`; `max_steps` overrides config.yaml's.
     The newest checkpoint is trainer.checkpoint's: step_N.pt files and DCP step_N/ directories."""
     if not out_dir.exists():
         return False, "new"
-    steps = _read_int(out_dir / "summary.json", "steps")
-    if max_steps is None:
-        max_steps = _read_int(out_dir / "config.yaml", "max_steps")
-    if steps is not None and max_steps is not None and steps >= max_steps:
-        return True, f"finished: {steps}/{max_steps} steps"
+    summary = runfiles.finished(out_dir, max_steps)
+    if summary is not None:
+        done = max_steps or (runfiles.read_config(out_dir) or {}).get("max_steps")
+        return True, f"finished: {summary['steps']}/{done} steps"
     newest = latest_checkpoint(out_dir)
     if newest is None:
         return False, "started, no checkpoint: starts from step 0"
@@ -177,34 +166,12 @@ def run_extra(run: Run, extra: list[str]) -> list[str]:
     return extra if run.steps_fraction == 1.0 or n is None else [*extra, f"max_steps={n}"]
 
 
-def _exe(name: str) -> str | None:
-    """This Python's `name` script: plain `name` when PATH finds that one, else its path."""
-    sibling = Path(sys.executable).parent / name
-    if not sibling.exists():
-        return None
-    on_path = shutil.which(name)  # same directory, not same target: a venv's python is a link
-    same = on_path and Path(on_path).parent.resolve() == sibling.parent.resolve()
-    return name if same else str(sibling)
-
-
-def python_cmd() -> list[str]:
-    return [_exe("python") or sys.executable]
-
-
-def torchrun_cmd() -> list[str]:
-    exe = _exe("torchrun")
-    return [exe] if exe else [*python_cmd(), "-m", "torch.distributed.run"]
-
-
-def torchrun_command(run: Run, out_dir: str, micro: int, args, extra) -> list[str]:
-    if args.nodes == 1:
-        dist = ["--standalone", f"--nproc_per_node={args.gpus}"]
-    else:
-        dist = [f"--nnodes={args.nodes}", f"--node_rank={args.node_rank}",
-                f"--nproc_per_node={args.gpus}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={args.rdzv}", f"--rdzv_id={run.name.replace('/', '-')}"]  # fmt: skip
+def run_command(run: Run, out_dir: str, micro: int, args, extra) -> list[str]:
+    """``run``'s train.py command under torchrun on this node (one of ``--nodes``)."""
+    processes = commands.torchrun(args.gpus, nodes=args.nodes, node_rank=args.node_rank,
+                                  rdzv=args.rdzv, rdzv_id=run.name.replace("/", "-"))  # fmt: skip
     train = [f"experiment={run.experiment}", f"out_dir={out_dir}", f"micro_batch_size={micro}"]
-    return [*torchrun_cmd(), *dist, "train.py", *train, *run.overrides, *extra]
+    return commands.train_command([*train, *run.overrides, *extra], processes=processes)
 
 
 def slurm_commands(runs: list[Run], runs_dir: str, micro: dict, args, extra) -> list[list[str]]:
@@ -214,19 +181,17 @@ def slurm_commands(runs: list[Run], runs_dir: str, micro: dict, args, extra) -> 
         tail = tuple(run_extra(run, extra)[len(extra):])  # after extra: an equal-compute row's
         key = (micro[run.size], run.suffix, run.overrides, tail)
         groups.setdefault(key, []).append(run.experiment)
-    launcher = ["hydra/launcher=submitit_slurm", f"hydra.launcher.nodes={args.nodes}",
-                f"hydra.launcher.tasks_per_node={args.gpus}",
-                f"hydra.launcher.gpus_per_node={args.gpus}",
-                f"hydra.launcher.timeout_min={args.slurm_time}"]  # fmt: skip
-    if args.slurm_partition:
-        launcher.append(f"hydra.launcher.partition={args.slurm_partition}")
-    commands = []
+    launcher = commands.hydra_launcher(
+        "submitit_slurm", nodes=args.nodes, tasks_per_node=args.gpus, gpus_per_node=args.gpus,
+        timeout_min=args.slurm_time, partition=args.slurm_partition or None,
+    )  # fmt: skip
+    out = []
     for (micro_batch, suffix, overrides, tail), experiments in groups.items():
-        sweep = ["--multirun", "experiment=" + ",".join(experiments)]
-        train = [f"out_dir={runs_dir}/${{name}}{suffix}", f"micro_batch_size={micro_batch}"]
-        commands.append([*python_cmd(), "train.py", *sweep, *train, *launcher, *overrides, *extra,
-                         *tail])  # fmt: skip
-    return commands
+        train = ["experiment=" + ",".join(experiments), f"out_dir={runs_dir}/${{name}}{suffix}",
+                 f"micro_batch_size={micro_batch}"]  # fmt: skip
+        out.append(commands.train_command([*train, *launcher, *overrides, *extra, *tail],
+                                          multirun=True))  # fmt: skip
+    return out
 
 
 class _Parser(argparse.ArgumentParser):
@@ -350,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in runs:
         run_over = run_extra(run, extra)
         done, state = run_state(runs_dir / run.name, run_steps(run, extra))
-        cmd = torchrun_command(run, f"{shown_dir}/{run.name}", micro[run.size], args, run_over)
+        cmd = run_command(run, f"{shown_dir}/{run.name}", micro[run.size], args, run_over)
         if done:
             shown = f": {shlex.join(cmd)}" if args.dry_run and not args.slurm else ""
             print(f"# skipped {run.name} ({state}){shown}")

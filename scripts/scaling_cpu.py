@@ -21,13 +21,12 @@ overrides after ``--`` go to every run.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-import yaml
+from runtime import commands, runfiles
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTHS = (64, 128, 192)
@@ -49,26 +48,19 @@ def experiment(width: int, opt: str) -> str:
 
 def train_cmd(width: int, opt: str, sweep_dir: Path, values: list[str], extra: list[str]):
     """One train.py --multirun command of the study."""
-    return [
-        sys.executable,
-        "train.py",
-        "--multirun",
-        f"experiment={experiment(width, opt)}",
-        *values,
-        *RUN_OPTIONS,
-        f"hydra.sweep.dir={sweep_dir}",
-        *extra,
-    ]
+    overrides = [f"experiment={experiment(width, opt)}", *values, *RUN_OPTIONS,
+                 f"hydra.sweep.dir={sweep_dir}", *extra]  # fmt: skip
+    return commands.train_command(overrides, processes=[sys.executable], multirun=True)
 
 
 def best_run(sweep_dir: Path) -> tuple[Path, float]:
     """The sweep job with the lowest best validation loss, and its lr (from its config.yaml).
     A SystemExit naming the directory when no job has finished."""
     done = []
-    for job in sorted(p for p in sweep_dir.glob("*") if (p / "summary.json").is_file()):
-        best = json.loads((job / "summary.json").read_text()).get("best_val_loss")
+    for job in sorted(sweep_dir.glob("*")):
+        best = (runfiles.read_summary(job) or {}).get("best_val_loss")
         if isinstance(best, int | float):
-            lr = yaml.safe_load((job / "config.yaml").read_text())["optimizer"]["lr"]
+            lr = runfiles.read_config(job)["optimizer"]["lr"]
             done.append((float(best), job, float(lr)))
     if not done:
         raise SystemExit(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime import commands as train_commands
 from scripts import launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,8 +26,8 @@ def no_gpu(monkeypatch):
     """The same answers on a machine with GPUs as without; fixed executable names."""
     monkeypatch.setattr(launch, "visible_gpus", lambda: 0)
     monkeypatch.setattr(launch, "gpu_memory_gib", lambda: None)
-    monkeypatch.setattr(launch, "torchrun_cmd", lambda: ["torchrun"])
-    monkeypatch.setattr(launch, "python_cmd", lambda: ["python"])
+    monkeypatch.setattr(train_commands, "torchrun_exe", lambda: ["torchrun"])
+    monkeypatch.setattr(train_commands, "python_exe", lambda: ["python"])
 
 
 def run_main(capsys, *argv: str) -> tuple[int, str, str]:

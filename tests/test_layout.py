@@ -20,10 +20,11 @@ ALLOWED = {
     "model": {"data.tokenizer", "runtime"},
     "trainer": {"data", "model", "optim", "runtime"},
     "evals": {"data", "model", "runtime", "trainer.checkpoint", "trainer.dcp_checkpoint"},
-    "report": {"evals.tasks"},  # reads run directories; task metadata from evals/
+    "report": {"evals.tasks", "runtime.runfiles"},  # run directories read through runfiles
     "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
     "scripts": {"bench", "data", "model", "optim", "runtime", "trainer", "evals"},
-    "study": {"data", "model", "optim"},  # launches train.py; reads run directories
+    # launches train.py (runtime.commands) and reads run directories (runtime.runfiles)
+    "study": {"data", "model", "optim", "runtime.commands", "runtime.runfiles"},
 }
 
 
