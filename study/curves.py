@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import csv
 import gzip
-import json
 import math
 from pathlib import Path
+
+from runtime import runfiles
 
 COLUMNS = ["run_dir", "kind", "step", "tokens", "loss", "grad_norm", "clip_rate", "lr"]
 RISE = 1.25  # the training loss's end over its lowest point (running means) that flags a rise
@@ -27,15 +28,7 @@ def run_curves(run_dir: Path) -> list[dict]:
     """The train and val records of one run's metrics.jsonl (a resumed run's log holds no
     records past its checkpoint, so each step appears once)."""
     out = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a killed process
+    for r in runfiles.read_metrics(run_dir):  # a line cut short by a killed process is skipped
         if "val_loss" in r:
             out.append({"kind": "val", "step": r["step"], "tokens": r.get("tokens"),
                         "loss": r["val_loss"]})  # fmt: skip

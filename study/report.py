@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from runtime import runfiles
 from study.curves import read_curves, write_curves
 from study.figures import curves_figure, study_figure
 from study.results import collect, read_csv, write_csv
@@ -234,9 +235,9 @@ def write_report(
 
     out = study.plan.out
     floors: dict = {}
-    first = next(iter(sorted(out.glob("runs/*/*/*/*/*/config.yaml"))), None)
+    first = next(iter(sorted(out.glob(f"runs/*/*/*/*/*/{runfiles.CONFIG}"))), None)
     if first is not None:
-        floors = ngram_losses(DataConfig(**yaml.safe_load(first.read_text())["data"]))
+        floors = ngram_losses(DataConfig(**(runfiles.read_config(first.parent) or {})["data"]))
     floor = collapse_floor if collapse_floor is not None else floors.get("bigram")
     rows, curves = collect(study, floor)
     rows += merged_rows(rows, [Path(p) for p in merge], merge_only)

@@ -4,12 +4,10 @@ from (docs/study.md lists the columns)."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
-import yaml
-
+from runtime import runfiles
 from study.cells import FAILED, Study, finished_loss
 from study.curves import collapse_reason, run_curves
 from study.runner import result
@@ -23,11 +21,10 @@ MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "ch
 
 
 def _commit(run_dir: Path) -> str:
-    try:
-        first = (run_dir / "meta.jsonl").read_text().splitlines()[0]
-        meta = json.loads(first)
-    except (OSError, ValueError, IndexError):
+    metas = runfiles.read_meta(run_dir)
+    if not metas:
         return ""
+    meta = metas[0]
     return meta.get("git_commit", "")[:12] + ("+dirty" if meta.get("git_dirty") else "")
 
 
@@ -53,7 +50,7 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     loss = finished_loss(run_dir, state.max_steps)
     if loss is None:
         return None
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = runfiles.read_config(run_dir) or {}
     summary = result(run_dir, state.max_steps) or {}
     keys = study.plan.keys(cell)
     values = parse_run_name(run_dir.name, keys)
@@ -90,7 +87,7 @@ def collect(study: Study, floor: float | None = None) -> tuple[list[dict], dict[
     for cell in study.plan.cells():
         state = study.states.get(cell) or study.update(cell)
         for role in ("select", "eval"):
-            for cfg_file in sorted((study.plan.cell_dir(cell) / role).glob("*/config.yaml")):
+            for cfg_file in sorted((study.plan.cell_dir(cell) / role).glob(f"*/{runfiles.CONFIG}")):
                 curve = run_curves(cfg_file.parent)
                 row = _row(study, cell, role, cfg_file.parent, state, floor, curve)
                 if row is not None:

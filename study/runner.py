@@ -3,23 +3,23 @@
 ``--device cuda`` with several commands sharing one GPU) or on Slurm (``--launcher slurm``:
 Hydra's submitit launcher).
 
-A run is finished when its ``summary.json`` has as many steps as asked; any other run is in the
+A run is finished when its summary has as many steps as asked (runtime/runfiles.py); any other run is in the
 next command, and train.py continues it from its checkpoint (resume=auto), so the study command
 started again picks up where it stopped.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shlex
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from runtime import commands, runfiles
 
 log = logging.getLogger("study")
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,30 +36,19 @@ class Run:
 
 
 def result(run_dir: Path, max_steps: int) -> dict | None:
-    """The summary of a finished run (None: not finished)."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if summary.get("steps", 0) >= max_steps else None
+    """The summary of a finished run (None: not finished): the run directory's own rule."""
+    return runfiles.finished(run_dir, max_steps)
 
 
 def command(run: Run, *, launcher: str, nproc: int) -> list[str]:
     """The ``train.py`` command of one run: a plain one on this machine, a one-job
     ``--multirun`` through Hydra's submitit launcher on Slurm (or submitit_local)."""
-    exe = (
-        [sys.executable]
-        if nproc <= 1
-        else ["torchrun", "--standalone", f"--nproc_per_node={nproc}"]
-    )
-    cmd = [*exe, "train.py"]
-    if launcher != "local":
-        cmd.append("--multirun")
-    cmd += [*run.overrides, f"out_dir={run.out_dir}"]
+    processes = commands.torchrun(nproc) if nproc > 1 else None
+    overrides = [*run.overrides, f"out_dir={run.out_dir}"]
     if launcher != "local":
         name = "submitit_slurm" if launcher == "slurm" else "submitit_local"
-        cmd += [f"hydra.sweep.dir={run.out_dir.parent}/.sweep", f"hydra/launcher={name}"]
-    return cmd
+        overrides += commands.hydra_launcher(name, sweep_dir=run.out_dir.parent / ".sweep")
+    return commands.train_command(overrides, processes=processes, multirun=launcher != "local")
 
 
 def execute(commands: list[list[str]], *, jobs: int, threads: int, dry_run: bool,
