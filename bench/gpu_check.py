@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.configs import ROOT
+from runtime.config_files import ROOT
 
 FAMILIES = ["adamw", "mars-adamw", "muon", "mars-m", "lion", "mars-lion", "mars-shampoo",
             "moonlight"]  # fmt: skip  (most asked-about first)
@@ -59,9 +59,9 @@ def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> t
     ``gpus`` GPUs of ``memory_gib``: the largest divisor of the per-rank sequences that the
     launcher's own estimate (bench.memory.experiment_estimator: the Trainer's DDP settings) fits,
     so the check measures what a paper run would run."""
-    from bench.configs import load_config
     from bench.memory import experiment_estimator
     from bench.memory_model import fitting_micro_batch
+    from runtime.config_files import load_config
 
     cfg = load_config(f"experiment/{experiment}")
     per_rank = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"]) // gpus

@@ -1,5 +1,6 @@
 """What every benchmark shares: the device line, timing, the model and optimizer variants, the
-compile counters, and argument-parsing pieces. Model shapes come from configs/ (bench.configs)."""
+compile counters, and argument-parsing pieces. Model shapes come from configs/
+(runtime.config_files)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from pathlib import Path
 import torch
 
 import optim
-from bench.configs import config_names, load_config
 from model import GPTConfig
+from runtime.config_files import config_names, load_config
 
 GPU_MODELS = ("gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl")
 SHARED = {"gpt2-small": "small", "gpt2-medium": "medium", "gpt2-large": "large", "gpt2-xl": "xl"}

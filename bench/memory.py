@@ -56,7 +56,7 @@ def experiment_state_bytes(experiment: str) -> int:
     """The optimizer state of configs/experiment/<experiment>.yaml, measured on the meta device."""
     import dataclasses
 
-    from bench.configs import load_config
+    from runtime.config_files import load_config
 
     exp = load_config(f"experiment/{experiment}")
     opt = dict(exp["optimizer"])
@@ -70,7 +70,7 @@ def experiment_estimator(experiments: list[str], world: int) -> Callable[[int], 
     """micro-batch -> MemoryEstimate of these experiments (one model size; the largest optimizer
     state) on ``world`` ranks, with the Trainer's DDP settings: what scripts/launch.py picks the
     micro-batch by, and the GPU check with it."""
-    from bench.configs import load_config
+    from runtime.config_files import load_config
     from trainer.trainer import GRADIENT_AS_BUCKET_VIEW
 
     cfg = load_config(f"experiment/{experiments[0]}")

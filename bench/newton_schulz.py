@@ -31,9 +31,9 @@ import time
 import torch
 
 import optim.preconditioners as precond
-from bench.configs import load_config
 from optim import MARS_M, Muon
 from optim.newton_schulz import orthogonalise
+from runtime.config_files import load_config
 from runtime.distributed import pick_device
 
 

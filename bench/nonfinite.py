@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 import optim
-from bench.configs import load_config
 from model import GPTConfig, build_model
+from runtime.config_files import load_config
 from runtime.device import resolve_dtype
 from runtime.distributed import DistInfo, pick_device
 from trainer.nonfinite import NonFiniteConfig, NonFiniteGuard
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_yaml(group: str, name: str) -> dict:
-    """configs/<group>/<name>.yaml (bench.configs); one clear line for an unknown name."""
+    """configs/<group>/<name>.yaml (runtime.config_files); one clear line for an unknown name."""
     try:
         return load_config(f"{group}/{name}")
     except ValueError as e:

@@ -47,7 +47,8 @@ def torchrun(nproc: int, *, nodes: int = 1, node_rank: int | None = None,
         dist = ["--standalone", f"--nproc_per_node={nproc}"]
     else:
         dist = [f"--nnodes={nodes}", f"--node_rank={node_rank}", f"--nproc_per_node={nproc}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv}", f"--rdzv_id={rdzv_id}"]  # fmt: skip
+                "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv}",
+                f"--rdzv_id={rdzv_id}"]  # fmt: skip
     return [*torchrun_exe(), *dist]
 
 

@@ -1,11 +1,15 @@
-"""The one reader of configs/ for the benchmarks and the launcher (plain yaml, no Hydra).
+"""The one reader of configs/ outside Hydra (plain yaml): for the launcher, the benchmarks and the
+command-line checks that run before Hydra.
 
-``load_config("model/gpt2-xl")`` is that file's values; ``load_config("experiment/owt/small-adamw")``
-is the experiment composed the way Hydra composes it for the keys it sets: its ``defaults`` list
-followed depth-first (``/shared/small``, ``override /model: gpt2-small``, ``_self_``), the chosen
-group options (``model``, ``optimizer``, ...) under their group's key, later values winning.
+``config_names("experiment/owt")`` lists a group's options; ``load_config("model/gpt2-xl")`` is
+that file's values; ``load_config("experiment/owt/small-adamw")`` is the experiment composed the
+way Hydra composes it for the keys it sets: its ``defaults`` list followed depth-first
+(``/shared/small``, ``override /model: gpt2-small``, ``_self_``), the chosen group options
+(``model``, ``optimizer``, ...) under their group's key, later values winning;
+``group_choices(path)`` is what a file (and the files it lists) chooses for each group.
 Interpolations (``${...}``) are left as text and the structured base config (``base_config``) is
-skipped: train.py's typed defaults fill the keys a file does not set.
+skipped: train.py's typed defaults fill the keys a file does not set. Hydra itself (train.py)
+composes what runs.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 CONFIGS = ROOT / "configs"
 GLOBAL = "# @package _global_"
+STRUCTURED = "base_config"  # train.py's typed TrainConfig, not a file
 
 
 def config_names(group: str) -> list[str]:
@@ -53,20 +58,28 @@ def _entries(values: dict) -> list[tuple[str, str | None]]:
         if entry == "_self_":
             out.append(("self", None))
         elif isinstance(entry, str):
-            if not entry.lstrip("/").startswith("schema/"):  # structured configs: train.py's
+            name = entry.lstrip("/")
+            if not name.startswith("schema/") and name != STRUCTURED:  # train.py's dataclasses
                 out.append(("config", entry))
         else:
             ((key, option),) = entry.items()
             group = key.removeprefix("override").strip().strip("/")
-            if not group.startswith("hydra") and group != "base_config":
+            if not group.startswith("hydra") and group != STRUCTURED:
                 out.append((f"group:{group}", option))
     if ("self", None) not in out:
         out.append(("self", None))
     return out
 
 
-def _choices(path: str, choices: dict[str, str]) -> None:
-    """Every group choice in the tree under ``path`` (depth-first; later ones win)."""
+def group_choices(path: str) -> dict[str, Any]:
+    """The option configs/<path>.yaml chooses for each group, following the files its defaults
+    list names (depth-first; later ones win): ``{"model": "gpt2-small", ...}``."""
+    choices: dict[str, Any] = {}
+    _choices(path, choices)
+    return choices
+
+
+def _choices(path: str, choices: dict[str, Any]) -> None:
     values, _ = _read(path)
     for kind, target in _entries(values):
         if kind == "config":
@@ -84,8 +97,7 @@ def _resolve(parent: str, target: str) -> str:
 def load_config(path: str) -> dict[str, Any]:
     """configs/<path>.yaml composed with its defaults list (module docstring); ``defaults`` and
     keys starting with ``_`` dropped. Raises ValueError naming the options for a missing file."""
-    choices: dict[str, str] = {}
-    _choices(path, choices)
+    choices = group_choices(path)
     out: dict[str, Any] = {}
     done: set[str] = set()
 

@@ -11,19 +11,19 @@ experiment pins the official 100,000 steps of 480 x 1024 tokens; train.py derive
 accumulation from the micro-batch and the GPU count, so every GPU count trains the same global
 batch. A finished run (summary.json steps >= max_steps: runtime/runfiles.py) is skipped; any
 other is launched with the same command and train.py (resume=auto) continues it from its newest
-checkpoint, so after an interruption just re-run the script. Runs: owt 10, fineweb 4, mars-m 20 (AdamW runs are shared
-with owt/fineweb: trained once).
+checkpoint, so after an interruption just re-run the script. Runs: owt 10, fineweb 4, mars-m 20
+(AdamW runs are shared with owt/fineweb: trained once).
 With several nodes the runs directory must be on a filesystem every node sees. With --slurm the
 command waits for the jobs; the jobs go on if it is stopped.
 
 The runs of a table are the experiment files of its datasets' directories (configs/experiment/owt/,
 configs/experiment/fineweb-edu/) for its optimizers; their model sizes, global batch and micro-batch
-come from those files (bench.configs composes them). The micro-batch, unless --micro-batch is
-given, is the largest divisor of the per-rank sequences whose memory (bench/memory_model.py: the
-model, the worst optimizer state of the size's runs, the loss path, DDP's buckets, the CUDA
-context) fits the GPU; without a GPU or --gpu-mem, the official one or the largest divisor below
-it. If a run still runs out of memory, pass --micro-batch with a smaller divisor (the global batch
-and the update stay the same). Run it as `python -m scripts.launch` from the repository root.
+come from those files (runtime/config_files.py composes them). The micro-batch, unless
+--micro-batch is given, is the largest divisor of the per-rank sequences whose memory
+(bench/memory_model.py: the model, the worst optimizer state of the size's runs, the loss path,
+DDP's buckets, the CUDA context) fits the GPU; without a GPU or --gpu-mem, the official one or the
+largest divisor below it. If a run still runs out of memory, pass --micro-batch with a smaller
+divisor (the global batch and the update stay the same). Run it as `python -m scripts.launch` from the repository root.
 
 The ablation sets (docs/ablations.md) are tables too: `--table ablation` (GPT-2 small on
 OpenWebText) and `--table ablation-cpu` (a tiny GPT on the embedded corpus; one CPU process when
@@ -41,9 +41,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.configs import ROOT
 from bench.memory_model import GIB, fitting_micro_batch
 from runtime import commands, runfiles
+from runtime.config_files import ROOT
 from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the tests' too)
     BUCKET_VIEW,
     CPU_TABLES,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from bench.configs import config_names, load_config
+from runtime.config_files import config_names, load_config
 from trainer.trainer import GRADIENT_AS_BUCKET_VIEW
 
 # table: (experiment directories, optimizers in launch order); the runs are the files there

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from bench.configs import load_config
 from helpers import ROOT
+from runtime.config_files import load_config
 
 
 def test_load_config_composes_experiments():

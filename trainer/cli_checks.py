@@ -7,7 +7,8 @@ keys are read from the dataclasses' source (``ast``, never run) and the groups' 
 Hydra composes the config afterwards and ``trainer/checks.py`` checks every value.
 
 The entry points parse the overrides with Hydra's parser and pass plain ``Override`` tuples: this
-module imports neither Hydra nor torch (only the standard library and yaml).
+module imports neither Hydra nor torch (only the standard library and yaml: configs/ is read by
+runtime/config_files.py).
 """
 
 from __future__ import annotations
@@ -15,13 +16,10 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
+from runtime.config_files import ROOT, config_names, group_choices
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
 GROUPS = ("model", "data", "optimizer", "schedule", "experiment")  # what a user may choose
 OPEN = "open"  # a field whose keys are not checked (``Any``, ``dict``)
 Schema = dict[str, Any]  # field -> nested Schema, None (a value) or OPEN
@@ -134,26 +132,7 @@ def optimizer_fields() -> dict[str, Schema]:
 def group_options(group: str) -> tuple[str, ...]:
     """The options of a config group: its YAML files under ``configs/<group>/``, without the
     suffix (``owt/small-adamw``)."""
-    d = CONFIGS / group
-    return tuple(sorted(p.relative_to(d).with_suffix("").as_posix() for p in d.rglob("*.yaml")))
-
-
-def _defaults(path: Path) -> list:
-    return (yaml.safe_load(path.read_text()) or {}).get("defaults") or []
-
-
-def _choice_in(path: Path, group: str) -> str | None:
-    """The option of ``group`` that the config file ``path`` (an experiment) chooses, following
-    its ``/other/file`` entries."""
-    chosen = None
-    for entry in _defaults(path):
-        if isinstance(entry, str) and entry.startswith("/"):
-            chosen = _choice_in(CONFIGS / f"{entry.strip('/')}.yaml", group) or chosen
-        elif isinstance(entry, dict):
-            for key, value in entry.items():
-                if str(key).removeprefix("override ").strip("/") == group:
-                    chosen = str(value)
-    return chosen
+    return tuple(config_names(group))
 
 
 def chosen_options(overrides: list[Override], group: str) -> list[str]:
@@ -162,13 +141,13 @@ def chosen_options(overrides: list[Override], group: str) -> list[str]:
     own = [o.options for o in overrides if o.key == group]
     if own:  # none when Hydra alone can list them (a glob): its keys are checked after composing
         return list(own[-1])
-    default = {k: v for e in _defaults(CONFIGS / "config.yaml") if isinstance(e, dict)
-               for k, v in e.items()}  # fmt: skip
+    default = group_choices("config")
     experiments = [o.options for o in overrides if o.key == "experiment"]
     chosen = []
     for experiment in experiments[-1] if experiments else [default.get("experiment")]:
-        path = CONFIGS / "experiment" / f"{experiment}.yaml"
-        chosen.append((_choice_in(path, group) if path.is_file() else None) or default[group])
+        known = experiment is not None and experiment in group_options("experiment")
+        choice = group_choices(f"experiment/{experiment}").get(group) if known else None
+        chosen.append(str(choice) if choice is not None else default[group])
     return sorted(set(chosen))
 
 
