@@ -10,7 +10,7 @@
 (``eval_tokens``), micro-batch and sequence length, through the same code as training, so it
 equals the ``val_loss`` that training logged for that checkpoint (``val_tokens=0``: the whole
 split). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
-``evals/harness.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
+``evals/scoring.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
 of the paper's table.
 """
 
@@ -32,25 +32,23 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer.cli_checks import Override, check_eval_overrides
+from trainer.cli_checks import check_eval_overrides, from_parsed, override_args
 
 if __name__ == "__main__":  # before the slow imports below: a misspelt key is refused at once
     from trainer.cli_checks import EVAL_PATH_KEYS, quote_paths
 
     sys.argv[1:] = quote_paths(sys.argv[1:], EVAL_PATH_KEYS)  # run dirs hold '=' and ','
     try:
-        check_eval_overrides([
-            Override(o.key_or_group) for o in OverridesParser.create().parse_overrides(
-                [a for a in sys.argv[1:] if ("=" in a or a[:1] == "~") and a[:1] != "-"])
-        ])  # fmt: skip
+        parsed = OverridesParser.create().parse_overrides(override_args(sys.argv[1:]))
+        check_eval_overrides(from_parsed(parsed))
     except (ValueError, HydraException) as exc:
         raise SystemExit(f"config error: {str(exc).strip().splitlines()[0]}") from None
 
 from data import ensure_prepared, find_shards, num_val_windows, val_batches  # noqa: E402
 from evals.config import EvalConfig  # noqa: E402
 from evals.data import load_rows  # noqa: E402
-from evals.harness import evaluate_examples  # noqa: E402
 from evals.loading import LoadedModel, load_model  # noqa: E402
+from evals.scoring import evaluate_examples  # noqa: E402
 from evals.tasks import TASKS, Example, build_examples, table  # noqa: E402
 from runtime.device import resolve_dtype, tune_host_allocator  # noqa: E402
 from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed  # noqa: E402

@@ -5,7 +5,7 @@
     torchrun --nproc_per_node=8 train.py model=gpt2-small data=openwebtext
     python train.py --multirun optimizer.lr=3e-4,6e-4,1e-3
 
-Here: the loop (``run``: a step, then the log line, validation loss and checkpoint at their
+Here: the loop (``loop``: a step, then the log line, validation loss and checkpoint at their
 intervals), one run from its directory to its summary (``train``), and the command line (the only
 Hydra code of training). Elsewhere, in ``trainer/``: the Trainer and its step (``trainer.py``),
 the run directory and summary (``run.py``, ``rundir.py``), checkpoints (``checkpoint.py``), what
@@ -42,13 +42,18 @@ import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-from hydra.core.override_parser.types import ValueType  # noqa: E402
 from hydra.errors import HydraException  # noqa: E402
 from hydra.types import RunMode  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from trainer.cli_checks import Override, check_train_overrides, group_options  # noqa: E402
+from trainer.cli_checks import (  # noqa: E402
+    Override,
+    check_train_overrides,
+    from_parsed,
+    group_options,
+    override_args,
+)
 
 # The training code (torch and everything above it) is imported where it is used: a command
 # line with a misspelt key is refused before those seconds of imports (docs/input-checks.md).
@@ -60,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("train")
 
 
-def run(trainer: Trainer) -> None:
+def loop(trainer: Trainer) -> None:
     """The loop: a step, then at their intervals the log line, the validation loss and a
     checkpoint; a stop signal agreed by every rank ends it early with a checkpoint."""
     from trainer.meter import Meter
@@ -136,7 +141,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     from runtime.device import configure_backends
     from runtime.distributed import barrier
     from trainer.config import grad_accum_steps
-    from trainer.preemption import Preempted
+    from trainer.preemption import Preempted, resume_command
     from trainer.run import finish_run, on_main, prepare_out_dir
     from trainer.shared_fs import check_shared_files
     from trainer.trainer import build_trainer
@@ -166,7 +171,7 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     start = time.perf_counter()
     try:
         with trainer.preemption:  # the signal handlers, while the loop runs
-            run(trainer)
+            loop(trainer)
     finally:
         trainer.logger.close()
     if trainer.stopped_by:  # checkpoint written; train.py exits with REQUEUE_EXIT_CODE
@@ -174,17 +179,6 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     params, wall_s = trainer.raw_model.num_params(), time.perf_counter() - start
     return finish_run(cfg, dist, trainer.state, out_dir, parameters=params, wall_seconds=wall_s,
                       elapsed_s=trainer.elapsed())  # fmt: skip
-
-
-def resume_command() -> str:
-    """The command that continues this run: the one that started it (its directory's name
-    depends only on it), secrets redacted."""
-    import shlex
-
-    from trainer.checks import redact
-
-    launcher = "torchrun ... " if os.environ.get("TORCHELASTIC_RUN_ID") else "python "
-    return launcher + shlex.join(redact([os.path.basename(sys.argv[0]), *sys.argv[1:]]))
 
 
 def register_schemas() -> None:
@@ -240,28 +234,12 @@ def check_command_line(args: list[str]) -> list[Override]:
     """The overrides of ``args``, each naming a real key, group and option; otherwise exit with
     one line (``config error: unknown config key max_step (did you mean max_steps?)``). Made
     before torch is imported, so that a typo is refused in about a second."""
-    texts = [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
     try:
-        parsed = OverridesParser.create().parse_overrides(texts)
-        overrides = [
-            Override(o.key_or_group, _options(o), o.is_sweep_override()) for o in parsed
-        ]  # fmt: skip
+        overrides = from_parsed(OverridesParser.create().parse_overrides(override_args(args)))
         check_train_overrides(overrides)
     except (ValueError, HydraException) as exc:
         raise SystemExit(f"config error: {str(exc).strip().splitlines()[0]}") from None
     return overrides
-
-
-_ENUMERABLE = (ValueType.SIMPLE_CHOICE_SWEEP, ValueType.CHOICE_SWEEP, ValueType.RANGE_SWEEP)
-
-
-def _options(override) -> tuple[str, ...]:
-    """The values of a parsed override as strings: each of a sweep's, or its one value."""
-    if override.is_sweep_override():  # a glob or interval is left to Hydra: not enumerable here
-        kind = override.value_type
-        return tuple(override.sweep_string_iterator()) if kind in _ENUMERABLE else ()
-    value = override.value()
-    return () if value is None else (value if isinstance(value, str) else str(value),)
 
 
 def check_composition(overrides: list[str]) -> None:

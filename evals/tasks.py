@@ -1,7 +1,7 @@
 """The downstream multiple-choice tasks of the MARS paper's table, with lm-eval-harness's prompts.
 
 Every task turns one data row into an :class:`Example`: for each answer choice a context and a
-continuation whose summed log-likelihood is scored (``evals/harness.py``). The prompts are
+continuation whose summed log-likelihood is scored (``evals/scoring.py``). The prompts are
 lm-evaluation-harness's zero-shot formats (v0.4 task YAMLs), re-implemented here:
 
 ======================  =============================================  ======================  ======

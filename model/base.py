@@ -121,7 +121,7 @@ class CausalLM(nn.Module):
     def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
         """The final norm's output, shape (B, T, n_embd): ``forward`` without the head.
 
-        Scoring a few positions (``evals/harness.py``) applies ``lm_head`` to those alone.
+        Scoring a few positions (``evals/scoring.py``) applies ``lm_head`` to those alone.
         """
         _, T = idx.shape
         if T > self.config.block_size:

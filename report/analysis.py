@@ -242,7 +242,7 @@ def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict
     return cell
 
 
-# ---- curves (the speedups: report/speedup.py) --------------------------------------------
+# ---- curves (the speedups: report/time_to_loss.py) --------------------------------------------
 
 
 def seed_matrix(curves: list[tuple[np.ndarray, np.ndarray]]

@@ -34,7 +34,7 @@ import numpy as np
 from report.analysis import Variant
 from report.figures import plot_loss_fits
 from report.runs import Run
-from report.speedup import BOOTSTRAP_SEED, LEVEL, RESAMPLES
+from report.time_to_loss import BOOTSTRAP_SEED, LEVEL, RESAMPLES
 
 GRID = 200  # L_inf candidates per pass
 MIN_POINTS = 3  # distinct compute values a fit needs (three unknowns)

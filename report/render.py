@@ -10,7 +10,7 @@ from report.analysis import EVAL_GAP, PAPER_BUDGETS, format_tokens
 from report.fits import fit_tables
 from report.fits import method_note as fits_note
 from report.runs import order_key, size_name
-from report.speedup import method_note, speedup_table
+from report.time_to_loss import method_note, speedup_table
 
 NOT_REACHED = "*"
 EARLY = "†"
@@ -150,7 +150,7 @@ def render_downstream(section: dict[str, Any]) -> str:
 
 
 def render_speedup(s: dict[str, Any]) -> str:
-    """One (dataset, size): the baseline's L*, then per optimizer both speedups (speedup.py)."""
+    """One (dataset, size): the baseline's L*, then per optimizer both speedups (time_to_loss.py)."""
     head, headers, rows = speedup_table(s)
     return head + "\n\n" + table(headers, rows)
 

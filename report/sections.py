@@ -15,7 +15,7 @@ from report import conditions as rcond
 from report import figures as figs
 from report import fits as rfits
 from report import runs as rr
-from report import speedup as rspeed
+from report import time_to_loss as rspeed
 from runtime import runfiles
 
 Groups = dict[tuple[str, str, str], list[ana.Variant]]

@@ -49,7 +49,7 @@ from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the test
     CPU_TABLES,
     TABLES,
     LaunchError,
-    Run,
+    TableRun,
     divisors,
     estimator,
     table_runs,
@@ -75,7 +75,7 @@ def visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
-def choose_micro_batch(runs: list[Run], per_rank: int, args) -> tuple[int, str]:
+def choose_micro_batch(runs: list[TableRun], per_rank: int, args) -> tuple[int, str]:
     """The micro-batch of one model size's runs, and why."""
     if args.micro_batch is not None:
         if per_rank % args.micro_batch:
@@ -96,10 +96,10 @@ def choose_micro_batch(runs: list[Run], per_rank: int, args) -> tuple[int, str]:
     return b, f"estimated {est(b).total / GIB:.1f} GiB of {mem:.1f} GiB{warn}"
 
 
-def plan_micro_batches(runs: list[Run], args: argparse.Namespace) -> dict[str, int]:
+def plan_micro_batches(runs: list[TableRun], args: argparse.Namespace) -> dict[str, int]:
     """The micro-batch of each model size in `runs` (printed with the reason)."""
     world = args.gpus * args.nodes
-    by_size: dict[str, list[Run]] = {}
+    by_size: dict[str, list[TableRun]] = {}
     for r in runs:
         by_size.setdefault(r.size, []).append(r)
     chosen, per_rank = {}, 0
@@ -153,20 +153,20 @@ def extra_max_steps(extra: list[str]) -> int | None:
     return int(value) if value is not None else None
 
 
-def run_steps(run: Run, extra: list[str]) -> int | None:
+def run_steps(run: TableRun, extra: list[str]) -> int | None:
     """The max_steps override of ``run``: a `max_steps=N` in ``extra``, times the run's share
     (a row pinned to a share of the set's steps, the equal-compute exact-half, keeps it)."""
     n = extra_max_steps(extra)
     return None if n is None else max(1, round(n * run.steps_fraction))
 
 
-def run_extra(run: Run, extra: list[str]) -> list[str]:
+def run_extra(run: TableRun, extra: list[str]) -> list[str]:
     """The overrides of ``run``: ``extra``, then its own share of a max_steps override."""
     n = run_steps(run, extra)
     return extra if run.steps_fraction == 1.0 or n is None else [*extra, f"max_steps={n}"]
 
 
-def run_command(run: Run, out_dir: str, micro: int, args, extra) -> list[str]:
+def run_command(run: TableRun, out_dir: str, micro: int, args, extra) -> list[str]:
     """``run``'s train.py command under torchrun on this node (one of ``--nodes``)."""
     processes = commands.torchrun(args.gpus, nodes=args.nodes, node_rank=args.node_rank,
                                   rdzv=args.rdzv, rdzv_id=run.name.replace("/", "-"))  # fmt: skip
@@ -174,7 +174,7 @@ def run_command(run: Run, out_dir: str, micro: int, args, extra) -> list[str]:
     return commands.train_command([*train, *run.overrides, *extra], processes=processes)
 
 
-def slurm_commands(runs: list[Run], runs_dir: str, micro: dict, args, extra) -> list[list[str]]:
+def slurm_commands(runs: list[TableRun], runs_dir: str, micro: dict, args, extra) -> list[list[str]]:
     """One Hydra --multirun (submitit) command per group of runs that share their overrides."""
     groups: dict[tuple, list[str]] = {}
     for run in runs:
@@ -280,7 +280,7 @@ def check_args(args: argparse.Namespace, extra: list[str]) -> None:
         args.gpus = args.gpus or DRY_RUN_GPUS
 
 
-def select_runs(runs: list[Run], patterns: list[str] | None) -> list[Run]:
+def select_runs(runs: list[TableRun], patterns: list[str] | None) -> list[TableRun]:
     if not patterns:
         return runs
     chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.name, p) for p in patterns)]

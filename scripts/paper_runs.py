@@ -39,7 +39,9 @@ class LaunchError(Exception):
 
 
 @dataclass(frozen=True)
-class Run:
+class TableRun:
+    """One run of a table: an experiment file, and a variant of it (a suffix and its overrides)."""
+
     experiment: str  # configs/experiment/<experiment>.yaml
     suffix: str = ""  # a variant of the experiment: appended to its name and out_dir
     overrides: tuple[str, ...] = ()  # the variant's overrides
@@ -78,7 +80,7 @@ def _params(model: str) -> int:
         return build_model(GPTConfig(**load_config(f"model/{model}"))).num_params()
 
 
-def table_runs(table: str) -> list[Run]:
+def table_runs(table: str) -> list[TableRun]:
     """The runs of a table, in launch order: dataset, model size, the table's optimizer order."""
     if table not in TABLES:
         raise LaunchError(f"unknown table {table!r}; valid tables: {', '.join(TABLES)}")
@@ -91,22 +93,22 @@ def table_runs(table: str) -> list[Run]:
         for stem in config_names(f"experiment/{d}"):
             label = stem.split("-", 1)[1] if "-" in stem else ""
             if label in optimizers:
-                run = Run(f"{d}/{stem}")
+                run = TableRun(f"{d}/{stem}")
                 found.append((_params(run.size), optimizers.index(label), run))
         for _, _, run in sorted(found, key=lambda t: t[:2]):
             runs.append(run)
             if table == "mars-m" and run.experiment.endswith("-mars-m"):
-                runs += [Run(run.experiment, f"-gamma{g}", (f"optimizer.gamma={g}",))
+                runs += [TableRun(run.experiment, f"-gamma{g}", (f"optimizer.gamma={g}",))
                          for g in MARS_M_GAMMAS]  # fmt: skip
     return runs
 
 
-def ablation_runs(folder: str) -> list[Run]:
+def ablation_runs(folder: str) -> list[TableRun]:
     """The rows of an ablation set (configs/experiment/<folder>/), lr-grid as its grid."""
     runs = []
     for row in ABLATION_ROWS:
         if row != "lr-grid":
-            runs.append(Run(f"{folder}/{row}"))
+            runs.append(TableRun(f"{folder}/{row}"))
             continue
         centre = _experiment(f"{folder}/lr-grid")["optimizer"]
         for f in ABLATION_GRID:
@@ -114,7 +116,7 @@ def ablation_runs(folder: str) -> list[Run]:
                 if f == f1 == 1.0:
                     continue  # the centre is the `mars` row
                 lr, lr_1d = f"{centre['lr'] * f:g}", f"{centre['lr_1d'] * f1:g}"
-                runs.append(Run(f"{folder}/lr-grid", f"-lr{lr}-lr1d{lr_1d}",
+                runs.append(TableRun(f"{folder}/lr-grid", f"-lr{lr}-lr1d{lr_1d}",
                                 (f"optimizer.lr={lr}", f"optimizer.lr_1d={lr_1d}")))  # fmt: skip
     return runs
 
@@ -123,7 +125,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def estimator(runs: list[Run], world: int):
+def estimator(runs: list[TableRun], world: int):
     """micro-batch -> MemoryEstimate for these runs of one size (the largest optimizer state):
     bench.memory.experiment_estimator, which the GPU check shares."""
     from bench.memory import experiment_estimator

@@ -81,7 +81,7 @@ def edge_note(opt: str, lr: float) -> str:
     return ""
 
 
-def run(cmd: list[str], dry_run: bool) -> None:
+def execute(cmd: list[str], dry_run: bool) -> None:
     """Print the command; run it unless ``dry_run`` (a failure stops the study)."""
     print(("" if dry_run else "+ ") + shlex.join(cmd), flush=True)
     if not dry_run and (rc := subprocess.call(cmd, cwd=ROOT)) != 0:
@@ -110,7 +110,7 @@ def seed_stage(out: Path, extra: list[str], dry_run: bool, train: bool = True) -
                 print(f"# best lr for {name}: {lr_text} ({job.name}){edge_note(opt, lr)}")
             values = [f"optimizer.lr={lr_text}", seeds]
             if train:
-                run(train_cmd(width, opt, out / "seeds" / name, values, extra), dry_run)
+                execute(train_cmd(width, opt, out / "seeds" / name, values, extra), dry_run)
             chosen += [job, out / "seeds" / name]
     return chosen
 
@@ -133,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     for width in WIDTHS if not args.reports_only else ():
         for opt in OPTIMIZERS:
             values = ["optimizer.lr=" + ",".join(LRS[opt])]
-            run(
+            execute(
                 train_cmd(width, opt, out / "sweep" / f"w{width}-{opt}", values, extra),
                 args.dry_run,
             )
     chosen = seed_stage(out, extra, args.dry_run, train=not args.reports_only)
     report = [sys.executable, "-m", "report"]
-    run(
+    execute(
         [
             *report,
             str(out / "sweep"),
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         args.dry_run,
     )
-    run(
+    execute(
         [
             *report,
             *map(str, chosen),

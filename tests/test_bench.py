@@ -84,10 +84,10 @@ def test_gpu_check_parts_fit_the_budget_and_limits_are_overridable():
 def test_xl_micro_batch_is_the_launchers():
     from bench import gpu_check
     from scripts.launch import choose_micro_batch
-    from scripts.paper_runs import Run
+    from scripts.paper_runs import TableRun
 
     args = argparse.Namespace(micro_batch=None, gpu_mem=79.0, gpus=8, nodes=1)
-    want = choose_micro_batch([Run("fineweb-edu/xl-mars-adamw")], 60, args)[0]
+    want = choose_micro_batch([TableRun("fineweb-edu/xl-mars-adamw")], 60, args)[0]
     assert gpu_check.xl_micro_batch(79.0) == want == 12  # not 10: no phantom gradient copy
 
 

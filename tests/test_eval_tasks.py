@@ -10,7 +10,7 @@ import torch
 
 from data.tokenizer import EOT, encode
 from evals import tasks as T
-from evals.harness import encode_pair, evaluate_examples, loglikelihoods, score_examples
+from evals.scoring import encode_pair, evaluate_examples, loglikelihoods, score_examples
 from model import GPT, GPTConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_sample.jsonl"

@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 
 from report import figures
 from report.render import render_val_loss
-from report.speedup import cell_text, speedup_cell
+from report.time_to_loss import cell_text, speedup_cell
 
 
 def cell(budget, mean):

@@ -1,4 +1,4 @@
-"""Speedups with bootstrap intervals (report/speedup.py), loss-vs-compute fits (report/fits.py)
+"""Speedups with bootstrap intervals (report/time_to_loss.py), loss-vs-compute fits (report/fits.py)
 and the CPU scaling study (scripts/scaling_cpu.py) on synthetic data and run directories."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import yaml
 
 from report import cli as report
 from report import fits
-from report.speedup import cell_text, reach, speedup_cell
+from report.time_to_loss import cell_text, reach, speedup_cell
 from scripts import scaling_cpu
 
 # ---- interpolation and speedup cells -----------------------------------------------------------
@@ -279,7 +279,7 @@ def test_reports_only_reruns_the_two_reports_of_the_runs_there(tmp_path, monkeyp
     make_study(out)
     monkeypatch.setattr(scaling_cpu, "OPTIMIZERS", STUDY_OPTIMIZERS)
     cmds = []
-    monkeypatch.setattr(scaling_cpu, "run", lambda cmd, dry_run: cmds.append(cmd))
+    monkeypatch.setattr(scaling_cpu, "execute", lambda cmd, dry_run: cmds.append(cmd))
     assert scaling_cpu.main(["--out", str(out), "--reports-only"]) == 0
     assert [c[1:3] for c in cmds] == [["-m", "report"]] * 2  # no train.py
     chosen = cmds[1][3 : cmds[1].index("--out")]

@@ -34,6 +34,29 @@ class Override(NamedTuple):
     swept: bool = False  # a --multirun sweep over several values
 
 
+def override_args(args: list[str]) -> list[str]:
+    """The overrides among command-line ``args`` (``key=value``, ``~key``), without the flags."""
+    return [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
+
+
+# Hydra's kinds of sweep (``ValueType`` names) whose values can be listed before composing
+ENUMERABLE_SWEEPS = ("SIMPLE_CHOICE_SWEEP", "CHOICE_SWEEP", "RANGE_SWEEP")
+
+
+def from_parsed(parsed: list[Any]) -> list[Override]:
+    """Hydra's parsed overrides (the entry points' ``OverridesParser``) as plain ``Override``s:
+    the key, the values as strings (each of a sweep's, or the one value), whether it sweeps."""
+    return [Override(o.key_or_group, _values(o), o.is_sweep_override()) for o in parsed]
+
+
+def _values(override: Any) -> tuple[str, ...]:
+    if override.is_sweep_override():  # a glob or interval is left to Hydra: not enumerable here
+        listed = override.value_type.name in ENUMERABLE_SWEEPS
+        return tuple(override.sweep_string_iterator()) if listed else ()
+    value = override.value()
+    return () if value is None else (value if isinstance(value, str) else str(value),)
+
+
 # --- the dataclasses, read from their source -----------------------------------------------------
 
 

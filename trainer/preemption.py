@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
+import sys
 import time
 from types import FrameType
 
@@ -62,6 +64,15 @@ class Preempted(SystemExit):
             f"stopped on {self.signame} at step {self.step}, checkpoint written in "
             f"{self.out_dir}; to continue, run the same command again{again}{status}"
         )
+
+
+def resume_command() -> str:
+    """The command that continues this run: the one that started it (its directory's name
+    depends only on it), secrets redacted."""
+    from trainer.checks import redact
+
+    launcher = "torchrun ... " if os.environ.get("TORCHELASTIC_RUN_ID") else "python "
+    return launcher + shlex.join(redact([os.path.basename(sys.argv[0]), *sys.argv[1:]]))
 
 
 def _host_group():

@@ -1,6 +1,6 @@
 """The Trainer: everything one training run holds (model, optimizer, data position, counters,
 policies) and one optimizer step over it. The loop over steps, and what happens between them
-(logging, evaluation, checkpoints), is train.py's ``run``.
+(logging, evaluation, checkpoints), is train.py's ``loop``.
 
 One step: set the lr from the schedule, (exact MARS: the next batch's gradient at the current
 weights, kept as the next step's reference), forward/backward over the micro-batches (DDP syncs
