@@ -31,10 +31,10 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from study.cells import Study, mark_failed
 from study.knobs import DEFAULT_KNOBS, KNOBS
 from study.plan import Plan
 from study.runner import LAUNCHERS, ROOT, command, execute
+from study.state import Study, mark_failed
 
 log = logging.getLogger("study")
 OPTIMIZERS = ["adamw", "mars-adamw", "muon", "mars-m", "moonlight"]

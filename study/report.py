@@ -221,7 +221,7 @@ def merged_rows(own: list[dict], paths: list[Path], only: list[str] | None = Non
 
 
 def write_report(
-    study,  # noqa: ANN001 - a study.cells.Study
+    study,  # noqa: ANN001 - a study.state.Study
     *,
     bootstrap: bool = False,
     merge: list[Path] = (),
@@ -231,7 +231,7 @@ def write_report(
     """results.csv, curves.csv.gz, report.md, curves.png and study.png in the study's directory; ``merge``: other studies'
     results.csv whose cells join this one's (same model, seeds and protocol)."""
     from data.config import DataConfig
-    from study.baselines import ngram_losses
+    from study.floors import ngram_losses
 
     out = study.plan.out
     floors: dict = {}

@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 
 from runtime import runfiles
-from study.cells import FAILED, Study, finished_loss
 from study.curves import collapse_reason, run_curves
 from study.runner import result
+from study.state import FAILED, Study, finished_loss
 
 BASE_COLUMNS = [
     "optimizer", "model", "non_embedding_params", "budget", "tokens", "lr", "seed", "role",

@@ -249,9 +249,9 @@ def test_routing_table_covers_every_optimizer_with_fixed_values() -> None:
 def test_an_ablation_variant_runs_untuned_at_given_values(tmp_path: Path) -> None:
     """``mars-soap:gamma=0 --untuned`` evaluates the registered mars-soap with gamma 0 at the
     given lrs on the evaluation seeds, no selection runs; its routing says gamma 0."""
-    from study.cells import Study
     from study.plan import Cell, dir_name, split_variant
     from study.report import routing_table
+    from study.state import Study
 
     assert split_variant("mars-soap:gamma=0,clip=none") == (
         "mars-soap", ["optimizer.gamma=0", "optimizer.clip=none"])  # fmt: skip
@@ -304,8 +304,8 @@ def test_a_variant_can_tune_a_key_of_its_own(tmp_path: Path) -> None:
     """``adamw:aux_lr=tuned`` tunes aux_lr even in a study whose knobs are the lr alone (the
     equal-lr control of the earlier studies); a key that is not a knob (``adamw:eps=tuned``)
     is tuned after the knobs on a x2 lattice from its --center."""
-    from study.cells import Study
     from study.plan import Cell, dir_name, split_variant, variant_tuned
+    from study.state import Study
 
     opt = "adamw:aux_lr=tuned"
     assert split_variant(opt) == ("adamw", []) and variant_tuned(opt) == ["aux_lr"]
@@ -332,8 +332,8 @@ def test_a_variant_can_tune_a_key_of_its_own(tmp_path: Path) -> None:
 
 
 def test_a_variants_batch_sets_its_steps(tmp_path: Path) -> None:
-    from study.cells import Study
     from study.plan import Cell
+    from study.state import Study
 
     opt = "mars-adamw:batch_tokens=8192,mode=exact"
     plan = Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[1.0],

@@ -181,10 +181,10 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     """Tuning, evaluation and the swap from run directories alone: the chosen values on every
     evaluation seed, the final lr line's finalists too; then results.csv with the knob columns,
     the collapse flag, the tuning table and curves.csv.gz read back."""
-    from study.cells import Study
     from study.curves import read_curves, write_curves
     from study.plan import Cell, Plan
     from study.results import collect, parse_run_name
+    from study.state import Study
     from study.tables import knob_table
 
     plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
@@ -233,11 +233,11 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
 def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     """--center-from reads another study's chosen values; the factorial's variants run untuned
     at MARS-AdamW's, a variant that fixes betas leaves the beta2 knob out of its runs."""
-    from study.cells import Study
     from study.cli import centers_from
     from study.factorial import variants
     from study.plan import Cell, Plan
     from study.results import write_csv
+    from study.state import Study
 
     base = {"model": "proxy-100k", "budget": 1.0, "role": "eval", "chosen": 1, "seed": 1,
             "lr": 0.016, "aux_lr": 0.128, "wd": 0.01, "beta2": 0.99, "warmup": 0.1}  # fmt: skip
