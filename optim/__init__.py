@@ -4,21 +4,40 @@ Depends on torch only, so it can be copied into another codebase. ``MARS``, ``MA
 ``MARS_M_Efficient`` and ``Moonlight`` accept the official AGI-Arena/MARS constructors' keywords;
 they, ``Muon`` and ``Lion`` are thin constructors over one core (optim/core.py: the MARS
 correction, a momentum form of optim/momentum.py, a preconditioner of optim/preconditioners.py),
-each stating its typed rule (optim/rule.py). Every option has one validator (optim/options.py).
+each stating its typed rule (optim/rule.py). Every option has one validator (optim/options.py);
+each registered optimizer's typed config (an ``OptimizerConfig``: its defaults are the papers'
+values) sits beside its class (``MarsConfig`` in optim/mars.py, ``MuonConfig`` in optim/muon.py,
+``MoonlightConfig`` and the MARS-M configs in optim/moonlight.py, ...).
 A new MARS instance, a new correction or a schedule on gamma: docs/adding-an-optimizer.md.
 """
 
-from optim import adamw as _adamw  # noqa: F401  (registers "adamw")
-from optim import baselines as _baselines  # noqa: F401  (soap, ademamix, normuon, schedule-free)
-from optim import builders as _builders  # noqa: F401  (registers the rest)
+# Each module registers its optimizers: the typed config beside the class or rule it configures.
+from optim import ademamix as _ademamix  # noqa: F401  (ademamix, mars-ademamix)
+from optim import normuon as _normuon  # noqa: F401  (normuon)
+from optim import schedulefree_config as _schedulefree  # noqa: F401  (adamw-schedulefree)
+from optim import soap as _soap  # noqa: F401  (soap, mars-soap)
 from optim.adamw import AdamWConfig
-from optim.builders import MarsAdamWConfig, MarsConfig, build_mars
 from optim.core import VarianceReduced
 from optim.groups import classify_parameters, decay_groups, split_aux
-from optim.lion import Lion
-from optim.mars import MARS
-from optim.muon import MARS_M, MARS_M_Efficient, Moonlight, Muon, MuonFamily
-from optim.options import validator
+from optim.lion import Lion, LionConfig
+from optim.mars import (
+    MARS,
+    MarsAdamWConfig,
+    MarsConfig,
+    MarsLionConfig,
+    MarsShampooConfig,
+    build_mars,
+)
+from optim.moonlight import (
+    MARS_M,
+    MARS_M_Efficient,
+    MarsMConfig,
+    MarsMEfficientConfig,
+    Moonlight,
+    MoonlightConfig,
+)
+from optim.muon import Muon, MuonConfig, MuonFamily
+from optim.options import OptimizerConfig, config_kwargs, validator
 from optim.preconditioners import Options, Preconditioner, Step, register_preconditioner
 from optim.reference import reference_pass
 from optim.registry import available, build_optimizer, get_spec, register
@@ -61,4 +80,13 @@ __all__ = [
     "register",
     "set_initial_lr",
     "split_aux",
+    "OptimizerConfig",
+    "config_kwargs",
+    "LionConfig",
+    "MarsLionConfig",
+    "MarsShampooConfig",
+    "MarsMConfig",
+    "MarsMEfficientConfig",
+    "MoonlightConfig",
+    "MuonConfig",
 ]

@@ -8,29 +8,26 @@ import torch
 import torch.nn as nn
 
 from optim.groups import decay_groups, split_aux  # noqa: F401  (split_aux: its old home)
-from optim.options import check_fields
+from optim.options import OptimizerConfig
 from optim.registry import register
 
 
 @dataclass
-class AdamWConfig:
+class AdamWConfig(OptimizerConfig):
     """torch.optim.AdamW; defaults are the MARS papers' GPT-2 small run (lr 6e-4, wd 0.1)."""
 
     name: str = "adamw"
     lr: float = 6e-4
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
     weight_decay: float = 0.1
-    # Parameter kinds that get weight decay (optim/groups.py); the official AdamW decays matrices.
-    decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    fused: bool | None = None  # None: fused on CUDA, foreach otherwise
     # Peak lr of every parameter that is not a block matrix (embedding = tied head, untied
     # head, positions, gains, biases), the same knob in every optimizer (optim/groups.py
     # split_aux). None: ``lr`` for all, the official baseline. The schedule scales both.
     aux_lr: float | None = None
-
-    def __post_init__(self) -> None:
-        check_fields(self, "optimizer.")
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    # Parameter kinds that get weight decay (optim/groups.py); the official AdamW decays matrices.
+    decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
+    fused: bool | None = None  # None: fused on CUDA, foreach otherwise
 
 
 @register("adamw", AdamWConfig, "torch AdamW, decoupled weight decay on block matrices")

@@ -92,3 +92,11 @@ def split_aux(model: nn.Module, groups: list[dict], aux_lr: float | None, **aux_
         out += [{**g, "params": main}] if main or not aux else []
         out += [{**g, "params": aux, "lr": aux_lr, **aux_keys, "kind": "aux"}] if aux else []
     return out
+
+
+def split_by_kind(model: nn.Module, kinds: tuple[str, ...]) -> tuple[list, list]:
+    """(the parameters of ``kinds``, every other parameter), each once."""
+    by_kind = classify_parameters(model)
+    chosen = [p for k in kinds for _, p in by_kind[k]]
+    rest = [p for k, ps in by_kind.items() if k not in kinds for _, p in ps]
+    return chosen, rest

@@ -1,4 +1,7 @@
-"""Muon-style optimizers: Muon, Moonlight, MARS-M and its one-buffer form, with an AdamW backup.
+"""Muon-style optimizers: the family's core class (``MuonFamily``), its param groups, and Muon with
+its registry config (``MuonConfig``); Moonlight, MARS-M and its one-buffer form, the MARS-M
+paper's drop-in classes and their configs, are in optim/moonlight.py. Every one has an AdamW
+backup.
 
 Matrices in ``use_muon`` groups are updated with an orthogonalised momentum; the other groups run
 AdamW. With mu the momentum, ``NS`` five Newton-Schulz steps (optim/functional.py), ``s`` the scale
@@ -32,9 +35,16 @@ per-tensor loop on a CPU, whose rounding earlier runs used.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
 from optim.core import VarianceReduced
-from optim.options import check_option, choice
+from optim.groups import split_aux, split_by_kind
+from optim.options import OptimizerConfig, check_option, choice
 from optim.preconditioners import AdamOptions, NewtonSchulzOptions
+from optim.registry import register
 from optim.rule import Rule, VarianceReduction
 
 # algorithm -> (momentum form, variance reduction)
@@ -189,129 +199,56 @@ class Muon(MuonFamily):
         super().__init__([muon, adamw], foreach=foreach, fused=fused)
 
 
-class Moonlight(MuonFamily):
-    """Moonlight's Muon (the MARS-M paper's baseline): Nesterov momentum, scale
-    0.2*sqrt(max(A, B)), decay on everything, AdamW backup with the same lr and wd.
-    Takes the official constructor's keywords."""
-
-    def __init__(
-        self,
-        lr: float = 1e-3,
-        wd: float = 0.1,
-        muon_params=None,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_steps: int = 5,
-        adamw_params=None,
-        adamw_betas=(0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        *,
-        ns_dtype: str = "bfloat16",
-        ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
-    ):
-        muon_params, adamw_params = split_matrices(muon_params, adamw_params)
-        muon = muon_group(
-            muon_params,
-            lr=lr,
-            weight_decay=wd,
-            momentum=momentum,
-            nesterov=nesterov,
-            ns_steps=ns_steps,
-            scale="rms",
-            ns_dtype=ns_dtype,
-            ns_distributed=ns_distributed,
-        )
-        adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach, fused=fused)
+# mars-repo: the MARS repo's CombinedOptimizer puts every tensor with ndim >= 2 on Muon, so an
+# untied head (2-D) goes there too; recommended: Keller Jordan's block matrices only.
+MUON_ROUTINGS = {
+    "mars-repo": ("matrix", "embedding", "head", "other"),
+    "recommended": ("matrix",),
+}
+choice("routing", MUON_ROUTINGS)
 
 
-class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
-    """MARS-M: the MARS correction, clipped, in an EMA momentum in front of Moonlight's Muon.
+@dataclass
+class MuonConfig(OptimizerConfig):
+    """Muon (GPT-2 small in the MARS repo: lr 2e-2, wd 0; its AdamW part lr 3e-3, wd 0.1)."""
 
-    Takes the official constructor's keywords. Official bug not reproduced: ``clip_c`` was
-    accepted and ignored (it always clipped). Here ``clip_c=True`` (the default, matching what the
-    official runs did) clips each tensor's c to norm <= 1 and ``clip_c=False`` does not clip;
-    ``clip`` ("tensor", "global", "none") overrides it when given.
-    """
-
-    def __init__(
-        self,
-        lr: float = 1e-3,
-        wd: float = 0.1,
-        muon_params=None,
-        momentum: float = 0.95,
-        ns_steps: int = 5,
-        adamw_params=None,
-        adamw_betas=(0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        gamma: float = 0.025,
-        clip_c: bool = True,
-        is_approx: bool = True,
-        *,
-        clip: str | None = None,
-        first_step: str = "zero",
-        ns_dtype: str = "bfloat16",
-        ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
-    ):
-        muon_params, adamw_params = split_matrices(muon_params, adamw_params)
-        clip = clip if clip is not None else ("tensor" if clip_c else "none")
-        muon = muon_group(
-            muon_params,
-            lr=lr,
-            weight_decay=wd,
-            momentum=momentum,
-            algorithm="mars-m",
-            nesterov=False,
-            ns_steps=ns_steps,
-            scale="rms",
-            gamma=gamma,
-            clip=clip,
-            first_step=first_step,
-            ns_dtype=ns_dtype,
-            ns_distributed=ns_distributed,
-        )
-        adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach, fused=fused)
+    name: str = "muon"
+    lr: float = 2e-2
+    weight_decay: float = 0.0
+    # Set: the peak lr of every non-matrix parameter, taking precedence over adamw_lr (the AdamW
+    # part's lr, then not read); under routing=mars-repo the embeddings/head stay on Newton-Schulz
+    # (a group of their own) at this lr. None: adamw_lr, and lr for what is on Newton-Schulz.
+    aux_lr: float | None = None
+    routing: str = "mars-repo"  # mars-repo: every >=2-D tensor incl. embeddings | recommended
+    # shape: sqrt(max(1, rows/cols)) (Muon); rms: 0.2*sqrt(max(rows, cols)), which with a
+    # weight_decay is the EPFL benchmark's D-Muon (Muon with decoupled weight decay, Moonlight's
+    # update RMS): optimizer.scale=rms optimizer.weight_decay=0.1 optimizer.routing=recommended
+    scale: str = "shape"
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"
+    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
+    adamw_lr: float = 3e-3
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-8
+    adamw_weight_decay: float = 0.1
+    adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
+    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
 
 
-class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
-    """MARS-M with one buffer per matrix: equal to approx MARS-M without clipping (no exact mode)."""
-
-    def __init__(
-        self,
-        lr: float = 1e-3,
-        wd: float = 0.1,
-        muon_params=None,
-        momentum: float = 0.95,
-        ns_steps: int = 5,
-        adamw_params=None,
-        adamw_betas=(0.9, 0.95),
-        adamw_eps: float = 1e-8,
-        gamma: float = 0.025,
-        *,
-        ns_dtype: str = "bfloat16",
-        ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
-    ):
-        muon_params, adamw_params = split_matrices(muon_params, adamw_params)
-        muon = muon_group(
-            muon_params,
-            lr=lr,
-            weight_decay=wd,
-            momentum=momentum,
-            algorithm="mars-m-efficient",
-            nesterov=False,
-            ns_steps=ns_steps,
-            scale="rms",
-            gamma=gamma,
-            clip="none",
-            ns_dtype=ns_dtype,
-            ns_distributed=ns_distributed,
-        )
-        adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach, fused=fused)
+@register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")
+def build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
+    muon, rest = split_by_kind(model, MUON_ROUTINGS[cfg.routing])
+    if cfg.routing == "mars-repo":  # Newton-Schulz takes the 2-D tensors; the rest stay on AdamW
+        rest += [p for p in muon if p.ndim != 2]
+        muon = [p for p in muon if p.ndim == 2]
+    groups = [
+        muon_group(muon, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+                   nesterov=cfg.nesterov, ns_steps=cfg.ns_steps, ns_dtype=cfg.ns_dtype,
+                   ns_distributed=cfg.ns_distributed, scale=cfg.scale),
+        adamw_group(rest, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay,
+                    betas=cfg.adamw_betas, eps=cfg.adamw_eps,
+                    bias_corrected=cfg.adamw_decay_bias_corrected),
+    ]  # fmt: skip
+    return MuonFamily(split_aux(model, groups, cfg.aux_lr), fused=cfg.fused)

@@ -1,5 +1,5 @@
-"""Every option of every optimizer here, each with its one validator (optim/README: one rule,
-one message).
+"""Every option of every optimizer here, each with its one validator (one rule, one message),
+and ``OptimizerConfig``, the fields every registered optimizer's config shares.
 
 A validator takes ``(value, key)`` and raises ``ValueError`` naming ``key`` as the caller shows
 it: ``optimizer.lr`` for a config field (the prefix is the config's), ``lr`` for a constructor
@@ -13,6 +13,10 @@ keyword or a param group's key. Names that mean the same knob share its validato
   misspelt option (``ns_step``) is an error instead of a silent default.
 
 A new option gets its validator with ``@validator("name")`` next to the code that reads it.
+Each optimizer's typed config (an ``OptimizerConfig``) sits beside the class or rule it configures
+(``MarsConfig`` in optim/mars.py, ``MuonConfig`` in optim/muon.py, ``MoonlightConfig`` in
+optim/moonlight.py, ...); its defaults are the optimizer's values, each with its source.
+``config_kwargs(cfg)`` passes its fields on as keywords.
 """
 
 from __future__ import annotations
@@ -78,6 +82,37 @@ def check_fields(obj: Any, prefix: str = "") -> None:
     """Validate every field of the dataclass ``obj`` that has a validator (named ``prefix+name``)."""
     for f in dataclasses.fields(obj):
         check_option(f.name, getattr(obj, f.name), prefix + f.name)
+
+
+PREFIX = "optimizer."  # config errors name the full key (optimizer.lr)
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    """What every registered optimizer's config has: its registry ``name``, the peak ``lr``,
+    ``weight_decay``, and ``aux_lr``, the one second lr with one meaning everywhere
+    (docs/optimizers.md): the peak lr of every parameter that is not a block matrix (embedding =
+    tied head, untied head, positions, gains, biases), whatever rule it is on; None: the
+    optimizer's own lrs. Each subclass sets its own defaults; every field is validated when the
+    config is made."""
+
+    name: str = ""
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    aux_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        check_fields(self, PREFIX)
+
+
+def config_kwargs(cfg: Any, *skip: str) -> dict[str, Any]:
+    """The config's fields as keyword arguments (lists as tuples), less ``name`` and ``skip``."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        if f.name not in ("name", *skip):
+            value = getattr(cfg, f.name)
+            out[f.name] = tuple(value) if isinstance(value, list) else value
+    return out
 
 
 def check_group_keys(group: dict, allowed: Iterable[str], where: str) -> None:

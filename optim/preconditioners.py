@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -271,6 +272,14 @@ def register_preconditioner(name: str):
 register_preconditioner("adam")(Adam)
 register_preconditioner("sign")(Sign)
 register_preconditioner("newton-schulz")(NewtonSchulz)
+
+
+def options_from(preconditioner: str, source: Any, **fixed: Any) -> Options:
+    """The Options of the registered ``preconditioner`` from the fields of the same names of the
+    dataclass ``source`` (an optimizer's config), plus ``fixed``."""
+    cls = PRECONDITIONERS[preconditioner].Options
+    names = {f.name for f in dataclasses.fields(cls)} & {f.name for f in dataclasses.fields(source)}
+    return cls(**{n: getattr(source, n) for n in names}, **fixed)
 
 
 def option_keys() -> set[str]:

@@ -23,7 +23,7 @@ with ``horizon`` the lr schedule's (``decay_steps``, else the run's ``max_steps`
 one of ``HYPER_SHAPES``: ``constant`` (0: stays at start), ``linear`` (r), ``cosine``
 ((1 - cos(pi r)) / 2). Every path of the core (loop, foreach, compiled) reads the group's value
 at each step, so a schedule needs no code in the optimizer; MARS configs expose it as
-``optimizer.gamma_schedule`` and ``optimizer.gamma_end`` (optim/builders.py).
+``optimizer.gamma_schedule`` and ``optimizer.gamma_end`` (optim/mars.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ HYPER_SHAPES: dict[str, Callable[[float], float]] = {
     "linear": lambda r: r,
     "cosine": lambda r: 0.5 * (1.0 - math.cos(math.pi * r)),
 }
-choice("gamma_schedule", HYPER_SHAPES)  # MARS configs' field (optim/builders.py)
+choice("gamma_schedule", HYPER_SHAPES)  # MARS configs' field (optim/mars.py)
 
 
 @dataclass

@@ -55,6 +55,12 @@ def is_sharded(t: torch.Tensor) -> bool:
     return True
 
 
+def refuse_sharded(params, name: str, why: str) -> None:
+    """ValueError when any of ``params`` is a shard: ``name`` needs whole tensors (``why``)."""
+    if any(is_sharded(p) for p in params):
+        raise ValueError(f"{name} does not run under FSDP (parallel=fsdp): {why}; use DDP")
+
+
 def local(t: torch.Tensor) -> torch.Tensor:
     """The rank-local block of a DTensor (a view of its storage), or ``t`` itself."""
     return t.to_local() if _is_dtensor(t) else t

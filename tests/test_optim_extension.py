@@ -12,8 +12,8 @@ import torch
 import optim
 import optim.fused as fused_path
 from optim import VarianceReduced, build_mars
-from optim.builders import MarsAdamWConfig
 from optim.functional import mars_kappa
+from optim.mars import MarsAdamWConfig
 
 SHAPES = [(6, 4), (3, 7)]
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import optim.fused as fused_path
-from optim import MARS, Lion, Muon, build_optimizer
-from optim.builders import LionConfig, MarsAdamWConfig, MoonlightConfig
+from optim import MARS, Lion, LionConfig, MarsAdamWConfig, MoonlightConfig, Muon, build_optimizer
 
 SHAPES = [(6, 4), (3, 7), (5,)]
 MATRICES = SHAPES[:2]  # the fast test compiles one graph (rank 2, dynamic shapes)
