@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from optim import engine as engine_path
 from optim import fused as fused_path
 from optim import masked, sharded
 from optim.functional import clip_unit_norm_, mars_correct, mars_correction, mars_kappa
@@ -124,6 +125,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     ``fused``: True runs every element-wise bucket (optim/fused.py) as one ``torch.compile``d
     step; None does so on CUDA only (on a CPU the compile time outweighs short runs); False never.
     Where inductor cannot run (no C++ compiler, no Triton), it logs why and takes ``foreach``.
+    ``fused="engine"``: the Triton engine (optim/engine/) on any device (a CPU through Triton's
+    interpreter); None takes it on CUDA where Triton is present, before the compiled step.
 
     Extension points (docs/adding-an-optimizer.md): a subclass may set ``correction``, a
     function ``(g, g_ref, kappa) -> c`` of one tensor (element-wise torch ops, no host reads),
@@ -138,12 +141,14 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     correction = staticmethod(mars_correct)  # c = g + kappa * (g - g_ref), one tensor
 
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
-                 foreach: bool | None = None, fused: bool | None = None) -> None:  # fmt: skip
+                 foreach: bool | None = None, fused: bool | str | None = None,
+                 ) -> None:  # fmt: skip
+        engine_path.check_fused(fused)
         overridden = self.private_overrides()
         if fused and overridden:
             raise ValueError(
-                f"fused=True: {type(self).__name__} overrides {', '.join(overridden)}, which the "
-                "compiled step does not call; set the class attribute `correction` instead "
+                f"fused={fused!r}: {type(self).__name__} overrides {', '.join(overridden)}, "
+                "which the fast paths do not call; set the class attribute `correction` instead "
                 "(docs/adding-an-optimizer.md) or pass fused=False"
             )
         super().__init__(groups, defaults or {})
@@ -151,8 +156,9 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         self._reference_pending = False
         self._fused_ok: set = set()  # bucket signatures that compiled and ran
         self._fused_off: str | None = None  # why the fused path was given up, once it was
-        # Which path each bucket of the last step took ("fused", "fused-fallback" when the
-        # compiled step failed and the same code ran eagerly, "foreach", "loop"), and counts
+        self._engine_off: str | None = None  # why the engine was, when it was asked for
+        # Which path each bucket of the last step took ("engine", "fused", "fused-fallback" when
+        # the compiled step failed and the same code ran eagerly, "foreach", "loop"), and counts
         # over all steps: a test of a fast path asserts it ran.
         self.last_paths: list[str] = []
         self.path_counts: Counter = Counter()
@@ -164,8 +170,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
 
     @property
     def fused_off_reason(self) -> str | None:
-        """Why the fused path is off (no compiler, a failed compile, ...), or None."""
-        return self._fused_off
+        """Why the fused path (or the engine, when asked for) is off, or None."""
+        return self._fused_off or self._engine_off
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's, then the group's check: known keys only, each value by its one validator."""
@@ -207,6 +213,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         skip = _skip_flag(getattr(self, "found_inf", None))
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
+        buckets = engine_path.run(self, buckets, skip)  # the buckets it covers: optim/engine/
         buckets = [b for b in buckets if not self._try_fused(b, skip)]
         # the eager paths cannot mask their writes: under a flag they step on copies
         staged = masked.Staged(buckets) if skip is not None and buckets else None
@@ -296,6 +303,8 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 view = route(p, group)[1]
+                if engine_path.covers(self, p, view):  # masked in its kernels
+                    continue
                 if not fused_path.fusable(view):
                     return (f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
                             f"{view.get('clip')}) runs eagerly: it steps on copies")
@@ -331,6 +340,11 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         else:
             self._fused_ok.add(key)
             self.last_paths.append("fused")
+        self._swap_exact(b, skip)
+        return True
+
+    def _swap_exact(self, b: Bucket, skip: torch.Tensor | None) -> None:
+        """Exact mode's reference swap after a fast path's step of ``b`` (masked under a flag)."""
         if b.view.get("variance_reduction") and not self.is_approx:
             if skip is None:
                 for s, g in zip(b.owners, b.gs):
@@ -339,7 +353,6 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                 masked.masked_swap(skip, [(sharded.local(s["last_grad"]),
                                            sharded.local(s["previous_grad"]))
                                           for s in b.owners if "previous_grad" in s])  # fmt: skip
-        return True
 
     def _want_fused(self, b: Bucket) -> bool:
         if self.fused is False or self._fused_off:
@@ -349,7 +362,7 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
             logger.info("fused optimizer step off: %s; using foreach", self._fused_off)
             return False
         device = b.params[0].device.type
-        if self.fused is None and device != "cuda":
+        if self.fused in (None, engine_path.ENGINE) and device != "cuda":
             return False
         reason = fused_path.unavailable_reason(device)
         if reason:

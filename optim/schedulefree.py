@@ -30,10 +30,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
 
+from optim import engine
+from optim.engine import schedulefree as engine_schedulefree
 from optim.options import check_option, validator
 
 
@@ -56,7 +59,8 @@ class AdamWScheduleFree(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 0.0025, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup_steps: int = 0, r: float = 0.0,
-                 weight_lr_power: float = 2.0, *, foreach: bool = True) -> None:  # fmt: skip
+                 weight_lr_power: float = 2.0, *, foreach: bool = True,
+                 fused: bool | str | None = None) -> None:  # fmt: skip
         for key, value in dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                warmup_steps=warmup_steps, r=r,
                                weight_lr_power=weight_lr_power).items():  # fmt: skip
@@ -65,7 +69,13 @@ class AdamWScheduleFree(torch.optim.Optimizer):
                         train_mode=True, weight_sum=0.0, lr_max=-1.0, scheduled_lr=0.0,
                         weight_lr_power=weight_lr_power, weight_decay=weight_decay)  # fmt: skip
         super().__init__(params, defaults)
-        self.foreach = foreach
+        engine.check_fused(fused)
+        # fused: None, the engine (optim/engine/) on CUDA where Triton is present; "engine" on
+        # any device (a CPU through Triton's interpreter); False never. ``path_counts`` counts
+        # the paths the groups took ("engine", "foreach", "loop"), as the core's optimizers do.
+        self.foreach, self.fused, self._engine_off = foreach, fused, None
+        self.last_paths: list[str] = []
+        self.path_counts: Counter = Counter()
         self._kept: list[torch.Tensor] | None = None  # y while in eval mode, keep_train_weights=True
 
     @property
@@ -116,9 +126,16 @@ class AdamWScheduleFree(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.last_paths = []
         for group in self.param_groups:
             self._step_group(group)
+        self.path_counts.update(self.last_paths)
         return loss
+
+    @property
+    def fused_off_reason(self) -> str | None:
+        """Why the engine is off when it was asked for (``fused="engine"``), or None."""
+        return self._engine_off
 
     def _weights(self, group: dict) -> tuple[float, float]:
         """This step's lr and averaging weight c; advances lr_max and weight_sum."""
@@ -148,6 +165,11 @@ class AdamWScheduleFree(torch.optim.Optimizer):
         grads = [p.grad for p in ps]
         zs = [self.state[p]["z"] for p in ps]
         vs = [self.state[p]["exp_avg_sq"] for p in ps]
+        if engine_schedulefree.step(self, ps, grads, zs, vs, beta1=beta1, beta2=beta2, bc2=bc2,
+                                    eps=group["eps"], decay=decay, ckp1=ckp1, lr=lr):  # fmt: skip
+            self.last_paths.append("engine")
+            return
+        self.last_paths.append("foreach" if self.foreach else "loop")
         if self.foreach:
             torch._foreach_mul_(vs, beta2)
             torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)

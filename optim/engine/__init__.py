@@ -1,0 +1,57 @@
+"""The optimizer engine: every covered element-wise rule of the core in a few Triton kernels.
+
+``VarianceReduced(..., fused=...)`` (optim/core.py) chooses it:
+
+- ``fused=None`` (default): the engine on CUDA where Triton is importable, for the buckets it
+  covers (optim/engine/rules.py); the others take the compiled step, then foreach. On a CPU
+  nothing changes: foreach (or the per-tensor loop).
+- ``fused="engine"``: the engine on any device: CUDA compiled, a CPU through Triton's
+  interpreter (optim/engine/loader.py; slow, exact, for tests). Without Triton it logs why
+  once (``fused_off_reason``) and the buckets take their usual path.
+- ``fused=True``: the compiled step (optim/fused.py), not the engine; ``False``: neither.
+
+Each step of a covered bucket is one ``step_kernel`` launch (plus a norm pass and its finish when
+the MARS correction is clipped), over pointer tables built once per bucket
+(optim/engine/tables.py) with the hyperparameters as scalar arguments. ``opt.last_paths`` records
+``"engine"`` for every bucket it ran. Importing this package imports no Triton: the kernels are
+loaded the first time the engine runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optim.engine.availability import (
+    ENGINE,
+    FUSED_CHOICES,
+    check_fused,
+    kernels_for,
+    unavailable_reason,
+    usable,
+    wanted,
+)
+
+__all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "run",
+           "unavailable_reason", "usable", "wanted"]  # fmt: skip
+
+
+def run(opt, buckets: list, skip: torch.Tensor | None) -> list:
+    """Step the buckets the engine covers; returns the others (for the compiled/eager paths)."""
+    if not buckets:
+        return buckets
+    device_type = buckets[0].params[0].device.type
+    if not usable(opt, device_type):
+        return buckets
+    from optim.engine import dispatch
+
+    return dispatch.run(opt, buckets, skip, device_type)
+
+
+def covers(opt, p: torch.Tensor, view: dict) -> bool:
+    """Whether the engine would step parameter ``p`` under ``view`` (its group as the core's
+    routing reads it): ``device_skip_cost`` asks, without building a bucket."""
+    if not usable(opt, p.device.type):
+        return False
+    from optim.engine import dispatch
+
+    return dispatch.covers_param(opt, p, view)

@@ -1,0 +1,89 @@
+"""Which of a step's buckets the engine takes, the first run of a new set of kernels (compiled
+before anything is written, so a compile failure falls back cleanly), and the bookkeeping the
+core expects of a fast path (``last_paths``, exact mode's reference swap)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from types import SimpleNamespace
+
+import torch
+
+from optim.engine import launch, rules
+from optim.engine import layout as L
+from optim.engine.availability import kernels_for
+from optim.engine.tables import PlanCache
+
+log = logging.getLogger("optim.engine")
+
+
+def subset(b, idx: list[int]):
+    """The bucket ``b`` (optim/core.py ``Bucket``) restricted to the tensors ``idx``."""
+
+    def pick(xs):
+        return [xs[i] for i in idx]
+
+    return dataclasses.replace(b, params=pick(b.params), states=pick(b.states), gs=pick(b.gs),
+                               cs=[], shards=pick(b.shards), owners=pick(b.owners))  # fmt: skip
+
+
+def split(opt, b) -> tuple[tuple | None, object | None]:
+    """``((part, kind), rest)``: the part of bucket ``b`` the engine takes and the rest."""
+    kind = rules.kind_of(b, is_approx=opt.is_approx, correction=opt.correction)
+    if kind is None or any(s is not None for s in b.shards):
+        return None, b
+    idx = [i for i in range(len(b.params)) if rules.takes(b, i)]
+    if not idx:
+        return None, b
+    part = b if len(idx) == len(b.params) else subset(b, idx)
+    if not rules.tensors_fit([t for ts in launch.columns(part, kind).values() for t in ts]):
+        return None, b
+    others = [i for i in range(len(b.params)) if i not in set(idx)]
+    return (part, kind), (subset(b, others) if others else None)
+
+
+def _global(b) -> bool:
+    return bool(b.view.get("variance_reduction")) and b.view.get("clip") == "global"
+
+
+def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str) -> list:
+    """Step what the engine covers (optim/engine/launch.py); return the buckets it left."""
+    items, rest = [], []
+    for b in buckets:
+        item, left = split(opt, b)
+        items += [item] if item else []
+        rest += [left] if left is not None else []
+    if any(_global(b) for b in rest):  # a global clip spans its buckets: all here or none
+        rest += [b for b, kind in items if kind.clip == L.CLIP_GLOBAL]
+        items = [(b, kind) for b, kind in items if kind.clip != L.CLIP_GLOBAL]
+    if not items:
+        return rest
+    k = kernels_for(device_type)
+    cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
+    ok = opt.__dict__.setdefault("_engine_ok", set())
+    signature = tuple((kind, b.params[0].dtype) for b, kind in items) + (skip is None,)
+    if signature not in ok:
+        try:  # compile every kernel of this set first: a failure leaves every tensor as it was
+            launch.step(items, skip, k, cache, device_type, dry=True)
+        except Exception as e:  # noqa: BLE001 (any compile failure: the other paths take over)
+            opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
+            log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
+            return buckets
+        ok.add(signature)
+    launch.step(items, skip, k, cache, device_type)
+    for b, _ in items:
+        opt.last_paths.append("engine")
+        opt._swap_exact(b, skip)
+    return rest
+
+
+def covers_param(opt, p: torch.Tensor, view: dict) -> bool:
+    """Whether the engine takes ``p`` in a bucket of rule ``view`` (no state needed)."""
+    from optim.momentum import MOMENTA
+    from optim.preconditioners import PRECONDITIONERS
+
+    b = SimpleNamespace(view=view, momentum=MOMENTA[view["momentum_form"]], params=[p],
+                        preconditioner=PRECONDITIONERS[view["preconditioner"]](view))  # fmt: skip
+    kind = rules.kind_of(b, is_approx=opt.is_approx, correction=opt.correction)
+    return kind is not None and rules.takes(b, 0) and rules.tensors_fit([p])

@@ -1,0 +1,280 @@
+"""The engine's Triton kernels (imported through optim/engine/loader.py, never directly).
+
+Every kernel walks a bucket's tensors through two tables built once per bucket
+(optim/engine/tables.py): ``table``, one row of ``NCOLS`` int64 per tensor (the addresses of its
+parameter, gradient and state tensors, its size, its first block and number of blocks), and
+``blocks``, one ``(tensor, block)`` pair of int32 per program. Hyperparameters are scalar
+arguments (a new lr or step count is a new argument, not a new compile); the choice of rule is
+``tl.constexpr`` flags. The arithmetic follows the foreach path op for op (the same
+multiplications, the same order, IEEE division and square root), so the two agree to the last
+bits where the device rounds alike (tests/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from optim.engine import layout
+
+# the layout's columns as constants the kernels may read (optim/engine/layout.py)
+C_P, C_G, C_REF, C_M, C_V, C_X, C_OUT, C_NUMEL, C_FIRST, C_NBLK = (
+    tl.constexpr(getattr(layout, n)) for n in
+    ("C_P", "C_G", "C_REF", "C_M", "C_V", "C_X", "C_OUT", "C_NUMEL", "C_FIRST", "C_NBLK")
+)  # fmt: skip
+NCOLS = tl.constexpr(layout.NCOLS)
+
+
+@triton.jit
+def _lerp(a, b, w):
+    """torch.lerp's two-branch formula (exact at both ends)."""
+    return tl.where(w < 0.5, a + w * (b - a), b - (b - a) * (1.0 - w))
+
+
+@triton.jit
+def _sum(x):
+    """``tl.sum(x, 0)`` as the reduction it is: ``tl.sum`` itself is a ``triton.jit`` function
+    decorated when triton was imported (compiled, not interpreted, unless ``TRITON_INTERPRET``
+    was set then), while ``tl.reduce`` with this combine function is what the interpreter
+    recognises and runs as ``np.sum``."""
+    return tl.reduce(x, 0, tl.standard._sum_combine)
+
+
+@triton.jit
+def _div(a, b):
+    """IEEE division, as torch's (Triton's ``/`` on float32 is approximate by default)."""
+    return tl.fdiv(a, b, ieee_rounding=True)
+
+
+@triton.jit
+def _sqrt(x):
+    """IEEE square root, as torch's (``tl.sqrt`` is approximate on float32; on float64 it is
+    correctly rounded, where ``sqrt_rn`` does not exist)."""
+    if x.dtype == tl.float64:
+        return tl.sqrt(x)
+    else:
+        return tl.sqrt_rn(x)
+
+
+@triton.jit
+def _narrow(x, DT: tl.constexpr):
+    """``x`` in ``DT`` rounded as torch rounds: by way of float32, then to bf16 by
+    round-to-nearest-even on the bits (Triton's interpreter truncates a cast to bf16; written
+    out, the compiled kernel and the interpreter round alike, NaN kept a NaN)."""
+    if DT == tl.bfloat16:
+        x = x.to(tl.float32)
+        bits = x.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        rounded = tl.where(x != x, 0x7FC0, rounded)
+        return rounded.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    elif DT == tl.float16:
+        return x.to(tl.float32).to(DT)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def _ptr(row, col, DT: tl.constexpr):
+    return tl.load(row + col).to(tl.pointer_type(DT))
+
+
+@triton.jit
+def _limit(row, skip, HAS_SKIP: tl.constexpr):
+    """The tensor's size, or 0 where the skip flag is set (every element masked off; a bound,
+    not ``mask & flag``, which the interpreter turns into a mask it refuses)."""
+    n = tl.load(row + C_NUMEL)
+    if HAS_SKIP:
+        n = tl.where(tl.load(skip) == 0, n, 0)
+    return n
+
+
+@triton.jit
+def norm_kernel(table, blocks, partial, kappa, DT: tl.constexpr, ACC: tl.constexpr,
+                BLOCK: tl.constexpr):  # fmt: skip
+    """``partial[program] = sum(c * c)`` over one block, ``c = g + kappa * (g - g_ref)``."""
+    pid = tl.program_id(0)
+    t = tl.load(blocks + 2 * pid).to(tl.int64)
+    j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
+    row = table + t * NCOLS
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < tl.load(row + C_NUMEL)
+    g = tl.load(_ptr(row, C_G, DT) + offs, mask=mask, other=0.0)
+    ref = tl.load(_ptr(row, C_REF, DT) + offs, mask=mask, other=0.0)
+    c = (g + kappa * (g - ref)).to(ACC)
+    tl.store(partial + pid, _sum(c * c))
+
+
+@triton.jit
+def finish_tensor_kernel(table, partial, divisors, CHUNK: tl.constexpr):
+    """``divisors[t] = 1 / max(1, sqrt(sum of tensor t's partials))``: the per-tensor clip's
+    factor (foreach: the norm clamped, its reciprocal, a multiplication)."""
+    t = tl.program_id(0).to(tl.int64)
+    row = table + t * NCOLS
+    first = tl.load(row + C_FIRST)
+    count = tl.load(row + C_NBLK)
+    acc = tl.full([CHUNK], 0.0, partial.dtype.element_ty)
+    for k in range(0, count, CHUNK):
+        idx = k + tl.arange(0, CHUNK)
+        acc += tl.load(partial + first + idx, mask=idx < count, other=0.0)
+    norm = tl.maximum(_sqrt(_sum(acc)), 1.0).to(divisors.dtype.element_ty)
+    tl.store(divisors + t, _div(tl.full([], 1.0, norm.dtype), norm))
+
+
+@triton.jit
+def finish_global_kernel(partial, count, divisors, CHUNK: tl.constexpr):
+    """``divisors[0] = max(1, sqrt(sum of every partial))``: one clip over all the tensors."""
+    acc = tl.full([CHUNK], 0.0, partial.dtype.element_ty)
+    for k in range(0, count, CHUNK):
+        idx = k + tl.arange(0, CHUNK)
+        acc += tl.load(partial + idx, mask=idx < count, other=0.0)
+    total = _sum(acc)
+    tl.store(divisors, tl.maximum(_sqrt(total), 1.0).to(divisors.dtype.element_ty))
+
+
+@triton.jit
+def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+                keep, neg_size, bc2s, bc1, eps, mix, b3, s_add,
+                DT: tl.constexpr, OUT_DT: tl.constexpr, BLOCK: tl.constexpr,
+                REDUCE: tl.constexpr, CLIP: tl.constexpr, COPY_REF: tl.constexpr,
+                MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
+                SRC_C: tl.constexpr, FIRST: tl.constexpr, HAS_SKIP: tl.constexpr):  # fmt: skip
+    """One block of one tensor: correction and clip, reference copy, momentum, direction, step
+    (optim/engine/rules.py says which scalar is which). Where ``skip`` (a device flag) is set,
+    every load and store is masked off: nothing changes, and no host read decides it."""
+    pid = tl.program_id(0)
+    t = tl.load(blocks + 2 * pid).to(tl.int64)
+    j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
+    row = table + t * NCOLS
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < _limit(row, skip, HAS_SKIP)
+    g = tl.load(_ptr(row, C_G, DT) + offs, mask=mask, other=0.0)
+    c = g
+    if REDUCE:
+        ref_ptr = _ptr(row, C_REF, DT)
+        c = g + kappa * (g - tl.load(ref_ptr + offs, mask=mask, other=0.0))
+        if CLIP == 1:
+            c = c * tl.load(divisors + t)
+        if CLIP == 2:
+            c = _div(c, tl.load(divisors))
+        if COPY_REF:
+            tl.store(ref_ptr + offs, g, mask=mask)
+    m_ptr = _ptr(row, C_M, DT)
+    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+    if MOMENTUM == 0:  # ema: m = beta * m + (1 - beta) * c, as mul then add
+        m = m * beta + m_add * c
+        u = m
+    if MOMENTUM == 1:  # ema-lerp
+        m = _lerp(m, c, m_add)
+        u = m
+    if MOMENTUM == 2:  # lion: u = lerp(c, m, beta1); m = lerp(m, c, 1 - beta2)
+        u = _lerp(c, m, lion_u)
+        m = _lerp(m, c, lion_m)
+    if MOMENTUM == 3:  # heavy-ball: buf = mu * buf + g; u = buf
+        m = m * beta + c
+        u = m
+    if MOMENTUM == 4:  # heavy-ball, Nesterov: u = mu * buf + g
+        m = m * beta + c
+        u = m * beta + c
+    if MOMENTUM == 5:  # one-buffer: buf = mu * buf + phi * g; u = gamma * g + mu * buf
+        m = m * beta + m_add * c
+        u = c * mix + m * beta
+    if FIRST:  # SOAP's first step: the basis only, the momentum back to zero, no update
+        tl.store(m_ptr + offs, m * 0.0, mask=mask)
+    else:
+        tl.store(m_ptr + offs, m, mask=mask)
+        if DIRECTION == 5:  # Newton-Schulz's input, into its stack: u / divisor in NS's dtype
+            tl.store(_ptr(row, C_OUT, OUT_DT) + offs, _narrow(_div(u, bc1), OUT_DT), mask=mask)
+        else:
+            _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix,
+                       b3, s_add, DT, DIRECTION, AMSGRAD, SRC_C)  # fmt: skip
+
+
+@triton.jit
+def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix, b3,
+               s_add, DT: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
+               SRC_C: tl.constexpr):  # fmt: skip
+    """The preconditioner's direction and ``p = p * keep - size * d`` (foreach's op order)."""
+    p_ptr = _ptr(row, C_P, DT)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0) * keep
+    if DIRECTION == 2:  # sign
+        d = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, u * 0.0))
+        p = p + neg_size * d
+    else:
+        if SRC_C:
+            s = c
+        else:
+            s = g
+        v_ptr = _ptr(row, C_V, DT)
+        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        if DIRECTION == 1:  # v.lerp_(s * s, 1 - beta2)
+            v = _lerp(v, s * s, v_add)
+        elif DIRECTION == 4:  # SOAP: v * beta2 + (1 - beta2) * s^2
+            v = v * b2 + v_add * (s * s)
+        else:  # addcmul: v * beta2 + ((1 - beta2) * s) * s
+            v = v * b2 + v_add * s * s
+        tl.store(v_ptr + offs, v, mask=mask)
+        if AMSGRAD:
+            x_ptr = _ptr(row, C_X, DT)
+            v = tl.maximum(tl.load(x_ptr + offs, mask=mask, other=0.0), v)
+            tl.store(x_ptr + offs, v, mask=mask)
+        root = _sqrt(v)
+        if DIRECTION == 0:  # MARS: ((sqrt(v) / sqrt(1 - beta2^t)) + eps) * (1 - beta1^t)
+            p = p + _div(neg_size * u, (_div(root, bc2s) + eps) * bc1)
+        elif DIRECTION == 1:  # Moonlight / MARS-M / the MARS repo's AdamW
+            p = p + _div(neg_size * u, root + eps)
+        elif DIRECTION == 4:  # SOAP's Adam on an unrotated tensor
+            p = p + neg_size * _div(u, root + eps)
+        else:  # AdEMAMix: (m / bc1 + alpha * slow) / (sqrt(v) / sqrt(bc2) + eps)
+            x_ptr = _ptr(row, C_X, DT)
+            slow = tl.load(x_ptr + offs, mask=mask, other=0.0) * b3 + s_add * c
+            tl.store(x_ptr + offs, slow, mask=mask)
+            num = _div(u, bc1) + mix * slow
+            p = p + _div(neg_size * num, _div(root, bc2s) + eps)
+    tl.store(p_ptr + offs, p, mask=mask)
+
+
+@triton.jit
+def apply_kernel(table, blocks, src, skip, keep, neg_size, R, C, DT: tl.constexpr,
+                 SRC_DT: tl.constexpr, BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr,
+                 HAS_SKIP: tl.constexpr):  # fmt: skip
+    """``p = p * keep - size * O`` for the matrices of one shape, ``O`` their Newton-Schulz
+    results in the stack ``src`` (``TRANSPOSED``: stored as ``(k, C, R)``, read transposed)."""
+    pid = tl.program_id(0)
+    t = tl.load(blocks + 2 * pid).to(tl.int64)
+    j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
+    row = table + t * NCOLS
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < _limit(row, skip, HAS_SKIP)
+    at = offs
+    if TRANSPOSED:
+        at = (offs % C) * R + offs // C
+    o = tl.load(src + t * R * C + at, mask=mask, other=0.0)
+    if SRC_DT == tl.bfloat16 or SRC_DT == tl.float16:  # by way of float32 (exact), as _narrow
+        o = o.to(tl.float32)
+    p_ptr = _ptr(row, C_P, DT)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0) * keep
+    tl.store(p_ptr + offs, p + neg_size * o.to(DT), mask=mask)
+
+
+@triton.jit
+def schedulefree_kernel(table, blocks, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
+                        DT: tl.constexpr, BLOCK: tl.constexpr, DECAY: tl.constexpr):  # fmt: skip
+    """Schedule-Free AdamW (optim/schedulefree.py): y (the parameter), z (``C_M``), v."""
+    pid = tl.program_id(0)
+    t = tl.load(blocks + 2 * pid).to(tl.int64)
+    j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
+    row = table + t * NCOLS
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < tl.load(row + C_NUMEL)
+    y_ptr, z_ptr, v_ptr = _ptr(row, C_P, DT), _ptr(row, C_M, DT), _ptr(row, C_V, DT)
+    g = tl.load(_ptr(row, C_G, DT) + offs, mask=mask, other=0.0)
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0)
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0)
+    v = tl.load(v_ptr + offs, mask=mask, other=0.0) * b2 + v_add * g * g
+    tl.store(v_ptr + offs, v, mask=mask)
+    d = _div(g, _sqrt(_div(v, bc2)) + eps)
+    if DECAY:
+        d = d + decay * y
+    y = _lerp(y, z, ckp1) + y_coef * d
+    tl.store(y_ptr + offs, y, mask=mask)
+    tl.store(z_ptr + offs, z - lr * d, mask=mask)

@@ -1,0 +1,141 @@
+"""The engine's launches for one step of the core: norm passes, their finish, the update passes.
+
+``step(items, ...)`` takes the buckets the engine covers (each with its ``Kind``) and runs, all on
+the device and without a host read:
+
+1. for each bucket clipped per tensor: ``norm_kernel`` (a partial sum of ``c*c`` per block) and
+   ``finish_tensor_kernel`` (per tensor ``1 / max(1, ||c||)``); for the buckets clipped
+   ``global``: their norm passes into one buffer and one ``finish_global_kernel``
+   (``max(1, ||c||)`` over all of them, as the foreach path's ``clip_unit_norm_``);
+2. for each bucket ``step_kernel``: correction, clip, reference copy, momentum, direction,
+   decay and step in one pass (Newton-Schulz buckets: its pre-pass, NS on the stacks, then
+   ``apply_kernel``; optim/engine/ns.py).
+
+Tensors at different step counts (a parameter without a gradient on some steps) are launched
+apart, one launch per count; usually there is one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optim.engine import layout as L
+from optim.engine import ns as ns_pass
+from optim.engine.loader import Go, tl_dtype, warps
+from optim.engine.rules import Kind, scalars
+from optim.engine.tables import Plan, PlanCache, key
+
+BLOCKS = {"cuda": 4096, "cpu": 1024}  # elements per program (tests set a small one)
+CHUNK = {"cuda": 1024, "cpu": 64}  # partial sums read at a time by a finish program
+
+
+def columns(b, kind: Kind) -> dict[int, list]:
+    """The tensors of bucket ``b`` that ``kind``'s kernel reads or writes, by table column."""
+    states = b.states
+    cols = {L.C_P: b.params, L.C_G: b.gs, L.C_M: [s[b.momentum.key] for s in states]}
+    if kind.reduce:
+        cols[L.C_REF] = [s["last_grad"] for s in states]
+    if kind.direction in (L.ADAM, L.ADAM_LERP, L.ADEMAMIX, L.SOAP_ADAM):
+        cols[L.C_V] = [s["exp_avg_sq"] for s in states]
+    if kind.amsgrad:
+        cols[L.C_X] = [s["max_exp_avg_sq"] for s in states]
+    if kind.direction == L.ADEMAMIX:
+        cols[L.C_X] = [s["exp_avg_slow"] for s in states]
+    return cols
+
+
+def by_step(b, kind: Kind) -> list[tuple[int, list[int]]]:
+    """``(step count, indices)`` of ``b``'s tensors; Newton-Schulz's scalars do not depend on
+    the count: one group."""
+    counts = [s["step"] for s in b.states]
+    if kind.direction == L.NS_OUT:
+        return [(counts[0], list(range(len(counts))))]
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(counts):
+        groups.setdefault(t, []).append(i)
+    return list(groups.items())
+
+
+class Launch:
+    """One launch group: a bucket's tensors at one step count, with its plan."""
+
+    def __init__(self, b, kind: Kind, t: int, idx: list[int], cache: PlanCache, block: int):
+        self.b, self.kind, self.t = b, kind, t
+        cols = {c: [ts[i] for i in idx] for c, ts in columns(b, kind).items()}
+        self.dtype = cols[L.C_P][0].dtype
+        self.stacks = None
+        if kind.direction == L.NS_OUT:
+            self.plan, self.stacks = ns_pass.plan(b, cols, cache, block)
+        else:
+            norm = kind.clip == L.CLIP_TENSOR
+            self.plan = cache.get(key(cols, block, (norm,)), lambda: Plan(cols, block, norm=norm))
+
+
+def step(items: list[tuple], skip: torch.Tensor | None, k, cache: PlanCache,
+         device_type: str, dry: bool = False) -> None:  # fmt: skip
+    """Run the covered buckets ``items`` (``(bucket, kind)`` pairs) through the kernels ``k``
+    (``dry``: compile every kernel the step needs, run none)."""
+    block, chunk, go = BLOCKS[device_type], CHUNK[device_type], Go(dry)
+    launches = [Launch(b, kind, t, idx, cache, block)
+                for b, kind in items for t, idx in by_step(b, kind)]  # fmt: skip
+    flag = None if skip is None else skip.view(torch.uint8)
+    for ln in launches:
+        if ln.kind.clip == L.CLIP_TENSOR and ln.plan.nblocks:
+            _norm(go, k, ln, ln.plan.partial)
+            go(k.finish_tensor_kernel, (ln.plan.n,), ln.plan.table, ln.plan.partial,
+               ln.plan.divisors, CHUNK=chunk)  # fmt: skip
+    total = _global_clip(go, k, [ln for ln in launches if ln.kind.clip == L.CLIP_GLOBAL], cache,
+                         chunk)  # fmt: skip
+    for ln in launches:
+        divisors = total if ln.kind.clip == L.CLIP_GLOBAL else ln.plan.divisors
+        if ln.kind.direction == L.NS_OUT:
+            ns_pass.run(go, k, ln, divisors, flag, _update)
+        elif ln.plan.nblocks:
+            _update(go, k, ln, divisors, flag)
+
+
+def _norm(go: Go, k, ln: Launch, partial: torch.Tensor) -> None:
+    sc = scalars(ln.b, ln.kind, ln.t)
+    go(k.norm_kernel, (ln.plan.nblocks,), ln.plan.table, ln.plan.blocks, partial, sc.kappa,
+       DT=tl_dtype(ln.dtype), ACC=tl_dtype(ln.dtype), BLOCK=ln.plan.block,
+       num_warps=warps(ln.plan.block))  # fmt: skip
+
+
+def _global_clip(go: Go, k, launches: list[Launch], cache: PlanCache, chunk: int):
+    """One ``max(1, ||c||)`` over every tensor of ``launches``: their norm passes write into one
+    buffer (cached by the plans it spans), one program sums it."""
+    if not launches:
+        return None
+    sizes = [ln.plan.nblocks for ln in launches]
+    first = launches[0]
+    device = first.plan.table.device
+    ident = ("global", tuple(sizes), first.dtype, device)  # the buffer depends on these only
+    buf = cache.get(ident, lambda: _GlobalBuffer(sizes, first.dtype, device))
+    for ln, part in zip(launches, buf.parts):
+        if ln.plan.nblocks:
+            _norm(go, k, ln, part)
+    go(k.finish_global_kernel, (1,), buf.partial, sum(sizes), buf.divisors, CHUNK=chunk)
+    return buf.divisors
+
+
+class _GlobalBuffer:
+    """The partial sums of a global clip's norm passes, one slice per launch."""
+
+    def __init__(self, sizes: list[int], dtype: torch.dtype, device: torch.device) -> None:
+        self.partial = torch.empty(max(sum(sizes), 1), dtype=dtype, device=device)
+        self.divisors = torch.empty(1, dtype=dtype, device=device)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        self.parts = [self.partial[o : o + n] for o, n in zip(offsets, sizes)]
+
+
+def _update(go: Go, k, ln: Launch, divisors, flag, out_dtype: torch.dtype | None = None) -> None:
+    kind, plan = ln.kind, ln.plan
+    first = kind.direction == L.SOAP_ADAM and ln.t == 1
+    go(
+        k.step_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.table if divisors is None else divisors,
+        plan.blocks if flag is None else flag, *scalars(ln.b, kind, ln.t).args(),
+        DT=tl_dtype(ln.dtype), OUT_DT=tl_dtype(out_dtype or ln.dtype), BLOCK=plan.block,
+        REDUCE=kind.reduce, CLIP=kind.clip, COPY_REF=kind.copy_ref, MOMENTUM=kind.momentum,
+        DIRECTION=kind.direction, AMSGRAD=kind.amsgrad, SRC_C=kind.src_c, FIRST=first,
+        HAS_SKIP=flag is not None, num_warps=warps(plan.block),
+    )  # fmt: skip

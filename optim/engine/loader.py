@@ -1,0 +1,106 @@
+"""Triton, imported only when the engine runs, and the kernels in the mode a device needs.
+
+``triton.jit`` decides at decoration time whether a kernel is compiled for the GPU or run by
+Triton's interpreter (``TRITON_INTERPRET=1``, read from the environment when the decorator runs,
+Triton 3.x). So the kernel module (optim/engine/kernels.py) is executed twice at most, as two
+module objects: ``kernels("jit")`` for CUDA tensors, and ``kernels("interpret")`` for CPU tensors,
+executed with ``TRITON_INTERPRET=1`` set for the moment of its decoration only (the process's
+other Triton users, inductor's kernels among them, are not switched to the interpreter). The
+interpreter runs each program as numpy code on host memory: CPU tensors only, slow, exact
+(float64 is kept), which is what the tests need (tests/test_engine.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.py")
+
+
+@functools.cache
+def triton_missing() -> str | None:
+    """Why Triton cannot be imported here, or None."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as e:  # noqa: BLE001 (absent, or broken: either way no engine)
+        return f"triton is not importable ({type(e).__name__}: {e})"
+    return None
+
+
+def mode_for(device_type: str) -> str | None:
+    """The kernels' mode for tensors on ``device_type``: ``jit``, ``interpret`` or None."""
+    return {"cuda": "jit", "cpu": "interpret"}.get(device_type)
+
+
+@functools.cache
+def kernels(mode: str) -> ModuleType:
+    """optim/engine/kernels.py executed as its own module in ``mode`` (``jit``/``interpret``)."""
+    if mode not in ("jit", "interpret"):
+        raise ValueError(f"unknown kernel mode {mode!r}; valid: jit, interpret")
+    name = f"optim.engine._kernels_{mode}"
+    spec = importlib.util.spec_from_file_location(name, SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    before = os.environ.get("TRITON_INTERPRET")
+    if mode == "interpret":
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        sys.modules[name] = module  # the interpreter's rewriter reads the source by module
+        spec.loader.exec_module(module)
+    finally:
+        if before is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = before
+    if interpreted(module):
+        _inline_helpers(module)
+    return module
+
+
+def _inline_helpers(module: ModuleType) -> None:
+    """The kernels' helper functions (``_name``) as the plain functions the interpreter runs.
+
+    Each call of an interpreted device function re-patches ``triton.language`` first (about a
+    millisecond); inside a kernel, whose launch has patched it already, that is all the cost of
+    a helper. Called as their rewritten functions, the helpers cost what their numpy work does
+    (the module's tests run several times faster). The kernels themselves stay launchable."""
+    for name, value in list(vars(module).items()):
+        if name.startswith("_") and type(value).__name__ == "InterpretedFunction":
+            setattr(module, name, value.rewrite())
+
+
+def interpreted(module: ModuleType) -> bool:
+    """Whether ``module``'s kernels run under the interpreter (``TRITON_INTERPRET=1`` set for
+    the whole process makes the ``jit`` module interpreted too)."""
+    return type(module.step_kernel).__name__ == "InterpretedFunction"
+
+
+def tl_dtype(dtype: torch.dtype):
+    import triton.language as tl
+
+    return {torch.float32: tl.float32, torch.float64: tl.float64, torch.bfloat16: tl.bfloat16,
+            torch.float16: tl.float16}[dtype]  # fmt: skip
+
+
+def warps(block: int) -> int:
+    return 8 if block >= 4096 else 4
+
+
+class Go:
+    """Launches a kernel, or with ``dry`` compiles it only (``warmup``: nothing runs)."""
+
+    def __init__(self, dry: bool) -> None:
+        self.dry = dry
+
+    def __call__(self, kernel, grid: tuple, *args, **kw) -> None:
+        if self.dry:
+            kernel.warmup(*args, grid=grid, **kw)
+        else:
+            kernel[grid](*args, **kw)

@@ -1,0 +1,43 @@
+"""Schedule-Free AdamW (optim/schedulefree.py) on the engine: one ``schedulefree_kernel`` launch
+per param group and step, over a pointer table built once (y, g, z, v)."""
+
+from __future__ import annotations
+
+import logging
+
+from optim.engine import layout as L
+from optim.engine.availability import kernels_for, usable
+from optim.engine.launch import BLOCKS
+from optim.engine.loader import Go, tl_dtype, warps
+from optim.engine.rules import tensors_fit
+from optim.engine.tables import Plan, PlanCache, key
+
+log = logging.getLogger("optim.engine")
+
+
+def step(opt, ps: list, grads: list, zs: list, vs: list, *, beta1: float, beta2: float,
+         bc2: float, eps: float, decay: float, ckp1: float, lr: float) -> bool:  # fmt: skip
+    """One group's step (the foreach path's arithmetic) on the engine; False where it does not
+    run (off, not asked for on this device, or tensors it does not take)."""
+    device_type = ps[0].device.type
+    if not usable(opt, device_type) or not tensors_fit(ps + grads + zs + vs):
+        return False
+    k, block = kernels_for(device_type), BLOCKS[device_type]
+    cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
+    cols = {L.C_P: ps, L.C_G: grads, L.C_M: zs, L.C_V: vs}
+    plan = cache.get(key(cols, block, ("schedulefree",)), lambda: Plan(cols, block))
+    args = (plan.table, plan.blocks, beta2, 1 - beta2, bc2, eps, decay, ckp1,
+            lr * (beta1 * (1 - ckp1) - 1), lr)  # fmt: skip
+    kw = dict(DT=tl_dtype(ps[0].dtype), BLOCK=block, DECAY=decay != 0, num_warps=warps(block))
+    ok = opt.__dict__.setdefault("_engine_ok", set())
+    if (ps[0].dtype, decay != 0) not in ok:
+        try:  # compiled before anything is written: a failure leaves the tensors as they were
+            Go(dry=True)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
+        except Exception as e:  # noqa: BLE001 (any compile failure: foreach takes over)
+            opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
+            log.warning("optimizer engine off (%s); using foreach", opt._engine_off)
+            return False
+        ok.add((ps[0].dtype, decay != 0))
+    if plan.nblocks:
+        Go(dry=False)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
+    return True
