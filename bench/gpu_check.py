@@ -8,15 +8,19 @@ goes (a step cut off by its limit, or a check cut off by its machine, keeps what
     python -m bench.gpu_check --part 2             # the steps that did not fit the first budget
     python -m bench.gpu_check --cpu                # the same steps, tiny and on the CPU
     python -m bench.gpu_check --only small-adamw xl-mars-adamw
+    python -m bench.gpu_check --nanogpt ~/nanoGPT  # adds nanoGPT side by side (a checkout)
 
 First the import check (``bench.preflight``): a missing package stops the check before any step,
-with one line per package and the command that brings it (docs/offline-install.md). Then the
-steps, most valuable first: the GPU tests (``pytest -m gpu``); tokens/s, MFU, peak memory against
-bench.memory_model's estimate, the compile (first step) and graph/break/recompile counts of GPT-2
-small with each optimizer family, one process each (``bench.train``); XL with AdamW and MARS-AdamW
-at the micro-batch the launcher picks for 8 of these GPUs; exact mode's cost; each optimizer's
-step against torch's fused AdamW and its share of the copy bandwidth (``bench.optim_fused``);
-Newton-Schulz's share of a MARS-M step; the checkpoint stall; the graphs per block of the
+with one line per package and the command that brings it (docs/offline-install.md). Then the steps,
+most valuable first: the GPU tests (``pytest -m gpu``); the optimizer engine per family against
+torch's fused AdamW with its kernels per step (``bench.optim_fused --paths foreach engine
+--kernels``); with ``--nanogpt PATH``, GPT-2 small beside nanoGPT at micro-batch 12 and 32
+(``bench.train --nanogpt``); tokens/s, MFU, peak memory against bench.memory_model's estimate, the
+compile (first step) and graph/break/recompile counts of GPT-2 small with each optimizer family,
+one process each (``bench.train``); XL with AdamW and MARS-AdamW at the micro-batch the launcher
+picks for 8 of these GPUs; exact mode's cost; each optimizer's step against torch's fused AdamW and
+its share of the copy bandwidth (``bench.optim_fused``); llama-124m with AdamW, MARS-AdamW and
+Muon; Newton-Schulz's share of a MARS-M step; the checkpoint stall; the graphs per block of the
 Trainer's compiled DDP layout (``bench.graphs``); the non-finite decision on host vs device.
 
 The steps' limits are packed, in order, into parts that each fit ``--budget`` (570 s: one
@@ -75,8 +79,9 @@ def xl_micro_batch(memory_gib: float) -> int:
     return launcher_micro_batch("fineweb-edu/xl-mars-adamw", memory_gib)[0]
 
 
-def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
-    """Every step, most valuable first; ``cpu``: the same steps, tiny, on the CPU."""
+def steps(memory_gib: float, cpu: bool = False, nanogpt: Path | None = None) -> list[Step]:
+    """Every step, most valuable first; ``cpu``: the same steps, tiny, on the CPU; ``nanogpt``:
+    a nanoGPT checkout for the side-by-side steps (``nanogpt_steps``)."""
     py, dev = [sys.executable], "cpu" if cpu else "cuda"
     small, big = ("tiny", "tiny") if cpu else ("gpt2-small", "gpt2-xl")
     # the papers' per-GPU step on 8 GPUs: small at its micro-batch 15 with 4 micro-batches per
@@ -89,6 +94,13 @@ def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
     tests = ["tests/test_gpu.py"] if cpu else ["tests"]
     out = [Step("gpu-tests", "pytest -m gpu", [*py, "-m", "pytest", "-q", "-m", "gpu", *tests],
                 130)]  # fmt: skip
+    out.append(engine_step(py, dev, small, cpu))
+    out += nanogpt_steps(train, nanogpt, small, cpu) if nanogpt else []
+    for backend in () if cpu else ("flash", "cudnn"):  # which attention kernel (issue 37)
+        out.append(Step(f"sdpa-{backend}", f"{small} at micro-batch 12, AdamW, SDPA {backend}",
+                        [*train, "--models", small, "--micro-batch", "12", "--accum", "1",
+                         "--no-exact", "--optimizers", "adamw", "--sdpa-backend", backend],
+                        75))  # fmt: skip
     for i, name in enumerate(FAMILIES):  # the first compiles the model; the others hit its cache
         lim = 75 if i == 0 else 100 if name == "mars-adamw" else 60
         out.append(Step(f"small-{name}", f"{small}, {name}", [*train, "--models", small,
@@ -104,9 +116,15 @@ def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
         Step("xl-estimate", "the XL estimate part by part",
              [*py, "-m", "bench.memory", "--parts", "--models", big, "--optimizers", "adamw",
               "mars-adamw", "--micro-batch", str(xl)], 20),
+        Step("llama", f"{'llama-tiny' if cpu else 'llama-124m'} at micro-batch 12: AdamW, "
+             "MARS-AdamW, Muon (targets: MARS-AdamW within 3%, Muon within 15% of AdamW)",
+             [*train, "--models", "llama-tiny" if cpu else "llama-124m", "--micro-batch",
+              "1" if cpu else "12", "--accum", "1", "--no-exact", "--optimizers", "adamw",
+              "mars-adamw", "muon"], 150),
         Step("optim-fused", "optimizer steps vs fused AdamW, copy bandwidth",
              [*py, "-m", "bench.optim_fused", *opt_dev, "--only", "adamw", "mars-adamw",
-              "mars-lion", "lion", "--rounds", "1" if cpu else "3"], 80),
+              "mars-lion", "lion", "--paths", "foreach", "compiled", "--rounds",
+              "1" if cpu else "3"], 80),
         Step("newton-schulz", "Newton-Schulz's share of a MARS-M step",
              [*py, "-m", "bench.newton_schulz", "--device", dev, "--model", small,
               *(["--layers", "1"] if cpu else [])], 45),
@@ -121,6 +139,35 @@ def steps(memory_gib: float, cpu: bool = False) -> list[Step]:
              [*py, "-m", "bench.nonfinite", *opt_dev, "--micro-batch", "8", "--optimizer",
               "muon", "--rounds", "1" if cpu else "3"], 50),
     ]  # fmt: skip
+    return out
+
+
+def engine_step(py: list[str], dev: str, small: str, cpu: bool) -> Step:
+    """The optimizer engine (optim/engine/) per family against torch's fused AdamW: ms per step,
+    share of the copy bandwidth, GPU kernels per step (targets: MARS-AdamW at most 1.5x fused
+    AdamW and 70% of the copy bandwidth; at most 10 kernels for an element-wise optimizer). On
+    the CPU: one family on a small-vocabulary model (Triton's interpreter is slow)."""
+    if cpu:
+        argv = [*py, "-m", "bench.optim_fused", "--device", "cpu", "--model", "proxy-100k",
+                "--only", "mars-adamw", "--paths", "foreach", "engine", "--rounds", "1",
+                "--steps", "1"]  # fmt: skip
+    else:
+        argv = [*py, "-m", "bench.optim_fused", "--device", dev, "--model", small, "--only",
+                "adamw", "mars-adamw", "mars-adamw-exact", "mars-lion", "lion", "ademamix",
+                "adamw-schedulefree", "muon", "mars-m", "--paths", "foreach", "engine",
+                "--kernels", "--rounds", "3"]  # fmt: skip
+    return Step("optim-engine", "the optimizer engine per family vs fused AdamW", argv, 120)
+
+
+def nanogpt_steps(train: list[str], nanogpt: Path, small: str, cpu: bool) -> list[Step]:
+    """nanoGPT's model.py and step beside ours in one process (``bench.train --nanogpt``), at
+    micro-batch 12 and 32 (target: at least 1.10x nanoGPT's tokens/s, MFU at least 50% at 32)."""
+    out = []
+    for mb, opts in (("12", ["adamw", "mars-adamw"]), ("32", ["adamw"])):
+        out.append(Step(f"nanogpt-{mb}", f"{small} at micro-batch {mb} beside nanoGPT",
+                        [*train, "--models", small, "--micro-batch", "1" if cpu else mb,
+                         "--accum", "1", "--no-exact", "--optimizers", *opts, "--nanogpt",
+                         str(nanogpt)], 150))  # fmt: skip
     return out
 
 
@@ -207,12 +254,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="another time limit for these steps")
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all the steps")
     ap.add_argument("--skip-preflight", action="store_true", help="no import check first")
+    ap.add_argument("--nanogpt", type=Path, default=None, metavar="PATH",
+                    help="a nanoGPT checkout: adds the side-by-side steps (bench.train)")
     return ap.parse_args(argv)
 
 
 def select(args: argparse.Namespace, memory_gib: float) -> tuple[list[list[Step]], list[Step]]:
     """(all parts, the steps to run) for --only / --part."""
-    every = steps(memory_gib, cpu=args.cpu)
+    every = steps(memory_gib, cpu=args.cpu, nanogpt=args.nanogpt)
     names = [s.name for s in every]
     for item in args.limit:
         name, _, secs = item.partition("=")

@@ -4,14 +4,21 @@
     python -m bench.optim_fused --device cuda                    # adds AdamW(fused=True)
     python -m bench.optim_fused --only adamw mars-adamw mars-lion lion --rounds 5
     python -m bench.optim_fused --device cuda --grouping tensor  # vs the default (list)
+    python -m bench.optim_fused --device cuda --only adamw mars-adamw muon --paths foreach engine \
+        --kernels                                                # the engine, kernels per step
 
-Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer of the core
-on its foreach path and its compiled path (``fused=True``, optim/fused.py). Every variant steps the
-same parameters and gradients (values drift; the time does not depend on them); the variants run
-in turn, round after round, so a busy machine slows them alike. Prints the median ms/step, the
-ratio to AdamW(foreach), the bytes a fused step must move per step (reads + writes, fp32) with the
-effective GB/s, the first step's time of each compiled variant (the compile), and on CUDA the
-device's copy bandwidth (a large tensor copy) and each variant's share of it.
+Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer on each of
+``--paths``: ``foreach`` (``fused=False``), ``compiled`` (``fused=True``, optim/fused.py; the
+element-wise families of the core only) and ``engine`` (``fused="engine"``, optim/engine/; the
+default on CUDA, on a CPU only when named: Triton's interpreter is slow). Families: adamw,
+mars-adamw, mars-adamw-exact, mars-lion, lion, ademamix, adamw-schedulefree, muon, mars-m. Every
+variant steps the same parameters and gradients (values drift; the time does not depend on
+them); the variants run in turn, round after round, so a busy machine slows them alike. Prints
+the median ms/step, the ratio to AdamW(foreach) and to torch's fused AdamW (CUDA), the bytes an
+element-wise step must move per step (reads + writes, fp32; "-" for Newton-Schulz families) with
+the effective GB/s, the first step's time of each variant (compiles), and on CUDA the device's
+copy bandwidth (a large tensor copy) and each variant's share of it; with ``--kernels`` (CUDA)
+the GPU kernels of one step (torch's profiler: kernels, copies and memsets it records).
 """
 
 from __future__ import annotations
@@ -27,11 +34,16 @@ import optim
 import optim.fused
 from bench.harness import model_config
 from model import build_model
+from optim.core import VarianceReduced
+from optim.rule import Rule
 from runtime.distributed import pick_device
 
-# tensors a fused step reads + writes per parameter: p, g, state (and g_ref, plus the norm pass
-# re-reading g and g_ref for the per-tensor clip)
-PASSES = {"adamw": 7, "mars-adamw": 11, "mars-adamw-exact": 10, "mars-lion": 9, "lion": 5}
+# tensors an element-wise step reads + writes per parameter: p, g, state (and g_ref, plus the
+# norm pass re-reading g and g_ref for the per-tensor clip); None: Newton-Schulz does more
+PASSES = {"adamw": 7, "mars-adamw": 11, "mars-adamw-exact": 10, "mars-lion": 9, "lion": 5,
+          "ademamix": 9, "adamw-schedulefree": 7, "muon": None, "mars-m": None}  # fmt: skip
+COMPILED = ("mars-adamw", "mars-adamw-exact", "mars-lion", "lion")  # with a compiled path
+FUSED = {"foreach": False, "compiled": True, "engine": "engine"}
 
 
 def sync(device: torch.device) -> None:
@@ -39,18 +51,27 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def build(name: str, params: list, fused: bool | None):
-    """An optimizer over ``params`` (one group, weight decay 0.1 as GPT-2's matrices)."""
+def build(name: str, params: list, fused, model=None):
+    """An optimizer over ``params`` (one group, weight decay 0.1 as GPT-2's matrices; the Muon
+    family: ``model``'s parameters routed by the registry, its default config)."""
     if name == "adamw":
         kind = "fused" if fused else "foreach"
         return torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, **{kind: True})
-    if name.startswith("mars-"):
+    if name.startswith("mars-") and name != "mars-m":
         mars_type, exact = name.removesuffix("-exact"), name.endswith("-exact")
         return optim.MARS(params, lr=6e-3, weight_decay=0.1, mars_type=mars_type,
                           is_approx=not exact, fused=fused)  # fmt: skip
     if name == "lion":
         return optim.Lion(params, lr=2e-4, weight_decay=0.3, fused=fused)
-    raise SystemExit(f"--only {name!r}: use adamw, mars-adamw, mars-adamw-exact, mars-lion, lion")
+    if name == "ademamix":
+        keys = Rule(momentum="ema", preconditioner="ademamix").group_keys()
+        group = dict(params=params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1, **keys)
+        return VarianceReduced([group], foreach=True, fused=fused)
+    if name == "adamw-schedulefree":
+        return optim.AdamWScheduleFree(params, lr=2.5e-3, weight_decay=0.1, fused=fused)
+    if name in ("muon", "mars-m") and model is not None:  # the registry's routing
+        return optim.build_optimizer(model, optim.get_spec(name).config_cls(fused=fused))
+    raise SystemExit(f"--only {name!r}: use {', '.join(PASSES)}")
 
 
 def one_step(opt, step: int) -> None:
@@ -75,33 +96,40 @@ def copy_bandwidth(device: torch.device, n_bytes: int = 1 << 30) -> float:
     return 2 * n_bytes * 10 / (time.perf_counter() - t0) / 1e9
 
 
-def variants(names: list[str], device: torch.device) -> list[tuple[str, str, bool | None]]:
+def variants(names: list[str], device: torch.device, paths: list[str]) -> list[tuple]:
     out = []
     for name in names:
         if name == "adamw":
             out.append(("torch AdamW foreach", name, False))
             if device.type == "cuda":
                 out.append(("torch AdamW fused", name, True))
-        else:
-            out += [(f"{name} foreach", name, False), (f"{name} compiled", name, True)]
+            continue
+        for path in paths:
+            if path != "compiled" or name in COMPILED:
+                out.append((f"{name} {path}", name, FUSED[path]))
     return out
 
 
+def kernels_per_step(opt, device: torch.device) -> int | None:
+    """The GPU kernels (and copies, memsets) of one step, as torch's profiler records them."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        one_step(opt, 1)
+        sync(device)
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", default="gpt2-small", help="a configs/model/*.yaml preset")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--only", nargs="*", default=["adamw", "mars-adamw"])
-    ap.add_argument("--rounds", type=int, default=5, help="rounds over the variants")
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
-    ap.add_argument("--grouping", choices=["auto", "tensor", "list"], default="auto",
-                    help="compiled call per tensor or per bucket (optim/fused.py GROUPING)")  # fmt: skip
-    args = ap.parse_args()
+    args = parse_args()
     device = pick_device(args.device, 0)
     if args.grouping != "auto":
         optim.fused.GROUPING[device.type] = args.grouping
-    model = build_model(model_config(args.model))
-    params = [p for p in model.to(device).parameters()]
+    model = build_model(model_config(args.model)).to(device)
+    params = [p for p in model.parameters()]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     n = sum(p.numel() for p in params)
@@ -111,15 +139,19 @@ def main() -> None:
     grouping = optim.fused.GROUPING.get(device.type, "list")
     print(f"model: {args.model}, {n / 1e6:.2f}M parameters in {len(params)} tensors; "
           f"compiled grouping: {grouping}")  # fmt: skip
-    runs = variants(args.only, device)
-    opts, times, first = {}, {label: [] for label, _, _ in runs}, {}
+    paths = args.paths or (["foreach", "compiled", "engine"] if device.type == "cuda" else
+                           ["foreach", "compiled"])  # fmt: skip
+    runs = variants(args.only, device, paths)
+    opts, times, first, kernels = {}, {label: [] for label, _, _ in runs}, {}, {}
     for label, opt_name, fused in runs:  # first step: state creation and any compile
-        opts[label] = build(opt_name, params, fused)
+        opts[label] = build(opt_name, params, fused, model)
         sync(device)
         t0 = time.perf_counter()
         one_step(opts[label], 0)
         sync(device)
         first[label] = time.perf_counter() - t0
+        if args.kernels:
+            kernels[label] = kernels_per_step(opts[label], device)
         print(f"  {label}: first step (state, any compile) {first[label]:.2f} s", flush=True)
     for r in range(args.rounds):
         for label, _, _ in runs:
@@ -129,20 +161,53 @@ def main() -> None:
                 one_step(opts[label], 1 + r * args.steps + s)
                 sync(device)
                 times[label].append(time.perf_counter() - t0)
-    report(runs, times, first, n, copy_bandwidth(device) if device.type == "cuda" else None)
+    copy_gbs = copy_bandwidth(device) if device.type == "cuda" else None
+    report(runs, times, first, n, copy_gbs, kernels)
 
 
-def report(runs, times, first, n: int, copy_gbs: float | None) -> None:
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="gpt2-small", help="a configs/model/*.yaml preset")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--only", nargs="*", default=["adamw", "mars-adamw"])
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        choices=list(FUSED),
+        default=None,
+        help="default: foreach compiled engine on CUDA, foreach compiled elsewhere",
+    )
+    ap.add_argument("--kernels", action="store_true", help="count one step's GPU kernels (CUDA)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over the variants")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
+    ap.add_argument(
+        "--grouping",
+        choices=["auto", "tensor", "list"],
+        default="auto",
+        help="compiled call per tensor or per bucket (optim/fused.py GROUPING)",
+    )
+    return ap.parse_args()  # fmt: skip
+
+
+def report(runs, times, first, n: int, copy_gbs: float | None, kernels: dict) -> None:
     base = statistics.median(times[runs[0][0]])
-    head = f"{'variant':<28}{'ms/step':>10}{'x AdamW':>9}{'MB moved':>10}{'GB/s':>8}"
-    print(head + ("" if copy_gbs is None else f"{'% copy':>8}") + f"{'1st step s':>12}")
+    fused = next((statistics.median(times[lb]) for lb, o, f in runs if o == "adamw" and f), None)
+    head = f"{'variant':<30}{'ms/step':>10}{'x AdamW':>9}"
+    head += "" if fused is None else f"{'x fused':>9}"
+    head += f"{'MB moved':>10}{'GB/s':>8}" + ("" if copy_gbs is None else f"{'% copy':>8}")
+    print(head + f"{'1st step s':>12}" + (f"{'kernels':>9}" if kernels else ""))
     for label, opt_name, _ in runs:
         t = statistics.median(times[label])
-        moved = PASSES[opt_name] * 4 * n
-        line = f"{label:<28}{t * 1e3:>10.1f}{t / base:>9.2f}{moved / 1e6:>10.0f}{moved / t / 1e9:>8.1f}"
-        if copy_gbs is not None:
-            line += f"{100 * moved / t / 1e9 / copy_gbs:>8.0f}"
-        print(line + f"{first[label]:>12.2f}")
+        line = f"{label:<30}{t * 1e3:>10.2f}{t / base:>9.2f}"
+        line += "" if fused is None else f"{t / fused:>9.2f}"
+        moved = PASSES[opt_name] and PASSES[opt_name] * 4 * n
+        if moved:
+            line += f"{moved / 1e6:>10.0f}{moved / t / 1e9:>8.1f}"
+            line += "" if copy_gbs is None else f"{100 * moved / t / 1e9 / copy_gbs:>8.0f}"
+        else:
+            line += f"{'-':>10}{'-':>8}" + ("" if copy_gbs is None else f"{'-':>8}")
+        line += f"{first[label]:>12.2f}"
+        print(line + (f"{kernels.get(label) or '-':>9}" if kernels else ""))
     if copy_gbs is not None:
         print(f"device copy bandwidth: {copy_gbs:.0f} GB/s (1 GiB copy, read + write)")
     print(f"medians of {len(times[runs[0][0]])} steps per variant, variants interleaved")

@@ -151,6 +151,21 @@ def time_steps(trainer, steps: int, device: torch.device) -> float:
     return best_time(trainer.train_step, device, steps)
 
 
+SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
+
+
+def set_sdpa_backend(name: str) -> None:
+    """Only ``name``'s kernel for ``F.scaled_dot_product_attention``, process-wide (torch's
+    ``torch.backends.cuda`` switches, read when attention is traced or dispatched): the choice
+    to measure (``--sdpa-backend``; "auto" leaves torch's own order alone)."""
+    if name == "auto":
+        return
+    torch.backends.cuda.enable_flash_sdp(name == "flash")
+    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn")
+    torch.backends.cuda.enable_mem_efficient_sdp(name == "efficient")
+    torch.backends.cuda.enable_math_sdp(name == "math")
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -172,6 +187,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None, help="untimed (default: 3 / 1 on CPU)")
     ap.add_argument("--rounds", type=int, default=None, help="CPU interleaving (default: 3)")
     ap.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout to compare")
+    ap.add_argument("--sdpa-backend", choices=SDPA_BACKENDS, default="auto",
+                    help="only this attention kernel (CUDA; auto: torch's own choice)")
     return ap.parse_args()
 
 
@@ -289,6 +306,7 @@ def print_table(cases: list[dict], device: torch.device) -> None:
 
 def main() -> None:
     args = parse_args()
+    set_sdpa_backend(args.sdpa_backend)
     device = pick_device(args.device, 0)
     cpu = device.type == "cpu"
     args.steps = args.steps or (3 if cpu else 10)
@@ -302,7 +320,8 @@ def main() -> None:
     for c in cases:
         c["estimate"] = estimate_bytes(c, device) if not c["opt"].startswith("nanoGPT") else None
     print(f"{device_line(device)}, dtype {args.dtype}, compile {cases[0]['cfg'].compile}, "
-          f"activation checkpointing {args.activation_checkpointing}")  # fmt: skip
+          f"activation checkpointing {args.activation_checkpointing}, "
+          f"SDPA {args.sdpa_backend}")  # fmt: skip
     for c in cases[:1]:
         print(
             f"micro-batch {c['cfg'].micro_batch_size} x {c['cfg'].sequence_length} tokens "

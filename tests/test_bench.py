@@ -91,6 +91,43 @@ def test_xl_micro_batch_is_the_launchers():
     assert gpu_check.xl_micro_batch(79.0) == want == 12  # not 10: no phantom gradient copy
 
 
+def test_gpu_check_measures_the_engine_and_nanogpt_side_by_side(tmp_path):
+    """The engine per family with its kernels per step, always; nanoGPT beside GPT-2 small at
+    micro-batch 12 and 32 with --nanogpt PATH only."""
+    from bench import gpu_check
+
+    every = {s.name: s for s in gpu_check.steps(80.0, nanogpt=tmp_path)}
+    engine = every["optim-engine"].argv
+    assert "--kernels" in engine and engine[engine.index("--paths") + 1 :][:2] == ["foreach",
+                                                                              "engine"]  # fmt: skip
+    for mb in ("12", "32"):
+        argv = every[f"nanogpt-{mb}"].argv
+        assert argv[argv.index("--nanogpt") + 1] == str(tmp_path)
+        assert argv[argv.index("--micro-batch") + 1] == mb
+    assert "nanogpt-12" not in {s.name for s in gpu_check.steps(80.0)}
+    assert gpu_check.parse_args(["--nanogpt", str(tmp_path)]).nanogpt == tmp_path
+
+
+def test_sdpa_backend_switch_leaves_one_kernel_on():
+    """bench.train --sdpa-backend NAME: only that attention kernel is enabled (measured one
+    against another by gpu_check's sdpa-* steps); auto leaves torch's switches alone."""
+    import bench.train as bt
+
+    b = torch.backends.cuda
+    state = (b.flash_sdp_enabled, b.cudnn_sdp_enabled, b.mem_efficient_sdp_enabled,
+             b.math_sdp_enabled)  # fmt: skip
+    saved = tuple(f() for f in state)
+    try:
+        bt.set_sdpa_backend("cudnn")
+        assert tuple(f() for f in state) == (False, True, False, False)
+        bt.set_sdpa_backend("auto")
+        assert tuple(f() for f in state) == (False, True, False, False)
+    finally:
+        for enable, on in zip((b.enable_flash_sdp, b.enable_cudnn_sdp, b.enable_mem_efficient_sdp,
+                               b.enable_math_sdp), saved):  # fmt: skip
+            enable(on)
+
+
 def test_gpu_check_records_failures_and_goes_on(tmp_path):
     from bench import gpu_check
 
