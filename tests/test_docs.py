@@ -85,3 +85,15 @@ def test_every_relative_link_resolves(page):
 def test_readme_fits_on_a_few_screens():
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
+
+
+def test_readme_lists_every_registered_optimizer():
+    """The README's Optimizers table names exactly the registered optimizers, plus the exact-mode
+    configs (``configs/optimizer/*-exact.yaml``): a new optimizer is not hidden from readers."""
+    import optim
+
+    section = (ROOT / "README.md").read_text().split("## Optimizers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = {n for row in rows for n in re.findall(r"`([a-z0-9-]+)`", row.split("|")[1])}
+    exact = {p.stem for p in (ROOT / "configs" / "optimizer").glob("*-exact.yaml")}
+    assert named == set(optim.available()) | exact
