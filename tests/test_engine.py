@@ -357,11 +357,11 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
             DT=tl.float32, OUT_DT=tl.bfloat16, BLOCK=4096, REDUCE=clip > 0, CLIP=clip,
             COPY_REF=clip > 0, MOMENTUM=momentum, DIRECTION=direction,
             AMSGRAD=direction == L.ADAM, SRC_C=True, FIRST=direction == L.SOAP_ADAM,
-            HAS_SKIP=skip))  # fmt: skip
+            HAS_SKIP=skip, ALIGNED=not skip))  # fmt: skip
     for dt in ("fp32", "fp64"):
         ty = getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt])
         compile_(k.norm_kernel, {"table": "*i64", "blocks": "*i32", "partial": f"*{dt}",
-                                 "kappa": f32}, dict(DT=ty, ACC=ty, BLOCK=4096))  # fmt: skip
+                                 "kappa": f32}, dict(DT=ty, ACC=ty, BLOCK=4096, ALIGNED=True))  # fmt: skip
         compile_(k.finish_tensor_kernel, {"table": "*i64", "partial": f"*{dt}",
                                           "divisors": f"*{dt}"}, dict(CHUNK=1024))  # fmt: skip
         compile_(k.finish_global_kernel, {"partial": f"*{dt}", "count": "i32",
@@ -369,7 +369,7 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
     apply = {"table": "*i64", "blocks": "*i32", "src": "*bf16", "skip": "*u8", "keep": f32,
              "neg_size": f32, "R": "i32", "C": "i32"}  # fmt: skip
     compile_(k.apply_kernel, apply, dict(DT=tl.float32, SRC_DT=tl.bfloat16, BLOCK=4096,
-                                         TRANSPOSED=True, HAS_SKIP=True))  # fmt: skip
+                                         TRANSPOSED=True, HAS_SKIP=True, ALIGNED=True))  # fmt: skip
     sf = {"table": "*i64", "blocks": "*i32",
           **dict.fromkeys("b2 v_add bc2 eps decay ckp1 y_coef lr".split(), f32)}  # fmt: skip
-    compile_(k.schedulefree_kernel, sf, dict(DT=tl.float32, BLOCK=4096, DECAY=True))
+    compile_(k.schedulefree_kernel, sf, dict(DT=tl.float32, BLOCK=4096, DECAY=True, ALIGNED=True))

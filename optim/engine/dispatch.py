@@ -61,17 +61,13 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str) -> list
         return rest
     k = kernels_for(device_type)
     cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
-    ok = opt.__dict__.setdefault("_engine_ok", set())
-    signature = tuple((kind, b.params[0].dtype) for b, kind in items) + (skip is None,)
-    if signature not in ok:
-        try:  # compile every kernel of this set first: a failure leaves every tensor as it was
-            launch.step(items, skip, k, cache, device_type, dry=True)
-        except Exception as e:  # noqa: BLE001 (any compile failure: the other paths take over)
-            opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
-            log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
-            return buckets
-        ok.add(signature)
-    launch.step(items, skip, k, cache, device_type)
+    compiled = opt.__dict__.setdefault("_engine_compiled", set())
+    try:
+        launch.step(items, skip, k, cache, device_type, compiled)
+    except launch.CompileFailed as e:  # nothing written: the other paths take over
+        opt._engine_off = f"a kernel failed to compile ({e})"
+        log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
+        return buckets
     for b, _ in items:
         opt.last_paths.append("engine")
         opt._swap_exact(b, skip)

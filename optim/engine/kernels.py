@@ -74,14 +74,38 @@ def _narrow(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _ptr(row, col, DT: tl.constexpr):
-    return tl.load(row + col).to(tl.pointer_type(DT))
+def _ptr(row, col, DT: tl.constexpr, ALIGNED: tl.constexpr):
+    """Column ``col``'s address in ``row`` as a pointer to ``DT``; ``ALIGNED`` (every address of
+    the plan 16-byte aligned, checked on the host): said so, for vectorised loads and stores."""
+    p = tl.load(row + col).to(tl.pointer_type(DT))
+    if ALIGNED:
+        p = tl.multiple_of(p, 16)
+    return p
 
 
 @triton.jit
-def _limit(row, skip, HAS_SKIP: tl.constexpr):
-    """The tensor's size, or 0 where the skip flag is set (every element masked off; a bound,
-    not ``mask & flag``, which the interpreter turns into a mask it refuses)."""
+def _ld(ptr, offs, mask, MASKED: tl.constexpr):
+    """A load, masked only in a tensor's last block (a mask from a size read at run time keeps
+    the compiler from vectorising)."""
+    if MASKED:
+        return tl.load(ptr + offs, mask=mask, other=0.0)
+    else:
+        return tl.load(ptr + offs)
+
+
+@triton.jit
+def _st(ptr, offs, value, mask, MASKED: tl.constexpr):
+    if MASKED:
+        tl.store(ptr + offs, value, mask=mask)
+    else:
+        tl.store(ptr + offs, value)
+
+
+@triton.jit
+def _size(row, skip, HAS_SKIP: tl.constexpr):
+    """The tensor's size, or 0 where the skip flag is set: every block then takes the masked
+    path with nothing in its mask (a bound, not ``mask & flag``, which the interpreter turns
+    into a mask it refuses)."""
     n = tl.load(row + C_NUMEL)
     if HAS_SKIP:
         n = tl.where(tl.load(skip) == 0, n, 0)
@@ -90,16 +114,20 @@ def _limit(row, skip, HAS_SKIP: tl.constexpr):
 
 @triton.jit
 def norm_kernel(table, blocks, partial, kappa, DT: tl.constexpr, ACC: tl.constexpr,
-                BLOCK: tl.constexpr):  # fmt: skip
+                BLOCK: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
     """``partial[program] = sum(c * c)`` over one block, ``c = g + kappa * (g - g_ref)``."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
     offs = j * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < tl.load(row + C_NUMEL)
-    g = tl.load(_ptr(row, C_G, DT) + offs, mask=mask, other=0.0)
-    ref = tl.load(_ptr(row, C_REF, DT) + offs, mask=mask, other=0.0)
+    n = tl.load(row + C_NUMEL)
+    g_ptr, ref_ptr = _ptr(row, C_G, DT, ALIGNED), _ptr(row, C_REF, DT, ALIGNED)
+    if (j + 1) * BLOCK <= n:
+        g, ref = tl.load(g_ptr + offs), tl.load(ref_ptr + offs)
+    else:
+        g = tl.load(g_ptr + offs, mask=offs < n, other=0.0)
+        ref = tl.load(ref_ptr + offs, mask=offs < n, other=0.0)
     c = (g + kappa * (g - ref)).to(ACC)
     tl.store(partial + pid, _sum(c * c))
 
@@ -137,7 +165,8 @@ def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_
                 DT: tl.constexpr, OUT_DT: tl.constexpr, BLOCK: tl.constexpr,
                 REDUCE: tl.constexpr, CLIP: tl.constexpr, COPY_REF: tl.constexpr,
                 MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
-                SRC_C: tl.constexpr, FIRST: tl.constexpr, HAS_SKIP: tl.constexpr):  # fmt: skip
+                SRC_C: tl.constexpr, FIRST: tl.constexpr, HAS_SKIP: tl.constexpr,
+                ALIGNED: tl.constexpr):  # fmt: skip
     """One block of one tensor: correction and clip, reference copy, momentum, direction, step
     (optim/engine/rules.py says which scalar is which). Where ``skip`` (a device flag) is set,
     every load and store is masked off: nothing changes, and no host read decides it."""
@@ -146,20 +175,69 @@ def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
     offs = j * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < _limit(row, skip, HAS_SKIP)
-    g = tl.load(_ptr(row, C_G, DT) + offs, mask=mask, other=0.0)
+    n = _size(row, skip, HAS_SKIP)
+    if (j + 1) * BLOCK <= n:  # a whole block: unmasked
+        _step(
+            row,
+            offs,
+            offs < n,
+            t,
+            divisors,
+            kappa,
+            beta,
+            m_add,
+            lion_u,
+            lion_m,
+            b2,
+            v_add,
+            keep,
+            neg_size,
+            bc2s,
+            bc1,
+            eps,
+            mix,
+            b3,
+            s_add,
+            DT,
+            OUT_DT,
+            REDUCE,
+            CLIP,
+            COPY_REF,
+            MOMENTUM,
+            DIRECTION,
+            AMSGRAD,
+            SRC_C,
+            FIRST,
+            ALIGNED,
+            False,
+        )
+    else:
+        _step(row, offs, offs < n, t, divisors, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+              keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE, CLIP,
+              COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, True)  # fmt: skip
+
+
+@triton.jit
+def _step(row, offs, mask, t, divisors, kappa, beta, m_add, lion_u, lion_m, b2, v_add, keep,
+          neg_size, bc2s, bc1, eps, mix, b3, s_add, DT: tl.constexpr, OUT_DT: tl.constexpr,
+          REDUCE: tl.constexpr, CLIP: tl.constexpr, COPY_REF: tl.constexpr,
+          MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
+          SRC_C: tl.constexpr, FIRST: tl.constexpr, ALIGNED: tl.constexpr,
+          MASKED: tl.constexpr):  # fmt: skip
+    """``step_kernel``'s work on one block (``MASKED``: the tensor's last, or a skipped step)."""
+    g = _ld(_ptr(row, C_G, DT, ALIGNED), offs, mask, MASKED)
     c = g
     if REDUCE:
-        ref_ptr = _ptr(row, C_REF, DT)
-        c = g + kappa * (g - tl.load(ref_ptr + offs, mask=mask, other=0.0))
+        ref_ptr = _ptr(row, C_REF, DT, ALIGNED)
+        c = g + kappa * (g - _ld(ref_ptr, offs, mask, MASKED))
         if CLIP == 1:
             c = c * tl.load(divisors + t)
         if CLIP == 2:
             c = _div(c, tl.load(divisors))
         if COPY_REF:
-            tl.store(ref_ptr + offs, g, mask=mask)
-    m_ptr = _ptr(row, C_M, DT)
-    m = tl.load(m_ptr + offs, mask=mask, other=0.0)
+            _st(ref_ptr, offs, g, mask, MASKED)
+    m_ptr = _ptr(row, C_M, DT, ALIGNED)
+    m = _ld(m_ptr, offs, mask, MASKED)
     if MOMENTUM == 0:  # ema: m = beta * m + (1 - beta) * c, as mul then add
         m = m * beta + m_add * c
         u = m
@@ -179,23 +257,24 @@ def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_
         m = m * beta + m_add * c
         u = c * mix + m * beta
     if FIRST:  # SOAP's first step: the basis only, the momentum back to zero, no update
-        tl.store(m_ptr + offs, m * 0.0, mask=mask)
+        _st(m_ptr, offs, m * 0.0, mask, MASKED)
     else:
-        tl.store(m_ptr + offs, m, mask=mask)
+        _st(m_ptr, offs, m, mask, MASKED)
         if DIRECTION == 5:  # Newton-Schulz's input, into its stack: u / divisor in NS's dtype
-            tl.store(_ptr(row, C_OUT, OUT_DT) + offs, _narrow(_div(u, bc1), OUT_DT), mask=mask)
+            out = _ptr(row, C_OUT, OUT_DT, ALIGNED)
+            _st(out, offs, _narrow(_div(u, bc1), OUT_DT), mask, MASKED)
         else:
             _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix,
-                       b3, s_add, DT, DIRECTION, AMSGRAD, SRC_C)  # fmt: skip
+                       b3, s_add, DT, DIRECTION, AMSGRAD, SRC_C, ALIGNED, MASKED)  # fmt: skip
 
 
 @triton.jit
 def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix, b3,
                s_add, DT: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
-               SRC_C: tl.constexpr):  # fmt: skip
+               SRC_C: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """The preconditioner's direction and ``p = p * keep - size * d`` (foreach's op order)."""
-    p_ptr = _ptr(row, C_P, DT)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0) * keep
+    p_ptr = _ptr(row, C_P, DT, ALIGNED)
+    p = _ld(p_ptr, offs, mask, MASKED) * keep
     if DIRECTION == 2:  # sign
         d = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, u * 0.0))
         p = p + neg_size * d
@@ -204,19 +283,19 @@ def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, e
             s = c
         else:
             s = g
-        v_ptr = _ptr(row, C_V, DT)
-        v = tl.load(v_ptr + offs, mask=mask, other=0.0)
+        v_ptr = _ptr(row, C_V, DT, ALIGNED)
+        v = _ld(v_ptr, offs, mask, MASKED)
         if DIRECTION == 1:  # v.lerp_(s * s, 1 - beta2)
             v = _lerp(v, s * s, v_add)
         elif DIRECTION == 4:  # SOAP: v * beta2 + (1 - beta2) * s^2
             v = v * b2 + v_add * (s * s)
         else:  # addcmul: v * beta2 + ((1 - beta2) * s) * s
             v = v * b2 + v_add * s * s
-        tl.store(v_ptr + offs, v, mask=mask)
+        _st(v_ptr, offs, v, mask, MASKED)
         if AMSGRAD:
-            x_ptr = _ptr(row, C_X, DT)
-            v = tl.maximum(tl.load(x_ptr + offs, mask=mask, other=0.0), v)
-            tl.store(x_ptr + offs, v, mask=mask)
+            x_ptr = _ptr(row, C_X, DT, ALIGNED)
+            v = tl.maximum(_ld(x_ptr, offs, mask, MASKED), v)
+            _st(x_ptr, offs, v, mask, MASKED)
         root = _sqrt(v)
         if DIRECTION == 0:  # MARS: ((sqrt(v) / sqrt(1 - beta2^t)) + eps) * (1 - beta1^t)
             p = p + _div(neg_size * u, (_div(root, bc2s) + eps) * bc1)
@@ -225,18 +304,18 @@ def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, e
         elif DIRECTION == 4:  # SOAP's Adam on an unrotated tensor
             p = p + neg_size * _div(u, root + eps)
         else:  # AdEMAMix: (m / bc1 + alpha * slow) / (sqrt(v) / sqrt(bc2) + eps)
-            x_ptr = _ptr(row, C_X, DT)
-            slow = tl.load(x_ptr + offs, mask=mask, other=0.0) * b3 + s_add * c
-            tl.store(x_ptr + offs, slow, mask=mask)
+            x_ptr = _ptr(row, C_X, DT, ALIGNED)
+            slow = _ld(x_ptr, offs, mask, MASKED) * b3 + s_add * c
+            _st(x_ptr, offs, slow, mask, MASKED)
             num = _div(u, bc1) + mix * slow
             p = p + _div(neg_size * num, _div(root, bc2s) + eps)
-    tl.store(p_ptr + offs, p, mask=mask)
+    _st(p_ptr, offs, p, mask, MASKED)
 
 
 @triton.jit
 def apply_kernel(table, blocks, src, skip, keep, neg_size, R, C, DT: tl.constexpr,
                  SRC_DT: tl.constexpr, BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr,
-                 HAS_SKIP: tl.constexpr):  # fmt: skip
+                 HAS_SKIP: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
     """``p = p * keep - size * O`` for the matrices of one shape, ``O`` their Newton-Schulz
     results in the stack ``src`` (``TRANSPOSED``: stored as ``(k, C, R)``, read transposed)."""
     pid = tl.program_id(0)
@@ -244,37 +323,49 @@ def apply_kernel(table, blocks, src, skip, keep, neg_size, R, C, DT: tl.constexp
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
     offs = j * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < _limit(row, skip, HAS_SKIP)
+    mask = offs < _size(row, skip, HAS_SKIP)
     at = offs
     if TRANSPOSED:
         at = (offs % C) * R + offs // C
     o = tl.load(src + t * R * C + at, mask=mask, other=0.0)
     if SRC_DT == tl.bfloat16 or SRC_DT == tl.float16:  # by way of float32 (exact), as _narrow
         o = o.to(tl.float32)
-    p_ptr = _ptr(row, C_P, DT)
+    p_ptr = _ptr(row, C_P, DT, ALIGNED)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0) * keep
     tl.store(p_ptr + offs, p + neg_size * o.to(DT), mask=mask)
 
 
 @triton.jit
 def schedulefree_kernel(table, blocks, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
-                        DT: tl.constexpr, BLOCK: tl.constexpr, DECAY: tl.constexpr):  # fmt: skip
+                        DT: tl.constexpr, BLOCK: tl.constexpr, DECAY: tl.constexpr,
+                        ALIGNED: tl.constexpr):  # fmt: skip
     """Schedule-Free AdamW (optim/schedulefree.py): y (the parameter), z (``C_M``), v."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
     offs = j * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < tl.load(row + C_NUMEL)
-    y_ptr, z_ptr, v_ptr = _ptr(row, C_P, DT), _ptr(row, C_M, DT), _ptr(row, C_V, DT)
-    g = tl.load(_ptr(row, C_G, DT) + offs, mask=mask, other=0.0)
-    y = tl.load(y_ptr + offs, mask=mask, other=0.0)
-    z = tl.load(z_ptr + offs, mask=mask, other=0.0)
-    v = tl.load(v_ptr + offs, mask=mask, other=0.0) * b2 + v_add * g * g
-    tl.store(v_ptr + offs, v, mask=mask)
+    n = tl.load(row + C_NUMEL)
+    if (j + 1) * BLOCK <= n:
+        _schedulefree(row, offs, offs < n, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr, DT,
+                      DECAY, ALIGNED, False)  # fmt: skip
+    else:
+        _schedulefree(row, offs, offs < n, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr, DT,
+                      DECAY, ALIGNED, True)  # fmt: skip
+
+
+@triton.jit
+def _schedulefree(row, offs, mask, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
+                  DT: tl.constexpr, DECAY: tl.constexpr, ALIGNED: tl.constexpr,
+                  MASKED: tl.constexpr):  # fmt: skip
+    y_ptr, z_ptr = _ptr(row, C_P, DT, ALIGNED), _ptr(row, C_M, DT, ALIGNED)
+    v_ptr = _ptr(row, C_V, DT, ALIGNED)
+    g = _ld(_ptr(row, C_G, DT, ALIGNED), offs, mask, MASKED)
+    y, z = _ld(y_ptr, offs, mask, MASKED), _ld(z_ptr, offs, mask, MASKED)
+    v = _ld(v_ptr, offs, mask, MASKED) * b2 + v_add * g * g
+    _st(v_ptr, offs, v, mask, MASKED)
     d = _div(g, _sqrt(_div(v, bc2)) + eps)
     if DECAY:
         d = d + decay * y
-    y = _lerp(y, z, ckp1) + y_coef * d
-    tl.store(y_ptr + offs, y, mask=mask)
-    tl.store(z_ptr + offs, z - lr * d, mask=mask)
+    _st(y_ptr, offs, _lerp(y, z, ckp1) + y_coef * d, mask, MASKED)
+    _st(z_ptr, offs, z - lr * d, mask, MASKED)

@@ -70,14 +70,36 @@ class Launch:
             norm = kind.clip == L.CLIP_TENSOR
             self.plan = cache.get(key(cols, block, (norm,)), lambda: Plan(cols, block, norm=norm))
 
+    def variant(self, skip: bool) -> tuple:
+        """What the compiled kernels of this launch depend on beyond the tensors' addresses."""
+        subs = [sub.aligned for _, _, sub in self.stacks.shapes] if self.stacks else []
+        first = self.kind.direction == L.SOAP_ADAM and self.t == 1
+        return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs)
+
+
+class CompileFailed(RuntimeError):
+    """A kernel of the step did not compile; nothing was written."""
+
 
 def step(items: list[tuple], skip: torch.Tensor | None, k, cache: PlanCache,
-         device_type: str, dry: bool = False) -> None:  # fmt: skip
-    """Run the covered buckets ``items`` (``(bucket, kind)`` pairs) through the kernels ``k``
-    (``dry``: compile every kernel the step needs, run none)."""
-    block, chunk, go = BLOCKS[device_type], CHUNK[device_type], Go(dry)
+         device_type: str, compiled: set) -> None:  # fmt: skip
+    """Run the covered buckets ``items`` (``(bucket, kind)`` pairs) through the kernels ``k``.
+    A kernel variant not in ``compiled`` is compiled first, all of the step's before any runs
+    (``CompileFailed``: every tensor is as it was), and added to it."""
+    block, chunk = BLOCKS[device_type], CHUNK[device_type]
     launches = [Launch(b, kind, t, idx, cache, block)
                 for b, kind in items for t, idx in by_step(b, kind)]  # fmt: skip
+    new = {ln.variant(skip is not None) for ln in launches} - compiled
+    if new:
+        try:
+            _run(launches, skip, k, cache, chunk, Go(dry=True))
+        except Exception as e:
+            raise CompileFailed(f"{type(e).__name__}: {e}") from e
+        compiled |= new
+    _run(launches, skip, k, cache, chunk, Go(dry=False))
+
+
+def _run(launches: list[Launch], skip, k, cache: PlanCache, chunk: int, go: Go) -> None:
     flag = None if skip is None else skip.view(torch.uint8)
     for ln in launches:
         if ln.kind.clip == L.CLIP_TENSOR and ln.plan.nblocks:
@@ -98,7 +120,7 @@ def _norm(go: Go, k, ln: Launch, partial: torch.Tensor) -> None:
     sc = scalars(ln.b, ln.kind, ln.t)
     go(k.norm_kernel, (ln.plan.nblocks,), ln.plan.table, ln.plan.blocks, partial, sc.kappa,
        DT=tl_dtype(ln.dtype), ACC=tl_dtype(ln.dtype), BLOCK=ln.plan.block,
-       num_warps=warps(ln.plan.block))  # fmt: skip
+       ALIGNED=ln.plan.aligned, num_warps=warps(ln.plan.block))  # fmt: skip
 
 
 def _global_clip(go: Go, k, launches: list[Launch], cache: PlanCache, chunk: int):
@@ -137,5 +159,5 @@ def _update(go: Go, k, ln: Launch, divisors, flag, out_dtype: torch.dtype | None
         DT=tl_dtype(ln.dtype), OUT_DT=tl_dtype(out_dtype or ln.dtype), BLOCK=plan.block,
         REDUCE=kind.reduce, CLIP=kind.clip, COPY_REF=kind.copy_ref, MOMENTUM=kind.momentum,
         DIRECTION=kind.direction, AMSGRAD=kind.amsgrad, SRC_C=kind.src_c, FIRST=first,
-        HAS_SKIP=flag is not None, num_warps=warps(plan.block),
+        HAS_SKIP=flag is not None, ALIGNED=plan.aligned, num_warps=warps(plan.block),
     )  # fmt: skip

@@ -80,5 +80,5 @@ def run(go, k, ln, divisors, flag, update) -> None:
             k.apply_kernel, (sub.nblocks,), sub.table, sub.blocks, base, sub.blocks if flag is None else flag, keep,
             -(lr * pre.scale(shape)), shape[0], shape[1], DT=tl_dtype(ln.dtype),
             SRC_DT=tl_dtype(stacks.dtype), BLOCK=sub.block, TRANSPOSED=transposed,
-            HAS_SKIP=flag is not None, num_warps=warps(sub.block),
+            HAS_SKIP=flag is not None, ALIGNED=sub.aligned, num_warps=warps(sub.block),
         )  # fmt: skip

@@ -28,16 +28,17 @@ def step(opt, ps: list, grads: list, zs: list, vs: list, *, beta1: float, beta2:
     plan = cache.get(key(cols, block, ("schedulefree",)), lambda: Plan(cols, block))
     args = (plan.table, plan.blocks, beta2, 1 - beta2, bc2, eps, decay, ckp1,
             lr * (beta1 * (1 - ckp1) - 1), lr)  # fmt: skip
-    kw = dict(DT=tl_dtype(ps[0].dtype), BLOCK=block, DECAY=decay != 0, num_warps=warps(block))
+    kw = dict(DT=tl_dtype(ps[0].dtype), BLOCK=block, DECAY=decay != 0, ALIGNED=plan.aligned,
+              num_warps=warps(block))  # fmt: skip
     ok = opt.__dict__.setdefault("_engine_ok", set())
-    if (ps[0].dtype, decay != 0) not in ok:
+    if (ps[0].dtype, decay != 0, plan.aligned) not in ok:
         try:  # compiled before anything is written: a failure leaves the tensors as they were
             Go(dry=True)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
         except Exception as e:  # noqa: BLE001 (any compile failure: foreach takes over)
             opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
             log.warning("optimizer engine off (%s); using foreach", opt._engine_off)
             return False
-        ok.add((ps[0].dtype, decay != 0))
+        ok.add((ps[0].dtype, decay != 0, plan.aligned))
     if plan.nblocks:
         Go(dry=False)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
     return True

@@ -49,6 +49,8 @@ class Plan:
         numels = [t.numel() for t in first]
         counts = [-(-n // block) for n in numels]
         self.n, self.nblocks, self.block = len(numels), sum(counts), block
+        # every address 16-byte aligned: the kernels may say so (vectorised loads and stores)
+        self.aligned = all(t.data_ptr() % 16 == 0 for ts in cols.values() for t in ts)
         rows = torch.zeros((self.n, L.NCOLS), dtype=torch.int64)
         for c, ts in cols.items():
             rows[:, c] = torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)
