@@ -47,7 +47,8 @@ def make_params(shapes=SHAPES):
 def set_grads(params, t, salt=0):
     gen = torch.Generator().manual_seed(100 + t + salt)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype) * SCALES[t % len(SCALES)]
+        g = torch.randn(p.shape, generator=gen, dtype=p.dtype) * SCALES[t % len(SCALES)]
+        p.grad = g.to(p.device)
 
 
 def run(opt, params, steps, start=0):
@@ -303,6 +304,39 @@ def test_optim_imports_and_steps_without_triton(monkeypatch):
         for name in [n for n in sys.modules if n == "optim" or n.startswith("optim.")]:
             del sys.modules[name]
         sys.modules.update(saved)
+
+
+GPU_CASES = ["mars-adamw", "mars-adamw-exact-global-amsgrad", "mars-lion", "lion", "muon",
+             "mars-m", "ademamix-warmups", "adam-before-bias-correction"]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_engine_equals_foreach_on_cuda(name, monkeypatch):
+    """The compiled kernels on the GPU, float32: whole blocks (vectorised) and tails, a skipped
+    step, the same numbers as the foreach path to float32 rounding (the GPU contracts
+    multiply-adds; Newton-Schulz in float32 here, the batches differing by shape merging)."""
+    monkeypatch.setitem(launch.BLOCKS, "cuda", 1024)
+    shapes = [(64, 130), (33, 70), (4097,)]
+
+    def cuda_params():
+        return [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params(shapes)]
+
+    ref_p, eng_p = cuda_params(), cuda_params()  # (the cases' ns_dtype "param": float32)
+    ref, eng = CASES[name](ref_p, False), CASES[name](eng_p, "engine")
+    run(ref, ref_p, 2), run(eng, eng_p, 2)
+    eng.found_inf = torch.ones((), device="cuda")
+    if eng.needs_reference_grad:
+        set_grads(eng_p, 8)
+        eng.store_reference_grad()
+    set_grads(eng_p, 7)
+    eng.step()
+    eng.uncount_last_step()
+    eng.found_inf = torch.zeros((), device="cuda")
+    run(ref, ref_p, 2, start=2), run(eng, eng_p, 2, start=2)
+    assert set(eng.path_counts) == {"engine"}, eng.path_counts
+    assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-4, atol=1e-5))
 
 
 def gpu_front_end():
