@@ -6,16 +6,15 @@ they, ``Muon`` and ``Lion`` are thin constructors over one core (optim/core.py: 
 correction, a momentum form of optim/momentum.py, a preconditioner of optim/preconditioners.py),
 each stating its typed rule (optim/rule.py). Every option has one validator (optim/options.py);
 each registered optimizer's typed config (an ``OptimizerConfig``: its defaults are the papers'
-values) sits beside its class (``MarsConfig`` in optim/mars.py, ``MuonConfig`` in optim/muon.py,
-``MoonlightConfig`` and the MARS-M configs in optim/moonlight.py, ...).
+values) sits beside its class (``MarsConfig`` and the MARS family in optim/mars.py, ``MuonConfig``
+and ``NorMuonConfig`` in optim/muon.py, ``MoonlightConfig`` and the MARS-M configs in
+optim/moonlight.py, ``SoapConfig`` and ``AdEMAMixConfig`` in optim/plain.py, ...).
 A new MARS instance, a new correction or a schedule on gamma: docs/adding-an-optimizer.md.
 """
 
-# Each module registers its optimizers: the typed config beside the class or rule it configures.
-from optim import ademamix as _ademamix  # noqa: F401  (ademamix, mars-ademamix)
-from optim import normuon as _normuon  # noqa: F401  (normuon)
-from optim import schedulefree_config as _schedulefree  # noqa: F401  (adamw-schedulefree)
-from optim import soap as _soap  # noqa: F401  (soap, mars-soap)
+# Each module registers its optimizers: the typed config beside the class or rule it configures
+# (the preconditioner modules, soap, ademamix and normuon, stay below the core).
+from optim import plain as _plain  # noqa: F401  (soap, ademamix)
 from optim.adamw import AdamWConfig
 from optim.core import VarianceReduced
 from optim.groups import classify_parameters, decay_groups, split_aux
@@ -36,13 +35,18 @@ from optim.moonlight import (
     Moonlight,
     MoonlightConfig,
 )
-from optim.muon import Muon, MuonConfig, MuonFamily
+from optim.muon import Muon, MuonConfig, MuonFamily, NorMuonConfig
 from optim.options import OptimizerConfig, config_kwargs, validator
 from optim.preconditioners import Options, Preconditioner, Step, register_preconditioner
 from optim.reference import reference_pass
 from optim.registry import available, build_optimizer, get_spec, register
 from optim.rule import Rule, VarianceReduction
-from optim.schedulefree import AdamWScheduleFree, eval_weights, train_weights
+from optim.schedulefree import (
+    AdamWScheduleFree,
+    AdamWScheduleFreeConfig,
+    eval_weights,
+    train_weights,
+)
 from optim.schedules import ScheduleConfig, apply_schedule, lr_at, set_initial_lr
 
 __all__ = [
@@ -89,4 +93,6 @@ __all__ = [
     "MarsMEfficientConfig",
     "MoonlightConfig",
     "MuonConfig",
+    "NorMuonConfig",
+    "AdamWScheduleFreeConfig",
 ]

@@ -24,17 +24,12 @@ Element-wise only: under FSDP2 it runs on each rank's shards.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
-from optim.mars import MarsConfig, build_mars
-from optim.options import OptimizerConfig, validator
-from optim.plain import build_plain
+from optim.options import validator
 from optim.preconditioners import Options, Preconditioner, Step, register_preconditioner
-from optim.registry import register
 
 Tensors = list[torch.Tensor]
 
@@ -135,7 +130,7 @@ class AdEMAMix(Preconditioner):
         return num, den
 
 
-# --- the registry's configs: AdEMAMix, and AdEMAMix behind the MARS correction -------------------
+# --- AdEMAMix's options as config fields (AdEMAMixConfig in optim/plain.py, MARS's in mars.py) ---
 
 
 @dataclass
@@ -147,39 +142,3 @@ class AdEMAMixFields:
     alpha: float = 8.0
     alpha_warmup: int | None = None  # None: no warmup (the constructor's default)
     beta3_warmup: int | None = None
-
-
-@dataclass
-class AdEMAMixConfig(OptimizerConfig, AdEMAMixFields):
-    """AdEMAMix (Pagliardini et al. 2024): the README's lr 1e-3, betas (0.9, 0.999), wd 0.1.
-    Every tensor on AdEMAMix, decay on ``decay_kinds``."""
-
-    name: str = "ademamix"
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    foreach: bool | None = None
-
-
-@register("ademamix", AdEMAMixConfig, "AdEMAMix: Adam plus a slow EMA of the gradient")
-def build_ademamix(model: nn.Module, cfg: AdEMAMixConfig) -> torch.optim.Optimizer:
-    return build_plain(model, cfg, "ademamix")
-
-
-@dataclass
-class MarsAdEMAMixConfig(MarsConfig, AdEMAMixFields):
-    """MARS with the AdEMAMix preconditioner. No published values: AdEMAMix's README values
-    (lr 1e-3, betas (0.9, 0.999), wd 0.1) with MARS's gamma and official routing."""
-
-    name: str = "mars-ademamix"
-    lr: float = 1e-3
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-
-    preconditioner: ClassVar[str] = "ademamix"
-
-
-register("mars-ademamix", MarsAdEMAMixConfig, "MARS with the AdEMAMix preconditioner")(build_mars)

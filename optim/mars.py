@@ -44,12 +44,15 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
+from optim.ademamix import AdEMAMixFields
 from optim.core import VarianceReduced
 from optim.groups import decay_groups, split_aux
 from optim.options import PREFIX, OptimizerConfig, check_option, choice, config_kwargs
 from optim.preconditioners import AdamOptions, NewtonSchulzOptions, options_from
 from optim.registry import register
 from optim.rule import Rule, Split1D, VarianceReduction
+from optim.sharded import refuse_sharded
+from optim.soap import SoapFields
 
 MARS_TYPES = {"mars-adamw": "adam", "mars-lion": "sign", "mars-shampoo": "newton-schulz"}
 choice("mars_type", MARS_TYPES)
@@ -245,3 +248,46 @@ register("mars-lion", MarsLionConfig, "MARS with the sign (Lion) update")(build_
 register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonalisation")(
     build_mars
 )
+
+
+@dataclass
+class MarsSoapConfig(MarsConfig, SoapFields):
+    """MARS with the SOAP preconditioner (optim/soap.py). No published values: SOAP's own (lr
+    3e-3, betas (0.95, 0.95), wd 0.01) with MARS's gamma and official routing (2-D tensors,
+    embeddings included, on the MARS rule; the rest on AdamW with ``lr_1d``, ``betas_1d``,
+    ``weight_decay_1d``)."""
+
+    name: str = "mars-soap"
+    lr: float = 3e-3
+    betas: list[float] = field(default_factory=lambda: [0.95, 0.95])
+
+    preconditioner: ClassVar[str] = "soap"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.precondition_1d and not self.optimize_1d:
+            raise ValueError(f"{PREFIX}precondition_1d=true needs {PREFIX}optimize_1d=true: "
+                             "with MARS's routing the 1-D tensors are on AdamW")  # fmt: skip
+
+
+@register("mars-soap", MarsSoapConfig, "MARS with the SOAP preconditioner")
+def build_mars_soap(model: nn.Module, cfg: MarsSoapConfig) -> torch.optim.Optimizer:
+    refuse_sharded(model.parameters(), "mars-soap", "its eigenbases need whole matrices")
+    return build_mars(model, cfg)
+
+
+@dataclass
+class MarsAdEMAMixConfig(MarsConfig, AdEMAMixFields):
+    """MARS with the AdEMAMix preconditioner (optim/ademamix.py). No published values:
+    AdEMAMix's README values (lr 1e-3, betas (0.9, 0.999), wd 0.1) with MARS's gamma and
+    official routing."""
+
+    name: str = "mars-ademamix"
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+
+    preconditioner: ClassVar[str] = "ademamix"
+
+
+register("mars-ademamix", MarsAdEMAMixConfig, "MARS with the AdEMAMix preconditioner")(build_mars)

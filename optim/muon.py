@@ -1,7 +1,7 @@
-"""Muon-style optimizers: the family's core class (``MuonFamily``), its param groups, and Muon with
-its registry config (``MuonConfig``); Moonlight, MARS-M and its one-buffer form, the MARS-M
-paper's drop-in classes and their configs, are in optim/moonlight.py. Every one has an AdamW
-backup.
+"""Muon-style optimizers: the family's core class (``MuonFamily``), its param groups, and Muon and
+NorMuon with their registry configs (``MuonConfig``, ``NorMuonConfig``; NorMuon's preconditioner
+is optim/normuon.py). Moonlight, MARS-M and its one-buffer form, the MARS-M paper's drop-in
+classes and their configs, are in optim/moonlight.py. Every one has an AdamW backup.
 
 Matrices in ``use_muon`` groups are updated with an orthogonalised momentum; the other groups run
 AdamW. With mu the momentum, ``NS`` five Newton-Schulz steps (optim/functional.py), ``s`` the scale
@@ -40,12 +40,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from optim import normuon as _normuon  # noqa: F401  (registers "normuon" and "ema-nesterov")
 from optim.core import VarianceReduced
 from optim.groups import split_aux, split_by_kind
 from optim.options import OptimizerConfig, check_option, choice
-from optim.preconditioners import AdamOptions, NewtonSchulzOptions
+from optim.preconditioners import AdamOptions, NewtonSchulzOptions, options_from
 from optim.registry import register
 from optim.rule import Rule, VarianceReduction
+from optim.sharded import refuse_sharded
 
 # algorithm -> (momentum form, variance reduction)
 ALGORITHMS = {
@@ -252,3 +254,42 @@ def build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
                     bias_corrected=cfg.adamw_decay_bias_corrected),
     ]  # fmt: skip
     return MuonFamily(split_aux(model, groups, cfg.aux_lr), fused=cfg.fused)
+
+
+@dataclass
+class NorMuonConfig(OptimizerConfig):
+    """NorMuon (Li et al. 2025; its preconditioner: optim/normuon.py): the reference's defaults (lr 0.02, momentum 0.95, beta2 0.95,
+    wd 0; auxiliary Adam lr 3e-4, betas (0.9, 0.95), eps 1e-10, wd 0). The block matrices on
+    NorMuon; embeddings, head and gains on Adam, as the reference's README (Muon's) asks."""
+
+    name: str = "normuon"
+    lr: float = 0.02
+    weight_decay: float = 0.0
+    aux_lr: float | None = None  # set: the Adam part's lr, in place of adamw_lr; None: adamw_lr
+    momentum: float = 0.95
+    beta2: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"
+    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
+    adamw_lr: float = 3e-4
+    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    adamw_eps: float = 1e-10
+    adamw_weight_decay: float = 0.0
+
+
+@register("normuon", NorMuonConfig, "NorMuon: Muon with a per-row second moment")
+def build_normuon(model: nn.Module, cfg: NorMuonConfig) -> torch.optim.Optimizer:
+    refuse_sharded(model.parameters(), "normuon", "its row statistics need whole matrices")
+    matrices, rest = split_by_kind(model, ("matrix",))
+    ns = options_from("normuon", cfg)
+    main = Rule(momentum="ema-nesterov", preconditioner="normuon", options=ns).group_keys()
+    adam = AdamOptions(eps=cfg.adamw_eps, second_moment="g")
+    aux = Rule(momentum="ema-lerp", preconditioner="adam", options=adam).group_keys()
+    groups = [
+        dict(params=matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+             nesterov=cfg.nesterov, **main),
+        dict(params=rest, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay,
+             betas=tuple(cfg.adamw_betas), **aux),
+    ]  # fmt: skip
+    return VarianceReduced([g for g in split_aux(model, groups, cfg.aux_lr) if g["params"]])

@@ -21,26 +21,19 @@ NorMuon refuses to run (use DDP).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-import torch.nn as nn
 
-from optim.core import VarianceReduced
-from optim.groups import split_aux, split_by_kind
 from optim.momentum import MOMENTA, Momentum
-from optim.options import OptimizerConfig, validator
+from optim.options import validator
 from optim.preconditioners import (
-    AdamOptions,
     NewtonSchulz,
     NewtonSchulzOptions,
     Step,
-    options_from,
     register_preconditioner,
 )
-from optim.registry import register
-from optim.rule import Rule
-from optim.sharded import is_sharded, refuse_sharded
+from optim.sharded import is_sharded
 
 NORM_EPS = 1e-10  # the reference's, in both divisions
 
@@ -99,45 +92,3 @@ class NorMuon(NewtonSchulz):
             o = o * (1 / second.sqrt().add_(NORM_EPS))
             nums.append(o.mul_(norm / (o.norm() + NORM_EPS)))
         return Step(nums, None, step.step_sizes, step.keeps)
-
-
-# --- the registry's config -----------------------------------------------------------------------
-
-
-@dataclass
-class NorMuonConfig(OptimizerConfig):
-    """NorMuon (Li et al. 2025): ``normuon.py``'s defaults (lr 0.02, momentum 0.95, beta2 0.95,
-    wd 0; auxiliary Adam lr 3e-4, betas (0.9, 0.95), eps 1e-10, wd 0). The block matrices on
-    NorMuon; embeddings, head and gains on Adam, as the reference's README (Muon's) asks."""
-
-    name: str = "normuon"
-    lr: float = 0.02
-    weight_decay: float = 0.0
-    aux_lr: float | None = None  # set: the Adam part's lr, in place of adamw_lr; None: adamw_lr
-    momentum: float = 0.95
-    beta2: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
-    ns_dtype: str = "bfloat16"
-    ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
-    adamw_lr: float = 3e-4
-    adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    adamw_eps: float = 1e-10
-    adamw_weight_decay: float = 0.0
-
-
-@register("normuon", NorMuonConfig, "NorMuon: Muon with a per-row second moment")
-def build_normuon(model: nn.Module, cfg: NorMuonConfig) -> torch.optim.Optimizer:
-    refuse_sharded(model.parameters(), "normuon", "its row statistics need whole matrices")
-    matrices, rest = split_by_kind(model, ("matrix",))
-    ns = options_from("normuon", cfg)
-    main = Rule(momentum="ema-nesterov", preconditioner="normuon", options=ns).group_keys()
-    adam = AdamOptions(eps=cfg.adamw_eps, second_moment="g")
-    aux = Rule(momentum="ema-lerp", preconditioner="adam", options=adam).group_keys()
-    groups = [
-        dict(params=matrices, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
-             nesterov=cfg.nesterov, **main),
-        dict(params=rest, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay,
-             betas=tuple(cfg.adamw_betas), **aux),
-    ]  # fmt: skip
-    return VarianceReduced([g for g in split_aux(model, groups, cfg.aux_lr) if g["params"]])

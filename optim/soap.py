@@ -37,19 +37,14 @@ Under FSDP2 SOAP refuses to run: its eigenbases need whole matrices (use DDP).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
-from typing import ClassVar
 
 import torch
-import torch.nn as nn
 
-from optim.mars import MarsConfig, build_mars
-from optim.options import PREFIX, OptimizerConfig, validator
-from optim.plain import build_plain
+from optim.options import validator
 from optim.preconditioners import Options, Preconditioner, Step, register_preconditioner
-from optim.registry import register
-from optim.sharded import is_sharded, refuse_sharded
+from optim.sharded import is_sharded
 
 Tensors = list[torch.Tensor]
 
@@ -225,7 +220,7 @@ class Soap(Preconditioner):
         state["exp_avg_sq"].copy_(v.reshape(state["exp_avg_sq"].shape))
 
 
-# --- the registry's configs: SOAP, and SOAP behind the MARS correction ---------------------------
+# --- SOAP's options as config fields (SoapConfig in optim/plain.py, MarsSoapConfig in mars.py) ---
 
 
 @dataclass
@@ -239,54 +234,3 @@ class SoapFields:
     precondition_1d: bool = False
     normalize_grads: bool = False
     correct_bias: bool = True
-
-
-@dataclass
-class SoapConfig(OptimizerConfig, SoapFields):
-    """SOAP (Vyas et al. 2024). lr 3e-3, betas (0.95, 0.95), wd 0.01: ``soap.py``'s defaults.
-    Every tensor on SOAP (dimensions above ``max_precond_dim``, GPT-2's vocabulary, unrotated;
-    plain Adam on 1-D tensors), decay on ``decay_kinds``."""
-
-    name: str = "soap"
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
-    betas: list[float] = field(default_factory=lambda: [0.95, 0.95])
-    eps: float = 1e-8
-    decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    foreach: bool | None = None  # the core's momentum: foreach (None/true) or the loop
-
-
-WHOLE_MATRICES = "its eigenbases need whole matrices"
-
-
-@register("soap", SoapConfig, "SOAP: Adam in the eigenbasis of Shampoo's preconditioner")
-def build_soap(model: nn.Module, cfg: SoapConfig) -> torch.optim.Optimizer:
-    refuse_sharded(model.parameters(), "soap", WHOLE_MATRICES)
-    return build_plain(model, cfg, "soap")
-
-
-@dataclass
-class MarsSoapConfig(MarsConfig, SoapFields):
-    """MARS with the SOAP preconditioner. No published values: SOAP's own (lr 3e-3, betas
-    (0.95, 0.95), wd 0.01) with MARS's gamma and official routing (2-D tensors, embeddings
-    included, on the MARS rule; the rest on AdamW with ``lr_1d``, ``betas_1d``,
-    ``weight_decay_1d``)."""
-
-    name: str = "mars-soap"
-    lr: float = 3e-3
-    betas: list[float] = field(default_factory=lambda: [0.95, 0.95])
-
-    preconditioner: ClassVar[str] = "soap"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.precondition_1d and not self.optimize_1d:
-            raise ValueError(f"{PREFIX}precondition_1d=true needs {PREFIX}optimize_1d=true: "
-                             "with MARS's routing the 1-D tensors are on AdamW")  # fmt: skip
-
-
-@register("mars-soap", MarsSoapConfig, "MARS with the SOAP preconditioner")
-def build_mars_soap(model: nn.Module, cfg: MarsSoapConfig) -> torch.optim.Optimizer:
-    refuse_sharded(model.parameters(), "mars-soap", WHOLE_MATRICES)
-    return build_mars(model, cfg)
