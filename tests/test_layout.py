@@ -23,8 +23,10 @@ ALLOWED = {
     "report": {"evals.tasks", "runtime.runfiles"},  # run directories read through runfiles
     "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
     "scripts": {"bench", "data", "model", "optim", "runtime", "trainer", "evals"},
-    # launches train.py (runtime.commands) and reads run directories (runtime.runfiles)
-    "study": {"data", "model", "optim", "runtime.commands", "runtime.runfiles"},
+    # launches train.py (runtime.commands), reads run directories (runtime.runfiles) and
+    # configs/ (runtime.config_files)
+    "study": {"data", "model", "optim", "runtime.commands", "runtime.config_files",
+              "runtime.runfiles"},
 }
 
 
