@@ -33,13 +33,17 @@ def test_adamw_decays_matrices_only():
         decay_groups(model, 0.1, ["matrices"])
 
 
-def test_adamw_matches_torch():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_adamw_matches_torch(dtype):
+    """Bit for bit torch's per-tensor loop, which our CPU build replaces by foreach."""
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**SMALL)).double()
-    ref = GPT(GPTConfig(**SMALL)).double()
+    model = GPT(GPTConfig(**SMALL)).to(dtype)
+    ref = GPT(GPTConfig(**SMALL)).to(dtype)
     ref.load_state_dict(model.state_dict())
     opt = optim.build_optimizer(model, AdamWConfig(lr=1e-2, weight_decay=0.1))
-    ref_opt = torch.optim.AdamW(decay_groups(ref, 0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    assert all(g["foreach"] for g in opt.param_groups)  # on the CPU
+    ref_opt = torch.optim.AdamW(decay_groups(ref, 0.1), lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                                foreach=False)  # fmt: skip
     for _ in range(5):
         x = torch.randint(0, 64, (2, 16))
         for m, o in ((model, opt), (ref, ref_opt)):
