@@ -266,13 +266,12 @@ def budget_steps(n_params: int, budget: float, batch_tokens: int) -> int:
 
 
 def model_config(name: str):  # noqa: ANN201 - a ModelConfig
-    """configs/model/<name>.yaml as a ModelConfig (the presets have no defaults list, so plain
-    YAML: no Hydra composition, which takes seconds)."""
-    import yaml
-
+    """configs/model/<name>.yaml as a ModelConfig, read by the one reader of configs/ outside
+    Hydra (runtime/config_files.py; Hydra's composition takes seconds)."""
     from model import ModelConfig
+    from runtime.config_files import config_names, load_config
 
-    path = Path(__file__).resolve().parent.parent / "configs" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown model {name!r}: no {path}; choose one of configs/model/")
-    return ModelConfig(**yaml.safe_load(path.read_text()))
+    if name not in config_names("model"):
+        raise ValueError(f"unknown model {name!r}: choose one of configs/model/: "
+                         f"{', '.join(config_names('model'))}")  # fmt: skip
+    return ModelConfig(**load_config(f"model/{name}"))

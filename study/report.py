@@ -20,9 +20,9 @@ import yaml
 
 from runtime import runfiles
 from study.curves import read_curves, write_curves
+from study.data_speedup import speedup
 from study.figures import curves_figure, study_figure
 from study.results import collect, read_csv, write_csv
-from study.speedup import speedup
 from study.stats import LEVEL, paired_interval
 from study.tables import (
     REFERENCE,

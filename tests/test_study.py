@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from study.data_speedup import data_needed, isotonic_decreasing, speedup
 from study.plan import Plan, budget_steps
-from study.speedup import data_needed, isotonic_decreasing, speedup
 from study.stats import bootstrap_pairs, paired_interval, t_quantile, unpaired_interval
 
 SEEDS = [1, 2, 3, 4, 5]
