@@ -42,8 +42,16 @@ from pathlib import Path
 
 from runtime.config_files import ROOT
 
-FAMILIES = ["adamw", "mars-adamw", "muon", "mars-m", "lion", "mars-lion", "mars-shampoo",
-            "moonlight"]  # fmt: skip  (most asked-about first)
+FAMILIES = [
+    "adamw",
+    "mars-adamw",
+    "muon",
+    "mars-m",
+    "lion",
+    "mars-lion",
+    "mars-shampoo",
+    "moonlight",
+]  # fmt: skip  (most asked-about first)
 BUDGET_S = 570  # one 10-minute command, less the machine's start and the install
 STARTUP_S = 30  # this process's start, the import check and the report, out of each part
 TAIL = 6000  # characters of each step's output kept in the report
@@ -88,8 +96,11 @@ def steps(memory_gib: float, cpu: bool = False, nanogpt: Path | None = None) -> 
     # optimizer step (480 sequences); XL at the launcher's micro-batch for this GPU's memory
     xl, xl_accum = (1, 1) if cpu else launcher_micro_batch("fineweb-edu/xl-mars-adamw", memory_gib)
     accum = ["--accum", "1" if cpu else "4"]
-    short = ["--steps", "1", "--warmup", "1", "--rounds", "1"] if cpu else ["--steps", "5",
-                                                                            "--warmup", "2"]
+    short = (
+        ["--steps", "1", "--warmup", "1", "--rounds", "1"]
+        if cpu
+        else ["--steps", "5", "--warmup", "2"]
+    )
     train = [*py, "-m", "bench.train", "--device", dev, *short]
     tests = ["tests/test_gpu.py"] if cpu else ["tests"]
     out = [Step("gpu-tests", "pytest -m gpu", [*py, "-m", "pytest", "-q", "-m", "gpu", *tests],
@@ -181,8 +192,10 @@ def parts(all_steps: list[Step], budget: float) -> list[list[Step]]:
     room, out = budget - STARTUP_S, [[]]
     for s in all_steps:
         if s.limit_s > room:
-            raise SystemExit(f"gpu_check: step {s.name} needs {s.limit_s:.0f} s, more than a "
-                             f"budget of {budget:.0f} s leaves ({room:.0f} s); raise --budget")
+            raise SystemExit(
+                f"gpu_check: step {s.name} needs {s.limit_s:.0f} s, more than a "
+                f"budget of {budget:.0f} s leaves ({room:.0f} s); raise --budget"
+            )
         if sum(t.limit_s for t in out[-1]) + s.limit_s > room:
             out.append([])
         out[-1].append(s)
@@ -249,18 +262,32 @@ def report(results: list[dict], device: str, not_run: list[tuple[Step, str]] = (
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_check.md")
-    ap.add_argument("--logs", type=Path, default=None,
-                    help="each step's whole output (default: beside --out, in OUT-logs/)")
+    ap.add_argument(
+        "--logs",
+        type=Path,
+        default=None,
+        help="each step's whole output (default: beside --out, in OUT-logs/)",
+    )
     ap.add_argument("--dry-run", action="store_true", help="list the steps, run nothing")
     ap.add_argument("--cpu", action="store_true", help="the same steps, tiny, on the CPU")
     ap.add_argument("--only", nargs="+", metavar="STEP", help="these steps only")
     ap.add_argument("--part", type=int, default=None, help="this part only (see --dry-run)")
-    ap.add_argument("--limit", nargs="+", default=[], metavar="STEP=SECONDS",
-                    help="another time limit for these steps")
+    ap.add_argument(
+        "--limit",
+        nargs="+",
+        default=[],
+        metavar="STEP=SECONDS",
+        help="another time limit for these steps",
+    )
     ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all the steps")
     ap.add_argument("--skip-preflight", action="store_true", help="no import check first")
-    ap.add_argument("--nanogpt", type=Path, default=None, metavar="PATH",
-                    help="a nanoGPT checkout: adds the side-by-side steps (bench.train)")
+    ap.add_argument(
+        "--nanogpt",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a nanoGPT checkout: adds the side-by-side steps (bench.train)",
+    )
     return ap.parse_args(argv)
 
 

@@ -86,8 +86,11 @@ def _count(cfg: GPTConfig, seq_len: int, bucket_cap_mb: float | None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="gpt2-small", help="a configs/model/*.yaml preset")
-    ap.add_argument("--ddp-optimizer", action="store_true",
-                    help="also count with Dynamo's DDPOptimizer on (the Trainer turns it off)")
+    ap.add_argument(
+        "--ddp-optimizer",
+        action="store_true",
+        help="also count with Dynamo's DDPOptimizer on (the Trainer turns it off)",
+    )
     args = ap.parse_args()
     cfg = model_config(args.model)
     with torch.device("meta"):

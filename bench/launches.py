@@ -75,8 +75,13 @@ class Count:
 def structure_model(n_layer: int, width: int = 64) -> GPT:
     """A CPU GPT with GPT-2's structure (module docstring): ``n_layer`` blocks at ``width``."""
     heads = max(1, width // 64)
-    cfg = GPTConfig(n_layer=n_layer, n_head=heads, n_embd=width, vocab_size=8 * width + 8,
-                    block_size=2 * width + 16)  # fmt: skip  (every shape distinct, as GPT-2's)
+    cfg = GPTConfig(
+        n_layer=n_layer,
+        n_head=heads,
+        n_embd=width,
+        vocab_size=8 * width + 8,
+        block_size=2 * width + 16,
+    )  # fmt: skip  (every shape distinct, as GPT-2's)
     return GPT(cfg)
 
 

@@ -187,8 +187,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None, help="untimed (default: 3 / 1 on CPU)")
     ap.add_argument("--rounds", type=int, default=None, help="CPU interleaving (default: 3)")
     ap.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout to compare")
-    ap.add_argument("--sdpa-backend", choices=SDPA_BACKENDS, default="auto",
-                    help="only this attention kernel (CUDA; auto: torch's own choice)")
+    ap.add_argument(
+        "--sdpa-backend",
+        choices=SDPA_BACKENDS,
+        default="auto",
+        help="only this attention kernel (CUDA; auto: torch's own choice)",
+    )
     return ap.parse_args()
 
 

@@ -306,8 +306,10 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
                 if engine_path.covers(self, p, view):  # masked in its kernels
                     continue
                 if not fused_path.fusable(view):
-                    return (f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
-                            f"{view.get('clip')}) runs eagerly: it steps on copies")
+                    return (
+                        f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
+                        f"{view.get('clip')}) runs eagerly: it steps on copies"
+                    )
                 if self.fused is False or (self.fused is None and p.device.type != "cuda"):
                     return f"the compiled step is off (fused={self.fused}, {p.device.type})"
                 if self.private_overrides():

@@ -245,9 +245,7 @@ def build_mars(model: nn.Module, cfg: MarsConfig, *, cls: type | None = None,
 
 register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(build_mars)
 register("mars-lion", MarsLionConfig, "MARS with the sign (Lion) update")(build_mars)
-register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonalisation")(
-    build_mars
-)
+register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonalisation")(build_mars)
 
 
 @dataclass

@@ -95,7 +95,9 @@ class OneBuffer(Momentum):
 
     def check(self, group: dict) -> None:
         if group["momentum"] == 0:
-            raise ValueError("momentum must be in (0, 1) for the one-buffer form (it divides by it)")
+            raise ValueError(
+                "momentum must be in (0, 1) for the one-buffer form (it divides by it)"
+            )
 
     def update(self, group, states, cs, foreach):
         bufs, mu, gamma = [s[self.key] for s in states], group["momentum"], group["gamma"]

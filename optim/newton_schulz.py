@@ -104,7 +104,8 @@ def _sharded(us: Tensors, *, dtype: torch.dtype | None, cast_back: bool, **kw) -
         out[i] = o
     kw = {**kw, "distributed": False}  # the owner's matrices: on the owner only
     results = sharded.orthogonalise_sharded(
-        [us[i] for i in idx], lambda xs: orthogonalise(xs, dtype=dtype, **kw), dtype)
+        [us[i] for i in idx], lambda xs: orthogonalise(xs, dtype=dtype, **kw), dtype
+    )
     for i, r in zip(idx, results):
         out[i] = r.to(us[i].dtype) if cast_back else r
     return out

@@ -80,7 +80,9 @@ class AdamWScheduleFree(torch.optim.Optimizer):
         self.foreach, self.fused, self._engine_off = foreach, fused, None
         self.last_paths: list[str] = []
         self.path_counts: Counter = Counter()
-        self._kept: list[torch.Tensor] | None = None  # y while in eval mode, keep_train_weights=True
+        self._kept: list[torch.Tensor] | None = (
+            None  # y while in eval mode, keep_train_weights=True
+        )
 
     @property
     def in_train_mode(self) -> bool:

@@ -216,4 +216,3 @@ def with_ablations(text: str, sections: list[dict[str, Any]]) -> str:
     marker = "\n## Runs\n"
     at = text.find(marker)
     return text + "\n" + section if at < 0 else text[: at + 1] + section + text[at:]
-

@@ -174,11 +174,13 @@ def run_command(run: TableRun, out_dir: str, micro: int, args, extra) -> list[st
     return commands.train_command([*train, *run.overrides, *extra], processes=processes)
 
 
-def slurm_commands(runs: list[TableRun], runs_dir: str, micro: dict, args, extra) -> list[list[str]]:
+def slurm_commands(
+    runs: list[TableRun], runs_dir: str, micro: dict, args, extra
+) -> list[list[str]]:
     """One Hydra --multirun (submitit) command per group of runs that share their overrides."""
     groups: dict[tuple, list[str]] = {}
     for run in runs:
-        tail = tuple(run_extra(run, extra)[len(extra):])  # after extra: an equal-compute row's
+        tail = tuple(run_extra(run, extra)[len(extra) :])  # after extra: an equal-compute row's
         key = (micro[run.size], run.suffix, run.overrides, tail)
         groups.setdefault(key, []).append(run.experiment)
     launcher = commands.hydra_launcher(

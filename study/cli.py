@@ -134,7 +134,9 @@ def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
     out = {}
     for opt in optimizers:
         for name in (opt, split_variant(opt)[0]):
-            hit = [r for r in rows if (r["model"], r["budget"]) == cells[0] and r["optimizer"] == name]
+            hit = [
+                r for r in rows if (r["model"], r["budget"]) == cells[0] and r["optimizer"] == name
+            ]
             if hit:
                 out[opt] = {k: hit[0][k] for k in KNOBS if isinstance(hit[0].get(k), float)}
                 break
@@ -168,8 +170,11 @@ def next_runs(study: Study, busy: set) -> list:
             if flag in ("capped", "edge") and (cell, key) not in study.warned:
                 study.warned.add((cell, key))
                 log.warning(
-                    "!!! %s: %s %s: the best is at the search's %s", flag.upper(), cell.name,
-                    key, "cap (passes or values)" if flag == "capped" else "lattice's bound",
+                    "!!! %s: %s %s: the best is at the search's %s",
+                    flag.upper(),
+                    cell.name,
+                    key,
+                    "cap (passes or values)" if flag == "capped" else "lattice's bound",
                 )
         if state.pending and cell not in busy:
             return list(state.pending)
@@ -234,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         if dirty:
             raise SystemExit(
                 "study: the working tree has uncommitted changes to tracked files ("
-                + ", ".join(dirty[:5]) + (", ..." if len(dirty) > 5 else "")
+                + ", ".join(dirty[:5])
+                + (", ..." if len(dirty) > 5 else "")
                 + "): its rows could not name the code they ran. Commit them, or pass "
                 "--allow-dirty (those rows are marked +dirty in results.csv)"
             )

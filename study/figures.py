@@ -49,12 +49,16 @@ def curves_figure(rows: list[dict], curves: dict, floors: dict, main_budgets: li
             if (r["model"], r["budget"]) != (model, budget):
                 continue
             recs = curves.get(r["run_dir"], [])
-            train = [(c["tokens"], c["loss"]) for c in recs if c["kind"] == "train" and "tokens" in c]
+            train = [
+                (c["tokens"], c["loss"]) for c in recs if c["kind"] == "train" and "tokens" in c
+            ]
             val = [(c["tokens"], c["loss"]) for c in recs if c["kind"] == "val" and c.get("tokens")]
             label = None if r["optimizer"] in seen else r["optimizer"]
             seen.add(r["optimizer"])
             if train:
-                ax.plot(*zip(*train), "-", lw=0.7, alpha=0.7, color=colour[r["optimizer"]], label=label)
+                ax.plot(
+                    *zip(*train), "-", lw=0.7, alpha=0.7, color=colour[r["optimizer"]], label=label
+                )
             if val:
                 ax.plot(*zip(*val), "o", ms=3, color=colour[r["optimizer"]])
         floor = floors.get("collapse_floor")

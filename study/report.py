@@ -79,7 +79,11 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
             continue
         gap = paired_interval(ref, seeds)
         p = holm_p.get((model, budget, *sorted((opt, REFERENCE))))
-        after = "" if p is None else f" ({p:.2g}: {'holds' if p <= 1 - LEVEL else 'not after correction'})"
+        after = (
+            ""
+            if p is None
+            else f" ({p:.2g}: {'holds' if p <= 1 - LEVEL else 'not after correction'})"
+        )
         verdict = (
             ("yes: lower" if gap.hi < 0 else "yes: higher") + after
             if gap.significant

@@ -151,7 +151,9 @@ def swap_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
     for (model, budget, opt), (a, b, sp, ep) in means.items():
         ref = means.get((REFERENCE, model, budget))
         gaps = f"{a - ref[0]:+.4f}, {b - ref[1]:+.4f}" if ref and opt != REFERENCE else "reference"
-        out.append(f"| {model} | {budget:g}x | {opt} | {sp:.4g} / {ep:.4g} | {a:.4f}, {b:.4f} | {gaps} |")
+        out.append(
+            f"| {model} | {budget:g}x | {opt} | {sp:.4g} / {ep:.4g} | {a:.4f}, {b:.4f} | {gaps} |"
+        )
     return out
 
 

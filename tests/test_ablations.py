@@ -92,7 +92,9 @@ def test_adamw_rows(set_name, mars):
         cfg = composed(f"{set_name}/{row}")
         rest = {k: v for k, v in cfg.items() if not k.startswith("optimizer.")}
         assert {k: v for k, v in rest.items() if k not in NOT_COMPARED} == {
-            k: v for k, v in base.items() if not k.startswith("optimizer.") and k not in NOT_COMPARED
+            k: v
+            for k, v in base.items()
+            if not k.startswith("optimizer.") and k not in NOT_COMPARED
         }, row
         assert cfg["optimizer.name"] == "adamw"
     hp = composed(f"{set_name}/adamw-mars-hparams")

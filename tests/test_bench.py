@@ -56,8 +56,19 @@ def test_gpu_check_dry_run_packs_every_step_into_parts_within_the_budget():
                           env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for step in ("gpu-tests", "small-adamw", "small-mars-adamw", "small-moonlight", "xl-adamw",
-                 "xl-mars-adamw", "exact", "optim-fused", "newton-schulz", "checkpoint", "graphs"):
+    for step in (
+        "gpu-tests",
+        "small-adamw",
+        "small-mars-adamw",
+        "small-moonlight",
+        "xl-adamw",
+        "xl-mars-adamw",
+        "exact",
+        "optim-fused",
+        "newton-schulz",
+        "checkpoint",
+        "graphs",
+    ):
         assert f"  {step} (" in out, step
     # the XL micro-batch is the launcher's for an 80 GiB GPU (12 with the Trainer's bucket views)
     assert "--models gpt2-xl --no-exact --optimizers mars-adamw --micro-batch 12 --accum 5" in out

@@ -157,7 +157,10 @@ def test_help_lists_only_the_groups_a_user_chooses():
     assert proc.returncode == 0, proc.stderr
     groups = proc.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
     experiments = next(line for line in groups.splitlines() if line.startswith("experiment: "))
-    assert "optimizer: adamw, adamw-schedulefree, ademamix, lion, mars-adamw," in groups and " demo," in experiments
+    assert (
+        "optimizer: adamw, adamw-schedulefree, ademamix, lion, mars-adamw," in groups
+        and " demo," in experiments
+    )
     assert "schema" not in proc.stdout and "shared" not in groups
 
 

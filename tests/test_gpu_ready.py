@@ -156,8 +156,14 @@ def test_trainer_layout_under_ddp_is_one_graph_per_block_with_attention_inside()
     With DDPOptimizer on, DDP's 1 MB first bucket cuts the blocks into more graphs."""
     from bench.graphs import count_trainer_graphs
 
-    cfg = GPTConfig(block_size=32, vocab_size=64, n_layer=3, n_head=2, n_embd=384,
-                    scale_attn_by_inverse_layer_idx=True)  # a block holds 6.75 MiB
+    cfg = GPTConfig(
+        block_size=32,
+        vocab_size=64,
+        n_layer=3,
+        n_head=2,
+        n_embd=384,
+        scale_attn_by_inverse_layer_idx=True,
+    )  # a block holds 6.75 MiB
     ours = count_trainer_graphs(cfg)
     assert ours == {"graphs": 4, "breaks": 0, "sdpa_in_graph": True}, ours
     cut = count_trainer_graphs(cfg, ddp_optimizer=True, bucket_cap_mb=1.0)
@@ -359,8 +365,12 @@ def test_wrap_gives_ddp_the_block_bucket_and_bucket_views(monkeypatch):
     wrapper.wrap()
     from trainer.trainer import no_buffer_sync
 
-    assert seen == {"device_ids": None, "bucket_cap_mb": 25.0, "gradient_as_bucket_view": True,
-                    **no_buffer_sync()}
+    assert seen == {
+        "device_ids": None,
+        "bucket_cap_mb": 25.0,
+        "gradient_as_bucket_view": True,
+        **no_buffer_sync(),
+    }
     assert list(no_buffer_sync().values()) == [False]
 
 

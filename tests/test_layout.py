@@ -25,8 +25,14 @@ ALLOWED = {
     "scripts": {"bench", "data", "model", "optim", "runtime", "trainer", "evals"},
     # launches train.py (runtime.commands), reads run directories (runtime.runfiles) and
     # configs/ (runtime.config_files)
-    "study": {"data", "model", "optim", "runtime.commands", "runtime.config_files",
-              "runtime.runfiles"},
+    "study": {
+        "data",
+        "model",
+        "optim",
+        "runtime.commands",
+        "runtime.config_files",
+        "runtime.runfiles",
+    },
 }
 
 

@@ -170,8 +170,13 @@ ROUTING = {
     "mars-m": ("adamw+wd", "ns+wd", "ns+wd", "adamw+wd", "adamw+wd"),
     "mars-m-efficient": ("adamw+wd", "ns+wd", "ns+wd", "adamw+wd", "adamw+wd"),
     # the baselines of docs/optimizers.md: every tensor on the optimizer, decay on block matrices
-    "adamw-schedulefree": ("adamwschedulefree-wd", "adamwschedulefree+wd",
-                           "adamwschedulefree+wd", "adamwschedulefree-wd", "adamwschedulefree-wd"),
+    "adamw-schedulefree": (
+        "adamwschedulefree-wd",
+        "adamwschedulefree+wd",
+        "adamwschedulefree+wd",
+        "adamwschedulefree-wd",
+        "adamwschedulefree-wd",
+    ),
     "ademamix": ("ademamix-wd", "ademamix+wd", "ademamix+wd", "ademamix-wd", "ademamix-wd"),
     "soap": ("soap-wd", "soap+wd", "soap+wd", "soap-wd", "soap-wd"),
     # NorMuon: block matrices on NorMuon, the rest on its auxiliary Adam (no decay: its reference)

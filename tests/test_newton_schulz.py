@@ -1,7 +1,6 @@
 """Newton-Schulz over many matrices (optim/newton_schulz.py): batched by shape equals one matrix
 at a time, and the split over DDP ranks (2 gloo processes) gives the single-process parameters."""
 
-
 import pytest
 import torch
 import torch.distributed as dist

@@ -53,7 +53,9 @@ def poisoning_clip(plan: dict[int, str]):
 @pytest.fixture
 def inject(monkeypatch):
     """``inject({step: kind})`` makes every Trainer poison those steps (this process only)."""
-    monkeypatch.setattr(trainer_mod.Trainer, "_orig_clip", trainer_mod.Trainer.clip_grads, raising=False)
+    monkeypatch.setattr(
+        trainer_mod.Trainer, "_orig_clip", trainer_mod.Trainer.clip_grads, raising=False
+    )
 
     def setup(plan):
         monkeypatch.setattr(trainer_mod.Trainer, "clip_grads", poisoning_clip(plan))
@@ -265,7 +267,9 @@ def test_device_decision_reads_only_the_previous_steps_flags(tmp_path, sotu_dir,
     reads = []
     for name in ("tolist", "item", "__bool__"):
         real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda t, *a, _r=real, **k: (reads.append(t), _r(t, *a, **k))[1])
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda t, *a, _r=real, **k: (reads.append(t), _r(t, *a, **k))[1]
+        )
     for _ in range(2):
         previous = trainer.guard.pending.flags
         reads.clear()
@@ -304,7 +308,9 @@ def test_device_decision_on_copies_computes_the_host_decisions_run(tmp_path, sot
     the host decision's numbers bit for bit; ``auto`` takes the host for them (their cost)."""
     host = run(tmp_path / "host", sotu_dir, "max_steps=3", *DEVICE_CASES[case], *DEVICE[1:])
     dev = run(tmp_path / "dev", sotu_dir, "max_steps=3", *DEVICE_CASES[case], *DEVICE)
-    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(tmp_path / "host")]
+    strip = [
+        {k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(tmp_path / "host")
+    ]
     assert strip == [{k: v for k, v in r.items() if k not in TIMING}
                      for r in read_metrics(tmp_path / "dev")]  # fmt: skip
     del host, dev

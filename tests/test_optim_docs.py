@@ -94,8 +94,11 @@ def test_the_documented_correction_runs_on_every_path_and_differs_from_mars(reci
     the same numbers, with a gamma schedule applied as the trainer does, and not MARS's."""
     import optim.fused as fused_path
 
-    monkeypatch.setattr(fused_path, "_compiled", lambda grouping: (
-        fused_path._update if grouping == "tensor" else fused_path._multi_step))
+    monkeypatch.setattr(
+        fused_path,
+        "_compiled",
+        lambda grouping: fused_path._update if grouping == "tensor" else fused_path._multi_step,
+    )
     monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
     cls = optim.get_spec("mars-adamw-bounded").config_cls
     results = {}
@@ -104,7 +107,8 @@ def test_the_documented_correction_runs_on_every_path_and_differs_from_mars(reci
         torch.manual_seed(0)
         model = Tiny()
         cfg = (cls if name != "mars" else optim.MarsAdamWConfig)(
-            fused=fused, foreach=foreach, gamma=0.5, gamma_schedule="linear")
+            fused=fused, foreach=foreach, gamma=0.5, gamma_schedule="linear"
+        )
         opt = optim.build_optimizer(model, cfg)
         optim.set_initial_lr(opt)
         gen = torch.Generator().manual_seed(0)

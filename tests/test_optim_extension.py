@@ -95,8 +95,11 @@ def test_a_subclass_correction_is_the_transcription_on_loop_and_foreach():
 def test_the_compiled_step_calls_the_subclass_correction(monkeypatch):
     """The fused path's own code, run without compiling (seconds): it takes the class's
     correction. The compiled twin of this test is ``..._compiled`` (slow)."""
-    monkeypatch.setattr(fused_path, "_compiled", lambda grouping: (
-        fused_path._update if grouping == "tensor" else fused_path._multi_step))
+    monkeypatch.setattr(
+        fused_path,
+        "_compiled",
+        lambda grouping: fused_path._update if grouping == "tensor" else fused_path._multi_step,
+    )
     monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
     params, opt = make(Bounded, fused=True)
     run(opt, params, 3)

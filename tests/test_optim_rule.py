@@ -44,8 +44,13 @@ def test_every_state_has_the_step_whatever_the_momentum(form, preconditioner):
         (lambda g: optim.MARS([g]), "gama", "gamma"),
         (lambda g: optim.MARS([g]), "ns_step", "ns_steps"),
         (lambda g: optim.Lion([g]), "weight_decya", "weight_decay"),
-        (lambda g: optim.MuonFamily([{**muon_group(g.pop("params"), lr=0.02, weight_decay=0),
-                                      **g}]), "nesterv", "nesterov"),  # fmt: skip
+        (
+            lambda g: optim.MuonFamily(
+                [{**muon_group(g.pop("params"), lr=0.02, weight_decay=0), **g}]
+            ),
+            "nesterv",
+            "nesterov",
+        ),  # fmt: skip
     ],
 )
 def test_a_misspelt_group_option_is_an_error_not_a_default(make, typo, hint):

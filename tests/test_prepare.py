@@ -156,9 +156,12 @@ def test_ensure_prepared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     texts = tmp_path / "my_texts"
     texts.mkdir()
     (texts / "a.txt").write_text("a document")
-    with pytest.raises(FileNotFoundError, match=f"holds no token shards .* but 1 document files: "
-                       f"prepare them into shards first with python -m data.prepare {texts} "
-                       "--out data/shards/my_texts, then train with data.dir=data/shards/my_texts"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=f"holds no token shards .* but 1 document files: "
+        f"prepare them into shards first with python -m data.prepare {texts} "
+        "--out data/shards/my_texts, then train with data.dir=data/shards/my_texts",
+    ):
         ensure_prepared("sotu", texts)
     assert calls == [] and sorted(p.name for p in texts.iterdir()) == ["a.txt"]
     monkeypatch.chdir(tmp_path)
@@ -423,8 +426,9 @@ def test_ensure_prepared_by_several_processes_at_once(tmp_path: Path) -> None:
         "ensure_prepared('sotu', 'data/shards/sotu-bytes', tokenizer='bytes')\n"
     )
     procs = [
-        subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stderr=subprocess.PIPE,
-                         text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+        )  # fmt: skip
         for _ in range(3)
     ]
     errors = [p.communicate(timeout=120)[1] for p in procs]

@@ -259,7 +259,9 @@ def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     run = Study(plan).update(Cell(opt, "proxy-100k", 1.0)).pending[0]
     assert "optimizer.betas=[0.9,0.95]" in run.overrides and "optimizer.gamma=0.0" in run.overrides
     assert sum(o.startswith("optimizer.betas=") for o in run.overrides) == 1
-    assert "optimizer.lr=0.016" in run.overrides and "optimizer.weight_decay_1d=0.0" in run.overrides
+    assert (
+        "optimizer.lr=0.016" in run.overrides and "optimizer.weight_decay_1d=0.0" in run.overrides
+    )
     assert "beta2" not in run.out_dir.name and "/eval/" in str(run.out_dir)
 
 

@@ -110,8 +110,12 @@ def check_values(cfg: Any, values: dict) -> None:
         raise ValueError(
             f"eval_tokens must be >= 1 (or null: the whole split), got {cfg.eval_tokens}"
         )
-    check_paths(data_dir=cfg.data.dir, out_dir=cfg.out_dir, data_name=cfg.data.name,
-                patterns=(cfg.data.train_pattern, cfg.data.val_pattern))
+    check_paths(
+        data_dir=cfg.data.dir,
+        out_dir=cfg.out_dir,
+        data_name=cfg.data.name,
+        patterns=(cfg.data.train_pattern, cfg.data.val_pattern),
+    )
 
 
 def _creatable(path: Path) -> bool:

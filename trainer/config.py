@@ -183,7 +183,9 @@ def _is_default(dotted: str, value: Any, optimizer: type | None = None) -> bool:
     if sections[:1] == ["optimizer"] and optimizer is not None:
         cls, sections = optimizer, sections[1:]
     for section in sections:
-        fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        fields = (
+            {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        )
         if section not in fields or fields[section].default_factory is dataclasses.MISSING:
             return False
         cls = type(fields[section].default_factory())

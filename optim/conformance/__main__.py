@@ -21,7 +21,9 @@ def resolve(target: str):
     """The object named by ``module:attr``."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise SystemExit(f"target {target!r} is not MODULE:NAME; e.g. optim:MARS or mypkg.port:make")
+        raise SystemExit(
+            f"target {target!r} is not MODULE:NAME; e.g. optim:MARS or mypkg.port:make"
+        )
     try:
         obj = importlib.import_module(module_name)
     except ImportError as exc:
@@ -53,9 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m optim.conformance", description=__doc__)
     parser.add_argument("target", nargs="?", help="MODULE:NAME of a drop-in class or a make() hook")
     parser.add_argument("--vectors", nargs="+", help="vector names or shell patterns")
-    parser.add_argument("--set-to-none", action="store_true",
-                        help="reset gradients with zero_grad(set_to_none=True), as the official "
-                        "scripts (default: False, which exposes a reference kept as an alias)")
+    parser.add_argument(
+        "--set-to-none",
+        action="store_true",
+        help="reset gradients with zero_grad(set_to_none=True), as the official "
+        "scripts (default: False, which exposes a reference kept as an alias)",
+    )
     parser.add_argument("--list", action="store_true", help="list the vectors and exit")
     args = parser.parse_args(argv)
     if args.list:

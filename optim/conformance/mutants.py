@@ -29,7 +29,11 @@ class PlainMARS(torch.optim.Optimizer):
             raise ValueError("PlainMARS implements mars_type='mars-adamw', optimize_1d=False only")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         self.eps, self.gamma, self.is_approx = eps, gamma, is_approx
-        self.lr_1d_factor, self.betas_1d, self.weight_decay_1d = lr_1d / lr, betas_1d, weight_decay_1d
+        self.lr_1d_factor, self.betas_1d, self.weight_decay_1d = (
+            lr_1d / lr,
+            betas_1d,
+            weight_decay_1d,
+        )
 
     @torch.no_grad()
     def store_reference_grad(self) -> None:

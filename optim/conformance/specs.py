@@ -80,13 +80,35 @@ _CLIP_C = ("The scripts also pass clip_c=False, which the official MARS_M ignore
            "clips); left out here, since this project honours clip_c and clips by default.")  # fmt: skip
 
 SPECS = [
-    *[_mars(t, m) for t in ("mars-adamw", "mars-lion", "mars-shampoo") for m in ("approx", "exact")],
-    _muon_family("mars-m-approx", "MARS_M", "mars_m.py", "approx",
-                 {"gamma": 0.025, "is_approx": True}, _CLIP_C),  # fmt: skip
-    _muon_family("mars-m-exact", "MARS_M", "mars_m.py", "exact",
-                 {"gamma": 0.025, "is_approx": False}, _CLIP_C),  # fmt: skip
-    _muon_family("mars-m-efficient", "MARS_M_Efficient", "mars_m_efficient.py", "approx",
-                 {"gamma": 0.025}, "Used by no official script; driven as approx MARS-M."),  # fmt: skip
+    *[
+        _mars(t, m)
+        for t in ("mars-adamw", "mars-lion", "mars-shampoo")
+        for m in ("approx", "exact")
+    ],
+    _muon_family(
+        "mars-m-approx",
+        "MARS_M",
+        "mars_m.py",
+        "approx",
+        {"gamma": 0.025, "is_approx": True},
+        _CLIP_C,
+    ),  # fmt: skip
+    _muon_family(
+        "mars-m-exact",
+        "MARS_M",
+        "mars_m.py",
+        "exact",
+        {"gamma": 0.025, "is_approx": False},
+        _CLIP_C,
+    ),  # fmt: skip
+    _muon_family(
+        "mars-m-efficient",
+        "MARS_M_Efficient",
+        "mars_m_efficient.py",
+        "approx",
+        {"gamma": 0.025},
+        "Used by no official script; driven as approx MARS-M.",
+    ),  # fmt: skip
     _muon_family("moonlight", "Moonlight", "moonlight.py", "approx", {}, ""),
     dict(
         name="muon",
@@ -102,8 +124,10 @@ SPECS = [
         kappa=None,
         ns_dtype="bfloat16",
         tolerance=BF16_NS,
-        notes=("The official runs use Muon weight_decay 0; 0.05 here exercises the decay. The "
-               "official Muon allocates its update buffer on 'cuda'; the generator allocates it "
-               "on the CPU (same dtype, same numbers)."),
+        notes=(
+            "The official runs use Muon weight_decay 0; 0.05 here exercises the decay. The "
+            "official Muon allocates its update buffer on 'cuda'; the generator allocates it "
+            "on the CPU (same dtype, same numbers)."
+        ),
     ),
 ]
