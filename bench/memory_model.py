@@ -140,6 +140,24 @@ def matrix_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.dim() >= 2)
 
 
+_COUNTS: dict[str, tuple[int, int, int, int]] = {}
+
+
+def parameter_counts(cfg: GPTConfig) -> tuple[int, int, int, int]:
+    """(parameters, elements of the 2-D weights, the FSDP root unit's parameters, the largest
+    block's) of ``cfg``'s model, built once per config on the meta device: a launcher choosing a
+    micro-batch estimates the same model many times, and building GPT-2 XL on the meta device
+    takes seconds (its initialisers run as Python there)."""
+    key = repr(cfg)
+    if key not in _COUNTS:
+        with torch.device("meta"):
+            model = build_model(cfg)
+        n = model.num_params()
+        blocks = [sum(p.numel() for p in b.parameters()) for b in model.transformer.h]
+        _COUNTS[key] = (n, matrix_params(model), n - sum(blocks), max(blocks, default=0))
+    return _COUNTS[key]
+
+
 def estimate_memory(
     cfg: GPTConfig,
     *,
@@ -162,16 +180,14 @@ def estimate_memory(
     """
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1, got {micro_batch}")
-    with torch.device("meta"):
-        model = build_model(cfg)
-    n = model.num_params()
+    n, matrices, _, _ = parameter_counts(cfg)
     tokens = micro_batch * (seq_len or cfg.block_size)
     parts = dict(
         weights=4 * n,
         grads=4 * n,
         ddp_buckets=4 * n if ddp and not gradient_as_bucket_view else 0,
         optimizer_state=state_bytes,
-        bf16_weights=2 * matrix_params(model) if low_precision else 0,
+        bf16_weights=2 * matrices if low_precision else 0,
         activations=activation_bytes(
             cfg, tokens, low_precision=low_precision, checkpointing=activation_checkpointing
         ),
@@ -235,10 +251,7 @@ class FsdpMemoryEstimate(MemoryEstimate):
 def fsdp_units_params(cfg: GPTConfig) -> tuple[int, int]:
     """(root unit's parameters, largest block's parameters): the FSDP units of trainer/fsdp.py;
     the root holds every parameter outside the blocks (embeddings, ln_f, the tied head)."""
-    with torch.device("meta"):
-        model = build_model(cfg)
-    blocks = [sum(p.numel() for p in b.parameters()) for b in model.transformer.h]
-    return model.num_params() - sum(blocks), max(blocks)
+    return parameter_counts(cfg)[2:]
 
 
 def estimate_fsdp_memory(
