@@ -10,7 +10,10 @@
 #                                       # proxy-100k, the lrs at proxy-193k and proxy-423k
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
 #   scripts/study_referee.sh report     # the headline's results.csv, curves, report.md, figures
-#   scripts/study_referee.sh publish    # report, then its files into docs/study/referee/
+#   scripts/study_referee.sh publish    # report, then its files into docs/study/referee/, and
+#                                       # every finished run's config, meta, metrics and summary
+#                                       # into docs/study/referee/runs/ (a fresh clone continues
+#                                       # from them: every mode first restores them into OUT)
 #
 # OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder... beside it);
 # docs/study/referee/ the committed files.
@@ -28,6 +31,22 @@ CENTERS=(
   --center mars-m:lr=0.032 --center mars-m:aux_lr=0.032
   --center moonlight:lr=0.032 --center moonlight:aux_lr=0.032
 )
+KEEP=docs/study/referee/runs  # the finished runs' small files, committed
+restore() {  # committed finished runs back into OUT (never over a run that is there)
+  [ -d "$KEEP" ] || return 0
+  (cd "$KEEP" && find . -name summary.json -printf '%h\n') | while read -r d; do
+    [ -e "$OUT/runs/$d/summary.json" ] || { mkdir -p "$OUT/runs/$d" && cp "$KEEP/$d"/* "$OUT/runs/$d/"; }
+  done
+}
+keep() {  # every finished run of OUT into KEEP (its four small files; no checkpoints)
+  (cd "$OUT/runs" && find . -name summary.json -printf '%h\n') | while read -r d; do
+    mkdir -p "$KEEP/$d"
+    for f in config.yaml meta.jsonl metrics.jsonl summary.json; do
+      [ -f "$OUT/runs/$d/$f" ] && cp "$OUT/runs/$d/$f" "$KEEP/$d/"
+    done
+  done
+}
+[ "${1:-headline}" = publish ] || restore
 case "${1:-headline}" in
   headline)
     python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
@@ -53,8 +72,9 @@ case "${1:-headline}" in
   publish)
     "$0" report
     mkdir -p docs/study/referee
-    for f in results.csv curves.csv.gz report.md curves.png study.png; do
+    for f in results.csv curves.csv.gz report.md curves.png study.png started.txt; do
       [ -f "$OUT/$f" ] && cp "$OUT/$f" docs/study/referee/
-    done ;;
+    done
+    keep ;;
   *) echo "usage: $0 headline|factorial|ladder|widthinit|report|publish" >&2; exit 2 ;;
 esac
