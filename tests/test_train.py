@@ -133,10 +133,11 @@ def test_cli_unknown_optimizer_lists_valid_ones():
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "mars-adamw-exact"])
 def test_two_gloo_processes_match_one(tmp_path, sotu_dir, optimizer):
-    args = [*FAST, f"data.dir={sotu_dir}", "max_steps=6", "eval_every=3", f"optimizer={optimizer}"]
-    one = _cli([*args, f"out_dir={tmp_path / 'one'}", "micro_batch_size=4"])
-    assert one.returncode == 0, one.stdout + one.stderr
-    two = _cli([*args, f"out_dir={tmp_path / 'two'}", "micro_batch_size=4"], nproc=2)
+    """torchrun with 2 processes against the same run in this process (one thread each)."""
+    common = ["max_steps=6", "eval_every=3", f"optimizer={optimizer}", "micro_batch_size=4"]
+    run(tmp_path / "one", sotu_dir, *common)
+    args = [*FAST, f"data.dir={sotu_dir}", *common]
+    two = _cli([*args, f"out_dir={tmp_path / 'two'}"], nproc=2)
     assert two.returncode == 0, two.stdout + two.stderr
     a, b = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two")
     assert [r["step"] for r in a] == [r["step"] for r in b]
