@@ -116,7 +116,9 @@ def test_every_optimizer_has_the_field():
 @pytest.mark.parametrize("name,arch", CASES, ids=IDS)
 def test_unset_builds_the_groups_of_before(name, arch):
     """(a) aux_lr=None: the param groups (every key, every parameter, in order) and the class
-    are those built before aux_lr existed, so the steps are the same, bit for bit."""
+    are those built before aux_lr existed, so the steps are the same, bit for bit. (One change
+    since, not aux_lr's: AdamW's groups say foreach=True on the CPU too, 8f7670f, its values the
+    same bit for bit.)"""
     key = f"{name}/{arch}"
     if key not in BEFORE:
         pytest.skip(f"{name} was registered after aux_lr: nothing to compare with")
