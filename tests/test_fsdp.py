@@ -2,7 +2,9 @@
 that reshard (FSDP(2) -> DDP(2), FSDP(2) -> 1 process, DDP(2) -> FSDP(2)), the config's rules.
 
 The two-process runs are shared by the tests of this module (one DDP and one FSDP run of adamw,
-each saving at steps 3 and 6); the module spawns eight two-process runs."""
+each saving at steps 3 and 6, and the two MARS runs under FSDP); runs that share a torchrun are
+the jobs of one --multirun (one process group for the jobs, as a sweep): the module starts five
+torchruns."""
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from trainer.config import TrainConfig
 
 STEPS = ["max_steps=6", "ckpt_every=3", "keep_checkpoints=0", "eval_every=3",
          "schedule.decay_steps=6", "micro_batch_size=2"]  # fmt: skip
+MARS = ["mars-adamw", "mars-adamw-exact"]
 
 
 def metrics(out_dir, first_step=1):
@@ -55,13 +58,33 @@ def two(out_dir, sotu_dir, *overrides) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
 
 
+def two_sweep(root, sotu_dir, key: str, values: list[str], *overrides) -> None:
+    """``two`` for each of ``values`` of ``key`` as the jobs of one --multirun in one torchrun
+    (one process group for both, as a sweep); job ``value`` in ``root / value``."""
+    args = ["--multirun", *FAST, f"data.dir={sotu_dir}", *STEPS, *overrides,
+            f"{key}={','.join(values)}", f"hydra.sweep.dir={root}",
+            "hydra.sweep.subdir=${hydra.job.num}"]  # fmt: skip
+    proc = _cli(args, nproc=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    for i, value in enumerate(values):  # the jobs run in the order of the values
+        (root / str(i)).rename(root / value)
+        assert (root / value / "summary.json").is_file(), value
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, sotu_dir):
     """Uninterrupted adamw runs: one process, DDP(2) and FSDP(2), DCP checkpoints at 3 and 6."""
     root = tmp_path_factory.mktemp("fsdp_runs")
-    two(root / "fsdp", sotu_dir, "parallel=fsdp")
-    two(root / "ddp", sotu_dir, "checkpoint_format=dcp")
+    two_sweep(root, sotu_dir, "parallel", ["fsdp", "ddp"], "checkpoint_format=dcp")
     run(root / "one", sotu_dir, *STEPS, "checkpoint_format=dcp")
+    return root
+
+
+@pytest.fixture(scope="module")
+def mars_fsdp(tmp_path_factory, sotu_dir):
+    """MARS approximate and exact (its reference pass), 3 steps under FSDP(2)."""
+    root = tmp_path_factory.mktemp("fsdp_mars")
+    two_sweep(root, sotu_dir, "optimizer", MARS, "parallel=fsdp", "max_steps=3")
     return root
 
 
@@ -158,13 +181,13 @@ def test_fsdp_resumes_in_one_process(runs, sotu_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["mars-adamw", "mars-adamw-exact"])
-def test_mars_under_fsdp_equals_one_process(tmp_path, sotu_dir, optimizer):
+@pytest.mark.parametrize("optimizer", MARS)
+def test_mars_under_fsdp_equals_one_process(tmp_path, sotu_dir, mars_fsdp, optimizer):
     """MARS (approximate, and exact with its reference pass) under FSDP(2) and one process."""
-    two(tmp_path / "fsdp", sotu_dir, "parallel=fsdp", f"optimizer={optimizer}", "max_steps=3")
+    fsdp = mars_fsdp / optimizer
     run(tmp_path / "one", sotu_dir, *STEPS, f"optimizer={optimizer}", "max_steps=3")
-    assert_close_metrics(metrics(tmp_path / "one"), metrics(tmp_path / "fsdp"), 1e-5)
-    assert_close_weights(tmp_path / "one", tmp_path / "fsdp", 1e-5)
+    assert_close_metrics(metrics(tmp_path / "one"), metrics(fsdp), 1e-5)
+    assert_close_weights(tmp_path / "one", fsdp, 1e-5)
 
 
 def test_model_state_of_a_plain_model_stores_the_tied_head_once(tmp_path, sotu_dir):
