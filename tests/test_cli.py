@@ -213,17 +213,21 @@ def uninterrupted(tmp_path_factory, command) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig,status", [("SIGKILL", -9), ("SIGTERM", REQUEUE_EXIT_CODE)])
-def test_the_same_command_continues_after_a_kill(tmp_path, command, uninterrupted, sig, status):
-    stopped = launch(tmp_path, command, AT="5", SIG=sig)
-    assert stopped.returncode == status, stopped.stderr[-3000:]
+def test_the_same_command_continues_after_a_stop_and_a_kill(tmp_path, command, uninterrupted):
+    """A cluster's SIGTERM at step 3 (a checkpoint there, the requeue status), then, relaunched,
+    ``kill -9`` at step 5 (the last checkpoint is step 4's): the same command each time, and
+    the run ends with the numbers of the uninterrupted one."""
+    stopped = launch(tmp_path, command, AT="3", SIG="SIGTERM")
+    assert stopped.returncode == REQUEUE_EXIT_CODE, stopped.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name == uninterrupted.name  # no time stamp: the command names the directory
-    if sig == "SIGTERM":  # the message says how to continue: the same command
-        assert (
-            "to continue, run the same command again: python train_hooked.py"
-            in stopped.stdout + stopped.stderr
-        )
+    assert (  # the message says how to continue: the same command
+        "to continue, run the same command again: python train_hooked.py"
+        in stopped.stdout + stopped.stderr
+    )
+    killed = launch(tmp_path, command, AT="5", SIG="SIGKILL")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert "resumed from" in killed.stdout + killed.stderr
     again = launch(tmp_path, command)  # the identical command
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resumed from" in again.stdout + again.stderr
