@@ -281,3 +281,20 @@ def test_dry_run_prints_one_command_per_run_with_the_device(tmp_path: Path, capl
     assert len(cmds) == 2 and all("device=cuda" in c and "train.py" in c for c in cmds)
     assert all("out_dir=" in c and "/select/lr-" in c for c in cmds)
     assert not (out / "started.txt").exists()
+
+
+def test_the_kept_referee_runs_are_not_ignored_by_git() -> None:
+    """scripts/study_referee.sh publish keeps every finished run's small files in
+    docs/study/referee/runs/ so that a fresh clone continues the study; `runs/` is ignored
+    elsewhere, so the kept runs need their own exception in .gitignore."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    kept = "docs/study/referee/runs/proxy-100k/1x/adamw/select/x/summary.json"
+    ignored = subprocess.run(["git", "check-ignore", "-q", kept], cwd=root, check=False)
+    assert ignored.returncode == 1, f"{kept} is ignored by git: publish would keep nothing"
+    scratch = subprocess.run(["git", "check-ignore", "-q", "runs/referee/x"], cwd=root, check=False)
+    assert scratch.returncode == 0, "runs/ (the run directories themselves) must stay ignored"
