@@ -151,9 +151,11 @@ def steps(memory_gib: float, cpu: bool = False, nanogpt: Path | None = None) -> 
 
 def engine_step(py: list[str], dev: str, small: str, cpu: bool) -> Step:
     """The optimizer engine (optim/engine/) per family against torch's fused AdamW: ms per step,
-    share of the copy bandwidth, GPU kernels per step (targets: MARS-AdamW at most 1.5x fused
-    AdamW and 70% of the copy bandwidth; at most 10 kernels for an element-wise optimizer). On
-    the CPU: one family on a small-vocabulary model (Triton's interpreter is slow)."""
+    share of the copy bandwidth, GPU kernels per step, each step with the trainer's global clip
+    (folded into the engine where it can: optim/engine/clip.py). Targets: MARS-AdamW at most
+    1.5x fused AdamW and 70% of the copy bandwidth; at most 10 kernels for an element-wise
+    optimizer. On the CPU: one family on a small-vocabulary model (Triton's interpreter is
+    slow)."""
     if cpu:
         argv = [*py, "-m", "bench.optim_fused", "--device", "cpu", "--model", "proxy-100k",
                 "--only", "mars-adamw", "--paths", "foreach", "engine", "--rounds", "1",
@@ -162,7 +164,7 @@ def engine_step(py: list[str], dev: str, small: str, cpu: bool) -> Step:
         argv = [*py, "-m", "bench.optim_fused", "--device", dev, "--model", small, "--only",
                 "adamw", "mars-adamw", "mars-adamw-exact", "mars-lion", "lion", "ademamix",
                 "adamw-schedulefree", "muon", "mars-m", "--paths", "foreach", "engine",
-                "--kernels", "--rounds", "3"]  # fmt: skip
+                "--kernels", "--rounds", "3", "--clip", "1.0"]  # fmt: skip
     return Step("optim-engine", "the optimizer engine per family vs fused AdamW", argv, 120)
 
 

@@ -5,7 +5,7 @@
     python -m bench.optim_fused --only adamw mars-adamw mars-lion lion --rounds 5
     python -m bench.optim_fused --device cuda --grouping tensor  # vs the default (list)
     python -m bench.optim_fused --device cuda --only adamw mars-adamw muon --paths foreach engine \
-        --kernels                                                # the engine, kernels per step
+        --kernels --clip 1.0                                     # the engine, kernels per step
 
 Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer on each of
 ``--paths``: ``foreach`` (``fused=False``), ``compiled`` (``fused=True``, optim/fused.py; the
@@ -18,7 +18,10 @@ the median ms/step, the ratio to AdamW(foreach) and to torch's fused AdamW (CUDA
 element-wise step must move per step (reads + writes, fp32; "-" for Newton-Schulz families) with
 the effective GB/s, the first step's time of each variant (compiles), and on CUDA the device's
 copy bandwidth (a large tensor copy) and each variant's share of it; with ``--kernels`` (CUDA)
-the GPU kernels of one step (torch's profiler: kernels, copies and memsets it records).
+the GPU kernels of one step (torch's profiler: kernels, copies and memsets it records). With
+``--clip MAX_NORM`` each step is the trainer's: the global gradient clip first, folded into the
+engine where the optimizer can (optim/engine/clip.py), else ``clip_grad_norm_``, inside the time
+and the kernel count (the gradients are scaled in place then: values drift, times do not).
 """
 
 from __future__ import annotations
@@ -74,11 +77,16 @@ def build(name: str, params: list, fused, model=None):
     raise SystemExit(f"--only {name!r}: use {', '.join(PASSES)}")
 
 
-def one_step(opt, step: int) -> None:
+def one_step(opt, step: int, clip: float | None = None) -> None:
     for group in opt.param_groups:  # a changing lr: the compiled step must not recompile
         group["lr"] = 1e-3 * (1 + 0.01 * (step % 7))
     if getattr(opt, "needs_reference_grad", False):
         opt.store_reference_grad()
+    if clip is not None:  # the trainer's clip (trainer/trainer.py clip_grads)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        fold = getattr(opt, "fold_grad_clip", None)
+        if fold is None or fold(clip, params) is None:
+            torch.nn.utils.clip_grad_norm_(params, clip)
     opt.step()
 
 
@@ -110,7 +118,7 @@ def variants(names: list[str], device: torch.device, paths: list[str]) -> list[t
     return out
 
 
-def kernels_per_step(opt, device: torch.device) -> int | None:
+def kernels_per_step(opt, device: torch.device, clip: float | None = None) -> int | None:
     """The GPU kernels (and copies, memsets) of one step, as torch's profiler records them."""
     if device.type != "cuda":
         return None
@@ -118,7 +126,7 @@ def kernels_per_step(opt, device: torch.device) -> int | None:
 
     sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        one_step(opt, 1)
+        one_step(opt, 1, clip)
         sync(device)
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
@@ -147,18 +155,18 @@ def main() -> None:
         opts[label] = build(opt_name, params, fused, model)
         sync(device)
         t0 = time.perf_counter()
-        one_step(opts[label], 0)
+        one_step(opts[label], 0, args.clip)
         sync(device)
         first[label] = time.perf_counter() - t0
         if args.kernels:
-            kernels[label] = kernels_per_step(opts[label], device)
+            kernels[label] = kernels_per_step(opts[label], device, args.clip)
         print(f"  {label}: first step (state, any compile) {first[label]:.2f} s", flush=True)
     for r in range(args.rounds):
         for label, _, _ in runs:
             for s in range(args.steps):
                 sync(device)
                 t0 = time.perf_counter()
-                one_step(opts[label], 1 + r * args.steps + s)
+                one_step(opts[label], 1 + r * args.steps + s, args.clip)
                 sync(device)
                 times[label].append(time.perf_counter() - t0)
     copy_gbs = copy_bandwidth(device) if device.type == "cuda" else None
@@ -178,6 +186,8 @@ def parse_args() -> argparse.Namespace:
         help="default: foreach compiled engine on CUDA, foreach compiled elsewhere",
     )
     ap.add_argument("--kernels", action="store_true", help="count one step's GPU kernels (CUDA)")
+    ap.add_argument("--clip", type=float, default=None, metavar="MAX_NORM",
+                    help="the trainer's global clip in every step (folded on the engine)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="rounds over the variants")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
     ap.add_argument(

@@ -32,6 +32,8 @@ import torch
 from optim import engine as engine_path
 from optim import fused as fused_path
 from optim import masked, sharded
+from optim.engine.clip import ClipFoldMixin
+from optim.engine.clip import apply_to as apply_clip
 from optim.functional import clip_unit_norm_, mars_correct, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
 from optim.options import check_group_keys, check_option
@@ -116,7 +118,7 @@ def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
             p.add_(step.nums[i], alpha=-step.step_sizes[i])
 
 
-class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
+class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     """The core optimizer: the groups say which momentum and preconditioner (module docstring).
 
     ``foreach``: None takes the class's ``default_foreach`` (``foreach_for``: a class default of
@@ -187,6 +189,9 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
 
+    def _engine_takes(self, p: torch.Tensor, group: dict) -> bool:
+        return engine_path.covers(self, p, route(p, group)[1])
+
     @classmethod
     def foreach_for(cls, device_type: str) -> bool:
         """Whether ``foreach=None`` takes the foreach path on ``device_type``."""
@@ -213,7 +218,9 @@ class VarianceReduced(ReferenceGradMixin, torch.optim.Optimizer):
         skip = _skip_flag(getattr(self, "found_inf", None))
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
-        buckets = engine_path.run(self, buckets, skip)  # the buckets it covers: optim/engine/
+        gscale = self._take_clip_fold()  # the trainer's clip, folded: optim/engine/clip.py
+        buckets = engine_path.run(self, buckets, skip, gscale)  # the buckets it covers
+        apply_clip([g for b in buckets for g in b.gs], gscale)  # the others: as torch clips
         buckets = [b for b in buckets if not self._try_fused(b, skip)]
         # the eager paths cannot mask their writes: under a flag they step on copies
         staged = masked.Staged(buckets) if skip is not None and buckets else None

@@ -36,7 +36,10 @@ class ReferenceGradMixin:
 
     @torch.no_grad()
     def store_reference_grad(self) -> None:
-        """Keep the current gradients (the next batch at the current weights) for the next step."""
+        """Keep the current gradients (the next batch at the current weights) for the next step;
+        times the factor of a global clip folded into it (optim/engine/clip.py), as torch's
+        in-place clip would have left them."""
+        coef = getattr(self, "_take_clip_fold", lambda: None)()
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None or not self._uses_reference(p, group):
@@ -44,7 +47,10 @@ class ReferenceGradMixin:
                 state = self.state[p]
                 if "previous_grad" not in state:
                     state["previous_grad"] = torch.zeros_like(p)  # a DTensor under FSDP2
-                local(state["previous_grad"]).copy_(local(p.grad))  # FSDP2: the local blocks
+                if coef is None:
+                    local(state["previous_grad"]).copy_(local(p.grad))  # FSDP2: local blocks
+                else:
+                    torch.mul(local(p.grad), coef, out=local(state["previous_grad"]))
         self._reference_pending = True
 
     update_previous_grad = store_reference_grad  # the official name

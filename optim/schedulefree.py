@@ -39,6 +39,9 @@ import torch.nn as nn
 
 from optim import engine
 from optim.engine import schedulefree as engine_schedulefree
+from optim.engine.clip import ClipFoldMixin
+from optim.engine.clip import apply_to as apply_clip
+from optim.engine.rules import tensors_fit
 from optim.groups import decay_groups, split_aux
 from optim.options import OptimizerConfig, check_option, validator
 from optim.registry import register
@@ -56,7 +59,7 @@ def _non_negative(value, key):
         raise ValueError(f"{key} must be a finite number >= 0, got {value}")
 
 
-class AdamWScheduleFree(torch.optim.Optimizer):
+class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
     """Schedule-Free AdamW (module docstring); the reference's constructor keywords."""
 
     has_eval_weights = True  # the trainer evaluates and saves inside eval_weights()
@@ -133,10 +136,14 @@ class AdamWScheduleFree(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.last_paths = []
+        gscale = self._take_clip_fold()  # the trainer's clip, folded: optim/engine/clip.py
         for group in self.param_groups:
-            self._step_group(group)
+            self._step_group(group, gscale)
         self.path_counts.update(self.last_paths)
         return loss
+
+    def _engine_takes(self, p: torch.Tensor, group: dict) -> bool:
+        return engine.usable(self, p.device.type) and tensors_fit([p])
 
     @property
     def fused_off_reason(self) -> str | None:
@@ -153,7 +160,7 @@ class AdamWScheduleFree(torch.optim.Optimizer):
         weight_sum = group["weight_sum"] = group["weight_sum"] + weight
         return lr, (weight / weight_sum if weight_sum != 0 else 0.0)
 
-    def _step_group(self, group: dict) -> None:
+    def _step_group(self, group: dict, gscale: torch.Tensor | None = None) -> None:
         beta1, beta2 = group["betas"]
         decay, k = group["weight_decay"], group["k"]
         lr, ckp1 = self._weights(group)
@@ -172,9 +179,11 @@ class AdamWScheduleFree(torch.optim.Optimizer):
         zs = [self.state[p]["z"] for p in ps]
         vs = [self.state[p]["exp_avg_sq"] for p in ps]
         if engine_schedulefree.step(self, ps, grads, zs, vs, beta1=beta1, beta2=beta2, bc2=bc2,
-                                    eps=group["eps"], decay=decay, ckp1=ckp1, lr=lr):  # fmt: skip
+                                    eps=group["eps"], decay=decay, ckp1=ckp1, lr=lr,
+                                    gscale=gscale):  # fmt: skip
             self.last_paths.append("engine")
             return
+        apply_clip(grads, gscale)  # a folded clip, applied as torch's clip applies it
         self.last_paths.append("foreach" if self.foreach else "loop")
         if self.foreach:
             torch._foreach_mul_(vs, beta2)

@@ -111,6 +111,7 @@ def test_gpu_check_measures_the_engine_and_nanogpt_side_by_side(tmp_path):
     engine = every["optim-engine"].argv
     assert "--kernels" in engine and engine[engine.index("--paths") + 1 :][:2] == ["foreach",
                                                                               "engine"]  # fmt: skip
+    assert engine[engine.index("--clip") + 1] == "1.0"  # the trainer's clip, folded in the count
     for mb in ("12", "32"):
         argv = every[f"nanogpt-{mb}"].argv
         assert argv[argv.index("--nanogpt") + 1] == str(tmp_path)

@@ -379,7 +379,8 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
         pytest.skip("this Triton's compiler internals differ (make_ir, make_backend)")
     k = loader.kernels("jit")
     f32, scalars = "fp32", "kappa beta m_add lion_u lion_m b2 v_add keep neg_size bc2s bc1 eps"
-    head = {"table": "*i64", "blocks": "*i32", "divisors": "*fp32", "skip": "*u8"}
+    head = {"table": "*i64", "blocks": "*i32", "divisors": "*fp32", "skip": "*u8",
+            "gscale": "*fp32"}  # fmt: skip
     step = {**head, **dict.fromkeys((scalars + " mix b3 s_add").split(), f32)}
     rules = [(L.EMA, L.ADAM, 1, True), (L.EMA_LERP, L.ADAM_LERP, 0, False),
              (L.LION, L.SIGN, 0, False), (L.EMA, L.SIGN, 2, True), (L.EMA, L.ADEMAMIX, 1, False),
@@ -391,11 +392,16 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
             DT=tl.float32, OUT_DT=tl.bfloat16, BLOCK=4096, REDUCE=clip > 0, CLIP=clip,
             COPY_REF=clip > 0, MOMENTUM=momentum, DIRECTION=direction,
             AMSGRAD=direction == L.ADAM, SRC_C=True, FIRST=direction == L.SOAP_ADAM,
-            HAS_SKIP=skip, ALIGNED=not skip))  # fmt: skip
+            HAS_SKIP=skip, ALIGNED=not skip, GSCALE=skip))  # fmt: skip
     for dt in ("fp32", "fp64"):
         ty = getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt])
-        compile_(k.norm_kernel, {"table": "*i64", "blocks": "*i32", "partial": f"*{dt}",
-                                 "kappa": f32}, dict(DT=ty, ACC=ty, BLOCK=4096, ALIGNED=True))  # fmt: skip
+        for reduce in (True, False):  # the MARS clip's norm, the folded global clip's
+            compile_(k.norm_kernel, {"table": "*i64", "blocks": "*i32", "partial": f"*{dt}",
+                                     "kappa": f32, "gscale": f"*{dt}"},
+                     dict(DT=ty, ACC=ty, BLOCK=4096, ALIGNED=True, REDUCE=reduce,
+                          GSCALE=reduce))  # fmt: skip
+        compile_(k.finish_clip_kernel, {"partial": f"*{dt}", "count": "i32", "out": f"*{dt}",
+                                        "max_norm": f32, "eps": f32}, dict(CHUNK=1024))  # fmt: skip
         compile_(k.finish_tensor_kernel, {"table": "*i64", "partial": f"*{dt}",
                                           "divisors": f"*{dt}"}, dict(CHUNK=1024))  # fmt: skip
         compile_(k.finish_global_kernel, {"partial": f"*{dt}", "count": "i32",
@@ -404,6 +410,7 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
              "neg_size": f32, "R": "i32", "C": "i32"}  # fmt: skip
     compile_(k.apply_kernel, apply, dict(DT=tl.float32, SRC_DT=tl.bfloat16, BLOCK=4096,
                                          TRANSPOSED=True, HAS_SKIP=True, ALIGNED=True))  # fmt: skip
-    sf = {"table": "*i64", "blocks": "*i32",
+    sf = {"table": "*i64", "blocks": "*i32", "gscale": "*fp32",
           **dict.fromkeys("b2 v_add bc2 eps decay ckp1 y_coef lr".split(), f32)}  # fmt: skip
-    compile_(k.schedulefree_kernel, sf, dict(DT=tl.float32, BLOCK=4096, DECAY=True, ALIGNED=True))
+    compile_(k.schedulefree_kernel, sf, dict(DT=tl.float32, BLOCK=4096, DECAY=True, ALIGNED=True,
+                                             GSCALE=True))  # fmt: skip

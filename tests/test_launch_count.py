@@ -63,3 +63,30 @@ def test_cast_back_returns_each_matrix_in_its_own_dtype():
     out = orthogonalise(us, steps=5, eps=1e-7, dtype=torch.bfloat16, cast_back=True)
     assert [o.dtype for o in out] == [torch.float32, torch.float32]
     assert [o.shape for o in out] == [u.shape for u in us]
+
+
+# The issue's target for the engine: at most 10 kernels per step for an element-wise optimizer,
+# the global clip folded into it included (torch's AdamW: its own fused kernel, the clip torch's).
+ELEMENT_WISE = ["mars-adamw", "mars-lion", "lion", "ademamix", "adamw-schedulefree", "adamw"]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", ELEMENT_WISE)
+def test_the_engine_route_counts_each_kernel_once_and_stays_under_ten(name):
+    pytest.importorskip("triton")
+    two, four = (count_step(name, n, width=32, route="engine") for n in (2, 4))
+    assert two.launches == four.launches and four.host_reads == 0, four.by_op
+    assert four.launches + (four.clip if four.folded else 0) <= 10, four.by_op
+    assert four.folded == (name != "adamw")
+    if name != "adamw":
+        assert set(four.by_op) == {"launches::engine_kernel"} and four.clip == 2
+    compiled = count_step(name, 4, width=32, route="compiled")
+    assert compiled.clip > 2 and not compiled.folded  # clip_grad_norm_'s ops
+
+
+@pytest.mark.engine
+def test_the_engine_route_of_the_muon_family_is_flat_in_depth():
+    pytest.importorskip("triton")
+    two, four = (count_step("mars-m", n, width=32, route="engine") for n in (2, 4))
+    assert two.launches == four.launches and four.host_reads == 0
+    assert four.by_op["launches::engine_kernel"] <= 10 and four.folded

@@ -1,7 +1,8 @@
 """Non-finite loss or gradients: detect them once per step, agree on every rank, skip or stop.
 
 Detection. One fused check per step, not one per parameter: the global gradient norm that the
-loop already computes for clipping (``clip_grad_norm_``) is finite iff every gradient is (up to
+loop already computes for clipping (``clip_grad_norm_``, or the optimizer engine's norm pass where
+the clip folds into it: optim/engine/clip.py) is finite iff every gradient is (up to
 gradients above ~1e19, whose squares overflow: a diverging step, skipped too), plus this rank's
 loss, plus (exact MARS) the norm of the reference pass's gradient, which would otherwise become
 the next step's ``g_ref``. The three flags of every rank are summed by one all-reduce of three

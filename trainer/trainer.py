@@ -5,7 +5,8 @@ policies) and one optimizer step over it. The loop over steps, and what happens 
 One step: set the lr from the schedule, (exact MARS: the next batch's gradient at the current
 weights, kept as the next step's reference), forward/backward over the micro-batches (DDP syncs
 gradients on the last one only), clip the global grad norm, step the optimizer unless the
-non-finite policy skips it.
+non-finite policy skips it (an optimizer whose step runs on the engine takes the clip into its
+own kernels: optim/engine/clip.py).
 
 Tools (bench/) build the same Trainer with their own batches (``batches=``) and no run directory.
 """
@@ -272,7 +273,15 @@ class Trainer:
         return loss, grad_norm, lr
 
     def clip_grads(self) -> torch.Tensor:
+        """Clip the global grad norm; returns the norm (a device tensor). Where the optimizer
+        steps every gradient on its engine, the clip folds into it (optim/engine/clip.py): the
+        norm is one more pass of its kernels, the scaling happens as its step reads each
+        gradient (the gradients stay unscaled); else torch's ``clip_grad_norm_``."""
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        fold = getattr(self.optimizer, "fold_grad_clip", None)
+        norm = fold(max_norm, self.raw_model.parameters()) if fold is not None else None
+        if norm is not None:
+            return norm
         # Under FSDP the gradients are DTensor shards: the norm is the whole model's (DTensor's
         # norm reduces over the ranks) and comes back as a DTensor, made a plain tensor here.
         norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), max_norm)

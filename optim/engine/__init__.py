@@ -35,8 +35,9 @@ __all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "r
            "unavailable_reason", "usable", "wanted"]  # fmt: skip
 
 
-def run(opt, buckets: list, skip: torch.Tensor | None) -> list:
-    """Step the buckets the engine covers; returns the others (for the compiled/eager paths)."""
+def run(opt, buckets: list, skip: torch.Tensor | None, gscale: torch.Tensor | None = None) -> list:
+    """Step the buckets the engine covers; returns the others (for the compiled/eager paths).
+    ``gscale``: the trainer's global clip folded into the step (optim/engine/clip.py), or None."""
     if not buckets:
         return buckets
     device_type = buckets[0].params[0].device.type
@@ -44,7 +45,7 @@ def run(opt, buckets: list, skip: torch.Tensor | None) -> list:
         return buckets
     from optim.engine import dispatch
 
-    return dispatch.run(opt, buckets, skip, device_type)
+    return dispatch.run(opt, buckets, skip, device_type, gscale)
 
 
 def covers(opt, p: torch.Tensor, view: dict) -> bool:

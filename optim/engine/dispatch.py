@@ -47,8 +47,10 @@ def _global(b) -> bool:
     return bool(b.view.get("variance_reduction")) and b.view.get("clip") == "global"
 
 
-def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str) -> list:
-    """Step what the engine covers (optim/engine/launch.py); return the buckets it left."""
+def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
+        gscale: torch.Tensor | None = None) -> list:  # fmt: skip
+    """Step what the engine covers (optim/engine/launch.py); return the buckets it left
+    (``gscale``: the folded global clip's factor, applied to the gradients it reads)."""
     items, rest = [], []
     for b in buckets:
         item, left = split(opt, b)
@@ -63,7 +65,7 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str) -> list
     cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
     compiled = opt.__dict__.setdefault("_engine_compiled", set())
     try:
-        launch.step(items, skip, k, cache, device_type, compiled)
+        launch.step(items, skip, k, cache, device_type, compiled, gscale)
     except launch.CompileFailed as e:  # nothing written: the other paths take over
         opt._engine_off = f"a kernel failed to compile ({e})"
         log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)

@@ -113,22 +113,35 @@ def _size(row, skip, HAS_SKIP: tl.constexpr):
 
 
 @triton.jit
-def norm_kernel(table, blocks, partial, kappa, DT: tl.constexpr, ACC: tl.constexpr,
-                BLOCK: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
-    """``partial[program] = sum(c * c)`` over one block, ``c = g + kappa * (g - g_ref)``."""
+def norm_kernel(table, blocks, partial, kappa, gscale, DT: tl.constexpr, ACC: tl.constexpr,
+                BLOCK: tl.constexpr, ALIGNED: tl.constexpr, REDUCE: tl.constexpr,
+                GSCALE: tl.constexpr):  # fmt: skip
+    """``partial[program] = sum(c * c)`` over one block, ``c = g + kappa * (g - g_ref)``
+    (``REDUCE``; else ``c = g``: the global gradient clip's norm), ``g`` times the folded clip's
+    factor ``gscale[0]`` where ``GSCALE``."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
     offs = j * BLOCK + tl.arange(0, BLOCK)
     n = tl.load(row + C_NUMEL)
-    g_ptr, ref_ptr = _ptr(row, C_G, DT, ALIGNED), _ptr(row, C_REF, DT, ALIGNED)
-    if (j + 1) * BLOCK <= n:
-        g, ref = tl.load(g_ptr + offs), tl.load(ref_ptr + offs)
+    g_ptr = _ptr(row, C_G, DT, ALIGNED)
+    whole = (j + 1) * BLOCK <= n
+    if whole:
+        g = tl.load(g_ptr + offs)
     else:
         g = tl.load(g_ptr + offs, mask=offs < n, other=0.0)
-        ref = tl.load(ref_ptr + offs, mask=offs < n, other=0.0)
-    c = (g + kappa * (g - ref)).to(ACC)
+    if GSCALE:
+        g = g * tl.load(gscale)
+    c = g
+    if REDUCE:
+        ref_ptr = _ptr(row, C_REF, DT, ALIGNED)
+        if whole:
+            ref = tl.load(ref_ptr + offs)
+        else:
+            ref = tl.load(ref_ptr + offs, mask=offs < n, other=0.0)
+        c = g + kappa * (g - ref)
+    c = c.to(ACC)
     tl.store(partial + pid, _sum(c * c))
 
 
@@ -160,16 +173,33 @@ def finish_global_kernel(partial, count, divisors, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+def finish_clip_kernel(partial, count, out, max_norm, eps, CHUNK: tl.constexpr):
+    """The global gradient clip as ``torch.nn.utils.clip_grad_norm_`` computes it:
+    ``out[0] = ||g||`` over every partial, ``out[1] = min(1, max_norm / (||g|| + eps))``, the
+    division as torch's (a reciprocal, then times ``max_norm``) and the clamp keeping a NaN."""
+    acc = tl.full([CHUNK], 0.0, partial.dtype.element_ty)
+    for k in range(0, count, CHUNK):
+        idx = k + tl.arange(0, CHUNK)
+        acc += tl.load(partial + idx, mask=idx < count, other=0.0)
+    norm = _sqrt(_sum(acc))
+    coef = _div(tl.full([], 1.0, norm.dtype), norm + eps) * max_norm
+    tl.store(out, norm)
+    tl.store(out + 1, tl.where(coef > 1.0, 1.0, coef).to(norm.dtype))
+
+
+@triton.jit
+def step_kernel(table, blocks, divisors, skip, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
                 keep, neg_size, bc2s, bc1, eps, mix, b3, s_add,
                 DT: tl.constexpr, OUT_DT: tl.constexpr, BLOCK: tl.constexpr,
                 REDUCE: tl.constexpr, CLIP: tl.constexpr, COPY_REF: tl.constexpr,
                 MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
                 SRC_C: tl.constexpr, FIRST: tl.constexpr, HAS_SKIP: tl.constexpr,
-                ALIGNED: tl.constexpr):  # fmt: skip
+                ALIGNED: tl.constexpr, GSCALE: tl.constexpr):  # fmt: skip
     """One block of one tensor: correction and clip, reference copy, momentum, direction, step
     (optim/engine/rules.py says which scalar is which). Where ``skip`` (a device flag) is set,
-    every load and store is masked off: nothing changes, and no host read decides it."""
+    every load and store is masked off: nothing changes, and no host read decides it. Where
+    ``GSCALE``, every gradient is read times ``gscale[0]`` (the trainer's global clip, folded:
+    optim/engine/clip.py), so the step and the reference copy see the clipped gradient."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
@@ -183,6 +213,7 @@ def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_
             offs < n,
             t,
             divisors,
+            gscale,
             kappa,
             beta,
             m_add,
@@ -209,23 +240,27 @@ def step_kernel(table, blocks, divisors, skip, kappa, beta, m_add, lion_u, lion_
             SRC_C,
             FIRST,
             ALIGNED,
+            GSCALE,
             False,
         )
     else:
-        _step(row, offs, offs < n, t, divisors, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
-              keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE, CLIP,
-              COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, True)  # fmt: skip
+        _step(row, offs, offs < n, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2,
+              v_add, keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE, CLIP,
+              COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, GSCALE,
+              True)  # fmt: skip
 
 
 @triton.jit
-def _step(row, offs, mask, t, divisors, kappa, beta, m_add, lion_u, lion_m, b2, v_add, keep,
-          neg_size, bc2s, bc1, eps, mix, b3, s_add, DT: tl.constexpr, OUT_DT: tl.constexpr,
-          REDUCE: tl.constexpr, CLIP: tl.constexpr, COPY_REF: tl.constexpr,
-          MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
-          SRC_C: tl.constexpr, FIRST: tl.constexpr, ALIGNED: tl.constexpr,
-          MASKED: tl.constexpr):  # fmt: skip
+def _step(row, offs, mask, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+          keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT: tl.constexpr,
+          OUT_DT: tl.constexpr, REDUCE: tl.constexpr, CLIP: tl.constexpr,
+          COPY_REF: tl.constexpr, MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr,
+          AMSGRAD: tl.constexpr, SRC_C: tl.constexpr, FIRST: tl.constexpr,
+          ALIGNED: tl.constexpr, GSCALE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """``step_kernel``'s work on one block (``MASKED``: the tensor's last, or a skipped step)."""
     g = _ld(_ptr(row, C_G, DT, ALIGNED), offs, mask, MASKED)
+    if GSCALE:
+        g = g * tl.load(gscale)
     c = g
     if REDUCE:
         ref_ptr = _ptr(row, C_REF, DT, ALIGNED)
@@ -336,10 +371,11 @@ def apply_kernel(table, blocks, src, skip, keep, neg_size, R, C, DT: tl.constexp
 
 
 @triton.jit
-def schedulefree_kernel(table, blocks, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
+def schedulefree_kernel(table, blocks, gscale, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
                         DT: tl.constexpr, BLOCK: tl.constexpr, DECAY: tl.constexpr,
-                        ALIGNED: tl.constexpr):  # fmt: skip
-    """Schedule-Free AdamW (optim/schedulefree.py): y (the parameter), z (``C_M``), v."""
+                        ALIGNED: tl.constexpr, GSCALE: tl.constexpr):  # fmt: skip
+    """Schedule-Free AdamW (optim/schedulefree.py): y (the parameter), z (``C_M``), v; ``g``
+    times ``gscale[0]`` where ``GSCALE`` (the folded global clip)."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
@@ -347,20 +383,22 @@ def schedulefree_kernel(table, blocks, b2, v_add, bc2, eps, decay, ckp1, y_coef,
     offs = j * BLOCK + tl.arange(0, BLOCK)
     n = tl.load(row + C_NUMEL)
     if (j + 1) * BLOCK <= n:
-        _schedulefree(row, offs, offs < n, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr, DT,
-                      DECAY, ALIGNED, False)  # fmt: skip
+        _schedulefree(row, offs, offs < n, gscale, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
+                      DT, DECAY, ALIGNED, GSCALE, False)  # fmt: skip
     else:
-        _schedulefree(row, offs, offs < n, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr, DT,
-                      DECAY, ALIGNED, True)  # fmt: skip
+        _schedulefree(row, offs, offs < n, gscale, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
+                      DT, DECAY, ALIGNED, GSCALE, True)  # fmt: skip
 
 
 @triton.jit
-def _schedulefree(row, offs, mask, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
+def _schedulefree(row, offs, mask, gscale, b2, v_add, bc2, eps, decay, ckp1, y_coef, lr,
                   DT: tl.constexpr, DECAY: tl.constexpr, ALIGNED: tl.constexpr,
-                  MASKED: tl.constexpr):  # fmt: skip
+                  GSCALE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     y_ptr, z_ptr = _ptr(row, C_P, DT, ALIGNED), _ptr(row, C_M, DT, ALIGNED)
     v_ptr = _ptr(row, C_V, DT, ALIGNED)
     g = _ld(_ptr(row, C_G, DT, ALIGNED), offs, mask, MASKED)
+    if GSCALE:
+        g = g * tl.load(gscale)
     y, z = _ld(y_ptr, offs, mask, MASKED), _ld(z_ptr, offs, mask, MASKED)
     v = _ld(v_ptr, offs, mask, MASKED) * b2 + v_add * g * g
     _st(v_ptr, offs, v, mask, MASKED)

@@ -12,7 +12,9 @@ the device and without a host read:
    ``apply_kernel``; optim/engine/ns.py).
 
 Tensors at different step counts (a parameter without a gradient on some steps) are launched
-apart, one launch per count; usually there is one.
+apart, one launch per count; usually there is one. ``gscale`` (the trainer's global gradient
+clip folded into the step, optim/engine/clip.py): a 0-d device tensor every kernel that reads a
+gradient multiplies it by on load.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def by_step(b, kind: Kind) -> list[tuple[int, list[int]]]:
 class Launch:
     """One launch group: a bucket's tensors at one step count, with its plan."""
 
-    def __init__(self, b, kind: Kind, t: int, idx: list[int], cache: PlanCache, block: int):
-        self.b, self.kind, self.t = b, kind, t
+    def __init__(self, b, kind: Kind, t: int, idx: list[int], cache: PlanCache, block: int,
+                 gscale: torch.Tensor | None = None):  # fmt: skip
+        self.b, self.kind, self.t, self.gscale = b, kind, t, gscale
         cols = {c: [ts[i] for i in idx] for c, ts in columns(b, kind).items()}
         self.dtype = cols[L.C_P][0].dtype
         self.stacks = None
@@ -74,7 +77,8 @@ class Launch:
         """What the compiled kernels of this launch depend on beyond the tensors' addresses."""
         subs = [sub.aligned for _, _, sub in self.stacks.shapes] if self.stacks else []
         first = self.kind.direction == L.SOAP_ADAM and self.t == 1
-        return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs)
+        folded = self.gscale is not None
+        return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs), folded
 
 
 class CompileFailed(RuntimeError):
@@ -82,12 +86,13 @@ class CompileFailed(RuntimeError):
 
 
 def step(items: list[tuple], skip: torch.Tensor | None, k, cache: PlanCache,
-         device_type: str, compiled: set) -> None:  # fmt: skip
+         device_type: str, compiled: set, gscale: torch.Tensor | None = None) -> None:  # fmt: skip
     """Run the covered buckets ``items`` (``(bucket, kind)`` pairs) through the kernels ``k``.
     A kernel variant not in ``compiled`` is compiled first, all of the step's before any runs
-    (``CompileFailed``: every tensor is as it was), and added to it."""
+    (``CompileFailed``: every tensor is as it was), and added to it. ``gscale``: the folded
+    global clip's factor (module docstring), or None."""
     block, chunk = BLOCKS[device_type], CHUNK[device_type]
-    launches = [Launch(b, kind, t, idx, cache, block)
+    launches = [Launch(b, kind, t, idx, cache, block, gscale)
                 for b, kind in items for t, idx in by_step(b, kind)]  # fmt: skip
     new = {ln.variant(skip is not None) for ln in launches} - compiled
     if new:
@@ -119,8 +124,14 @@ def _run(launches: list[Launch], skip, k, cache: PlanCache, chunk: int, go: Go) 
 def _norm(go: Go, k, ln: Launch, partial: torch.Tensor) -> None:
     sc = scalars(ln.b, ln.kind, ln.t)
     go(k.norm_kernel, (ln.plan.nblocks,), ln.plan.table, ln.plan.blocks, partial, sc.kappa,
-       DT=tl_dtype(ln.dtype), ACC=tl_dtype(ln.dtype), BLOCK=ln.plan.block,
-       ALIGNED=ln.plan.aligned, num_warps=warps(ln.plan.block))  # fmt: skip
+       _or(ln.gscale, partial), DT=tl_dtype(ln.dtype), ACC=tl_dtype(ln.dtype),
+       BLOCK=ln.plan.block, ALIGNED=ln.plan.aligned, REDUCE=True, GSCALE=ln.gscale is not None,
+       num_warps=warps(ln.plan.block))  # fmt: skip
+
+
+def _or(tensor: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
+    """A pointer argument the kernel does not read unless told (``dummy`` where None)."""
+    return dummy if tensor is None else tensor
 
 
 def _global_clip(go: Go, k, launches: list[Launch], cache: PlanCache, chunk: int):
@@ -154,10 +165,11 @@ def _update(go: Go, k, ln: Launch, divisors, flag, out_dtype: torch.dtype | None
     kind, plan = ln.kind, ln.plan
     first = kind.direction == L.SOAP_ADAM and ln.t == 1
     go(
-        k.step_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.table if divisors is None else divisors,
-        plan.blocks if flag is None else flag, *scalars(ln.b, kind, ln.t).args(),
+        k.step_kernel, (plan.nblocks,), plan.table, plan.blocks, _or(divisors, plan.table),
+        _or(flag, plan.blocks), _or(ln.gscale, plan.table), *scalars(ln.b, kind, ln.t).args(),
         DT=tl_dtype(ln.dtype), OUT_DT=tl_dtype(out_dtype or ln.dtype), BLOCK=plan.block,
         REDUCE=kind.reduce, CLIP=kind.clip, COPY_REF=kind.copy_ref, MOMENTUM=kind.momentum,
         DIRECTION=kind.direction, AMSGRAD=kind.amsgrad, SRC_C=kind.src_c, FIRST=first,
-        HAS_SKIP=flag is not None, ALIGNED=plan.aligned, num_warps=warps(plan.block),
+        HAS_SKIP=flag is not None, ALIGNED=plan.aligned, GSCALE=ln.gscale is not None,
+        num_warps=warps(plan.block),
     )  # fmt: skip

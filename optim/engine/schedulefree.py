@@ -1,9 +1,12 @@
 """Schedule-Free AdamW (optim/schedulefree.py) on the engine: one ``schedulefree_kernel`` launch
-per param group and step, over a pointer table built once (y, g, z, v)."""
+per param group and step, over a pointer table built once (y, g, z, v); the gradient read times
+the folded global clip's factor where the trainer folded it (optim/engine/clip.py)."""
 
 from __future__ import annotations
 
 import logging
+
+import torch
 
 from optim.engine import layout as L
 from optim.engine.availability import kernels_for, usable
@@ -16,7 +19,8 @@ log = logging.getLogger("optim.engine")
 
 
 def step(opt, ps: list, grads: list, zs: list, vs: list, *, beta1: float, beta2: float,
-         bc2: float, eps: float, decay: float, ckp1: float, lr: float) -> bool:  # fmt: skip
+         bc2: float, eps: float, decay: float, ckp1: float, lr: float,
+         gscale: torch.Tensor | None = None) -> bool:  # fmt: skip
     """One group's step (the foreach path's arithmetic) on the engine; False where it does not
     run (off, not asked for on this device, or tensors it does not take)."""
     device_type = ps[0].device.type
@@ -26,19 +30,20 @@ def step(opt, ps: list, grads: list, zs: list, vs: list, *, beta1: float, beta2:
     cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
     cols = {L.C_P: ps, L.C_G: grads, L.C_M: zs, L.C_V: vs}
     plan = cache.get(key(cols, block, ("schedulefree",)), lambda: Plan(cols, block))
-    args = (plan.table, plan.blocks, beta2, 1 - beta2, bc2, eps, decay, ckp1,
-            lr * (beta1 * (1 - ckp1) - 1), lr)  # fmt: skip
+    args = (plan.table, plan.blocks, plan.table if gscale is None else gscale, beta2, 1 - beta2,
+            bc2, eps, decay, ckp1, lr * (beta1 * (1 - ckp1) - 1), lr)  # fmt: skip
     kw = dict(DT=tl_dtype(ps[0].dtype), BLOCK=block, DECAY=decay != 0, ALIGNED=plan.aligned,
-              num_warps=warps(block))  # fmt: skip
+              GSCALE=gscale is not None, num_warps=warps(block))  # fmt: skip
     ok = opt.__dict__.setdefault("_engine_ok", set())
-    if (ps[0].dtype, decay != 0, plan.aligned) not in ok:
+    variant = (ps[0].dtype, decay != 0, plan.aligned, gscale is not None)
+    if variant not in ok:
         try:  # compiled before anything is written: a failure leaves the tensors as they were
             Go(dry=True)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
         except Exception as e:  # noqa: BLE001 (any compile failure: foreach takes over)
             opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
             log.warning("optimizer engine off (%s); using foreach", opt._engine_off)
             return False
-        ok.add((ps[0].dtype, decay != 0, plan.aligned))
+        ok.add(variant)
     if plan.nblocks:
         Go(dry=False)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
     return True

@@ -1,0 +1,164 @@
+"""The trainer's global gradient clip folded into the engine: one norm pass, no scaling pass.
+
+``torch.nn.utils.clip_grad_norm_(params, max_norm)`` reads every gradient for the norm, then
+multiplies every gradient by ``coef = min(1, max_norm / (norm + 1e-6))`` in place: a read and a
+write of all of them, and about ten launches, before the optimizer reads them once more. Where
+the optimizer's step runs on the engine for every parameter that has a gradient, the trainer
+asks it instead (``fold_grad_clip``):
+
+1. ``norm_kernel`` (``REDUCE=False``) over every gradient: a partial sum of ``g*g`` per block,
+   through a pointer table cached as the step's are (optim/engine/tables.py);
+2. ``finish_clip_kernel``: the norm and ``coef`` exactly as torch computes them from it
+   (``(1 / (norm + 1e-6)) * max_norm``, clamped to 1, a NaN kept), on the device;
+3. the next ``step()`` passes ``coef`` to every kernel that reads a gradient (the MARS norm
+   pass, the update pass, the Newton-Schulz pre-pass, Schedule-Free's), which multiplies
+   ``g`` by it on load: the same product torch's in-place scaling stores, so MARS's ``g_ref``
+   copy is the clipped gradient, as before. Exact mode's reference pass is folded too: the
+   stored reference is ``g * coef`` (``store_reference_grad``).
+
+The gradients themselves stay unscaled. ``fold_grad_clip`` returns the norm (a 0-d device tensor,
+what ``clip_grad_norm_`` returns: the trainer logs it and the non-finite check reads it) or None
+where it cannot fold (the trainer then calls ``clip_grad_norm_``): a parameter with a gradient
+the optimizer does not step, or one the engine does not take (a rule it does not cover, FSDP2
+shards, a dtype other than float32/float64, the engine off), gradients of several dtypes or
+devices. A bucket the engine hands back during the step after all (a kernel that failed to
+compile) gets ``coef`` applied as torch would, ``torch._foreach_mul_``, before the other paths
+step it; ``zero_grad`` drops a fold no step took (a step skipped on the host).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from optim.engine import layout as L
+from optim.engine.availability import wanted as engine_wanted
+from optim.engine.tables import Plan, PlanCache, key
+
+log = logging.getLogger("optim.engine")
+EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
+
+
+class ClipFoldMixin:
+    """``can_fold_clip`` / ``fold_grad_clip`` (module docstring) for an optimizer whose steps
+    may run on the engine; the class says which parameters the engine takes
+    (``_engine_takes``) and passes ``_take_clip_fold()`` to its step's kernels."""
+
+    _clip_fold: torch.Tensor | None = None  # the factor of a fold the next step applies
+    clip_fold_off_reason: str | None = None  # why the last fold_grad_clip did not fold
+
+    def _engine_takes(self, p: torch.Tensor, group: dict) -> bool:
+        raise NotImplementedError
+
+    def can_fold_clip(self, params: Iterable[torch.Tensor] | None = None) -> bool:
+        """Whether ``fold_grad_clip`` would fold the clip over ``params``' gradients (default:
+        the optimizer's own parameters) into the engine's step."""
+        return self._clip_fold_refusal(self._clip_params(params)) is None
+
+    @torch.no_grad()
+    def fold_grad_clip(self, max_norm: float, params: Iterable[torch.Tensor] | None = None):
+        """The global norm of ``params``' gradients (a 0-d device tensor, as
+        ``clip_grad_norm_`` returns it), the clip to ``max_norm`` left for the next ``step()``
+        (or ``store_reference_grad()``) to apply; None where it cannot fold (module docstring),
+        the gradients then as they were, for ``clip_grad_norm_``."""
+        params = self._clip_params(params)
+        reason = self._clip_fold_refusal(params)
+        if reason is None:
+            grads = [p.grad for p in params if p.grad is not None]
+            folded = _fold(self, grads, float(max_norm))
+            if folded is None:
+                reason = self._engine_off
+            else:
+                norm, self._clip_fold = folded
+        if reason != self.__dict__.get("clip_fold_off_reason", "") and (
+            reason is None or (params and engine_wanted(self.fused, params[0].device.type))
+        ):  # said once, where the engine was asked for
+            log.info("global gradient clip: %s", "folded into the optimizer engine's norm pass"
+                     if reason is None else f"clip_grad_norm_ ({reason})")  # fmt: skip
+        self.clip_fold_off_reason = reason
+        return norm if reason is None else None
+
+    def _take_clip_fold(self) -> torch.Tensor | None:
+        """The pending fold's factor, once (the step or the reference store that applies it)."""
+        coef, self._clip_fold = self._clip_fold, None
+        return coef
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """torch's; a fold no step applied (the step was skipped on the host) is dropped."""
+        self._clip_fold = None
+        super().zero_grad(set_to_none=set_to_none)
+
+    def _clip_params(self, params) -> list[torch.Tensor]:
+        if params is None:
+            return [p for g in self.param_groups for p in g["params"]]
+        return list(params)
+
+    def _clip_fold_refusal(self, params: list[torch.Tensor]) -> str | None:
+        """Why the clip over ``params`` cannot fold, or None; the coverage part is cached per
+        set of parameters with gradients (it builds a rule per parameter)."""
+        from optim.engine.rules import tensors_fit  # (the rules import the preconditioners)
+
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads or not any(g.numel() for g in grads):
+            return "no gradients"
+        if not tensors_fit(grads):
+            return "gradients of several dtypes or devices, or not float32/float64 contiguous"
+        ident = (tuple(id(p) for p in params if p.grad is not None), self.fused,
+                 getattr(self, "_engine_off", None))  # fmt: skip
+        cached = self.__dict__.get("_clip_fold_checked")
+        if cached is None or cached[0] != ident:
+            cached = self._clip_fold_checked = (ident, self._clip_coverage(params))
+        return cached[1]
+
+    def _clip_coverage(self, params: list[torch.Tensor]) -> str | None:
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        measured = {id(p) for p in params if p.grad is not None}
+        if not measured <= group_of.keys():
+            return "a parameter with a gradient is not this optimizer's"
+        stepped = {id(p) for g in self.param_groups for p in g["params"] if p.grad is not None}
+        if stepped != measured:
+            return "the optimizer steps gradients the clip does not measure"
+        for p in params:
+            if p.grad is not None and not self._engine_takes(p, group_of[id(p)]):
+                return f"a parameter of shape {tuple(p.shape)} does not take the engine"
+        return None
+
+
+def apply_to(grads: list[torch.Tensor], coef: torch.Tensor | None) -> None:
+    """A fold's factor applied as torch's clip applies it (for gradients the engine left)."""
+    if coef is not None and grads:
+        torch._foreach_mul_(grads, coef)
+
+
+def _fold(opt, grads: list[torch.Tensor], max_norm: float):
+    """``(norm, coef)``, two launches over ``grads``; None where a kernel failed to compile
+    (the engine is then off for ``opt``: ``_engine_off``)."""
+    from optim.engine.availability import kernels_for
+    from optim.engine.launch import BLOCKS, CHUNK
+    from optim.engine.loader import Go, tl_dtype, warps
+
+    device, dtype = grads[0].device, grads[0].dtype
+    k, block, chunk = kernels_for(device.type), BLOCKS[device.type], CHUNK[device.type]
+    cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
+    cols = {L.C_G: grads}
+    plan = cache.get(key(cols, block, ("clip",)), lambda: Plan(cols, block, norm=True))
+    out = torch.empty(2, dtype=dtype, device=device)  # new each step: a kept norm stays valid
+    compiled = opt.__dict__.setdefault("_engine_compiled", set())
+    variant = ("clip", dtype, plan.aligned)
+    for go in ([Go(dry=True)] if variant not in compiled else []) + [Go(dry=False)]:
+        try:
+            go(k.norm_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.partial, 0.0,
+               plan.partial, DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block,
+               ALIGNED=plan.aligned, REDUCE=False, GSCALE=False, num_warps=warps(block))  # fmt: skip
+            go(k.finish_clip_kernel, (1,), plan.partial, plan.nblocks, out, max_norm, EPS,
+               CHUNK=chunk)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 (a compile failure: nothing written, fall back)
+            if not go.dry:
+                raise
+            opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
+            log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
+            return None
+        compiled.add(variant)
+    return out[0], out[1]

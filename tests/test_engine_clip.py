@@ -1,0 +1,258 @@
+"""The trainer's global gradient clip folded into the engine (optim/engine/clip.py), on the CPU.
+
+A trainer-style step, ``fold_grad_clip`` then ``step()``, against ``clip_grad_norm_`` then the
+same engine step: the norm returned and every parameter and state tensor agree in float64 over
+four steps whose clip fires on some and not on others (Triton's interpreter, as
+tests/test_engine.py). Skipped without triton.
+"""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_engine import (  # noqa: E402
+    CASES,
+    LRS,
+    TOL,
+    Tiny,
+    assert_same,
+    core,
+    make_params,
+    set_grads,
+    small_blocks,  # noqa: F401  (the autouse fixture: 16-element blocks)
+)
+
+import optim  # noqa: E402
+from optim import MARS  # noqa: E402
+from optim.soap import SoapOptions  # noqa: E402
+from trainer.trainer import Trainer  # noqa: E402
+
+pytestmark = pytest.mark.engine
+MAX_NORM = 3.0  # the gradients' norms are about 0.5, 28, 2.8 and 18: it fires on steps 1 and 3
+FOLDED = ["mars-adamw", "mars-adamw-exact-global-amsgrad", "mars-lion", "mars-lion-exact", "lion",
+          "muon", "mars-m", "mars-m-exact-global", "ademamix-warmups",
+          "adam-before-bias-correction"]  # fmt: skip
+
+
+def clip(opt, params, fold: bool) -> torch.Tensor:
+    if not fold:
+        return torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
+    raw = [p.grad.clone() for p in params]
+    norm = opt.fold_grad_clip(MAX_NORM, params)
+    assert norm is not None, opt.clip_fold_off_reason
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, raw))  # scaled in the step only
+    return norm
+
+
+def trainer_steps(opt, params, steps: int, fold: bool, start: int = 0) -> list:
+    """The Trainer's order: (exact) the reference pass, clipped, stored; the gradient, clipped;
+    the step; ``zero_grad``. Returns every norm the clips returned."""
+    norms = []
+    for t in range(start, start + steps):
+        for group in opt.param_groups:
+            group["lr"] = LRS[t % len(LRS)]
+        if getattr(opt, "needs_reference_grad", False):
+            set_grads(params, t, salt=1000)
+            norms.append(clip(opt, params, fold))
+            opt.store_reference_grad()
+            opt.zero_grad(set_to_none=True)
+        set_grads(params, t)
+        norms.append(clip(opt, params, fold))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return norms
+
+
+def assert_norms(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    fired = [float(n) > MAX_NORM for n in a]
+    assert any(fired) and not all(fired)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y, x, **TOL)
+
+
+@pytest.mark.parametrize("name", FOLDED)
+def test_folded_clip_equals_clip_grad_norm_then_the_engine_step(name):
+    make = CASES[name]
+    ref_p, eng_p = make_params(), make_params()
+    ref, eng = make(ref_p, "engine"), make(eng_p, "engine")
+    set_grads(eng_p, 0)
+    assert eng.can_fold_clip() and not eng.can_fold_clip(eng_p[:1])
+    assert_norms(trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True))
+    assert set(eng.path_counts) == {"engine"} and eng._clip_fold is None
+    assert_same(ref_p, ref, eng_p, eng)
+
+
+def test_schedulefree_folds_the_clip():
+    ref_p, eng_p = make_params(), make_params()
+    ref, eng = (optim.AdamWScheduleFree(ps, lr=1e-2, weight_decay=0.1, fused="engine")
+                for ps in (ref_p, eng_p))  # fmt: skip
+    assert_norms(trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True))
+    assert eng.path_counts == {"engine": 4}
+    assert_same(ref_p, ref, eng_p, eng)
+
+
+@pytest.mark.parametrize("name", ["mars-adamw", "mars-adamw-exact-global-amsgrad", "mars-m"])
+def test_a_skipped_step_with_a_folded_clip_changes_nothing(name):
+    """NaN gradients: the fold's norm is NaN (the non-finite check sees it), the step flagged on
+    the device writes nothing, and the run goes on as one that never saw that step."""
+    make = CASES[name]
+    ref_p, eng_p = make_params(), make_params()
+    ref, eng = make(ref_p, "engine"), make(eng_p, "engine")
+    trainer_steps(ref, ref_p, 2, False), trainer_steps(eng, eng_p, 2, True)
+    before = copy.deepcopy(eng.state_dict()), [p.detach().clone() for p in eng_p]
+    if eng.needs_reference_grad:
+        set_grads(eng_p, 9)
+        eng.fold_grad_clip(MAX_NORM, eng_p)
+        eng.store_reference_grad()
+    for p in eng_p:
+        p.grad = torch.full_like(p, float("nan"))
+    assert eng.fold_grad_clip(MAX_NORM, eng_p).isnan()
+    eng.found_inf = torch.ones(())
+    eng.step()
+    eng.uncount_last_step()
+    eng.found_inf = torch.zeros(())
+    eng.zero_grad(set_to_none=True)
+    assert all(torch.equal(p, q) for p, q in zip(eng_p, before[1]))
+    for i, state in eng.state_dict()["state"].items():
+        old = {k: v for k, v in before[0]["state"][i].items() if k != "previous_grad"}
+        torch.testing.assert_close({k: state[k] for k in old}, old, rtol=0, atol=0)
+    trainer_steps(ref, ref_p, 2, False, start=2), trainer_steps(eng, eng_p, 2, True, start=2)
+    assert_same(ref_p, ref, eng_p, eng)
+
+
+def test_a_bucket_the_engine_hands_back_is_clipped_as_torch_clips():
+    """A fold pending when the engine turns off (a kernel that failed to compile): the other
+    paths step the gradients scaled as ``clip_grad_norm_`` scales them."""
+    ref_p, eng_p = make_params(), make_params()
+    ref, eng = MARS(ref_p, weight_decay=0.1, fused=False), MARS(eng_p, weight_decay=0.1,
+                                                                fused="engine")  # fmt: skip
+    set_grads(ref_p, 1), set_grads(eng_p, 1)
+    torch.testing.assert_close(clip(eng, eng_p, True), clip(ref, ref_p, False), **TOL)
+    eng._engine_off = "test"
+    ref.step(), eng.step()
+    assert eng.last_paths == ["foreach", "foreach"]
+    assert_same(ref_p, ref, eng_p, eng)
+
+
+def test_what_does_not_fold():
+    """SOAP's rotated matrices, torch's AdamW, a parameter the optimizer does not step, and the
+    CPU default (no engine) keep ``clip_grad_norm_``; so does a step whose fold was dropped by
+    ``zero_grad`` (a step skipped on the host)."""
+    ps = make_params()
+    set_grads(ps, 1)
+    soap = core("soap", SoapOptions(precondition_frequency=2))(ps, "engine")
+    assert not soap.can_fold_clip() and soap.fold_grad_clip(MAX_NORM) is None
+    assert "does not take the engine" in soap.clip_fold_off_reason
+    assert not hasattr(torch.optim.AdamW(ps), "fold_grad_clip")
+    assert MARS(ps).fold_grad_clip(MAX_NORM) is None  # fused=None on a CPU: foreach
+    some = MARS(ps[:2], fused="engine")
+    assert some.fold_grad_clip(MAX_NORM, ps) is None
+    assert "not this optimizer's" in some.clip_fold_off_reason
+    assert some.fold_grad_clip(MAX_NORM, ps[:1]) is None  # it steps a gradient not measured
+    assert some.fold_grad_clip(MAX_NORM, ps[:2]) is not None and some._clip_fold is not None
+    some.zero_grad()
+    assert some._clip_fold is None
+
+
+def test_the_trainer_folds_where_the_optimizer_can():
+    """``Trainer.clip_grads``: the engine's fold (gradients unscaled, the same norm), else
+    ``clip_grad_norm_`` (gradients scaled in place)."""
+    models = [Tiny().double() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    for m in models:
+        for p in m.parameters():
+            gen = torch.Generator().manual_seed(p.numel())
+            p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype) * 3
+
+    def trainer(model, opt):
+        cfg = SimpleNamespace(grad_clip=1.0)
+        return SimpleNamespace(cfg=cfg, optimizer=opt, raw_model=model)
+
+    cfg = optim.get_spec("mars-adamw").config_cls(fused="engine")
+    folded = optim.build_optimizer(models[0], cfg)
+    raw = [p.grad.clone() for p in models[0].parameters()]
+    norm = Trainer.clip_grads(trainer(models[0], folded))
+    assert folded._clip_fold is not None
+    assert all(torch.equal(p.grad, g) for p, g in zip(models[0].parameters(), raw))
+    adamw = torch.optim.AdamW(models[1].parameters())
+    torch.testing.assert_close(norm, Trainer.clip_grads(trainer(models[1], adamw)), **TOL)
+    assert not all(torch.equal(p.grad, g) for p, g in zip(models[1].parameters(), raw))
+
+
+def test_a_training_run_with_the_fold_equals_one_with_clip_grad_norm_(tmp_path, sotu_dir,
+                                                                      monkeypatch):  # fmt: skip
+    """The Trainer on the engine (exact MARS-AdamW: the reference pass folds too, the device
+    decision): three steps, the second poisoned and skipped, the clip firing; the same weights,
+    state and norms as the same run through ``clip_grad_norm_`` (float32: to its accuracy)."""
+    import train
+    import trainer.trainer as trainer_mod
+    from helpers import fast_config
+    from optim.engine import launch
+
+    monkeypatch.setitem(launch.BLOCKS, "cpu", 1 << 16)  # a few programs per launch: fast
+    real = trainer_mod.Trainer.clip_grads
+
+    def poisoning_clip(self):
+        if self.state.step + 1 == 2:
+            next(p for p in self.raw_model.parameters()).grad.view(-1)[0] = float("nan")
+        return real(self)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "clip_grads", poisoning_clip)
+    runs = []
+    for fold in (True, False):
+        typed, _ = fast_config(tmp_path / str(fold), sotu_dir, "max_steps=3", "grad_clip=0.1",
+                               "optimizer=mars-adamw", "optimizer.mode=exact",
+                               "nonfinite.decision=device", "optimizer.fused=true")  # fmt: skip
+        trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+        trainer.optimizer.fused = "engine"  # (the typed config takes true, false or null)
+        if not fold:
+            monkeypatch.setattr(trainer.optimizer, "fold_grad_clip", lambda *a: None)
+        norms = [trainer.train_step()[1] for _ in range(3)]
+        trainer.guard.resolve()
+        assert trainer.state.skipped_steps == 1 and norms[1].isnan()
+        assert set(trainer.optimizer.path_counts) == {"engine"}
+        if fold:
+            assert trainer.optimizer.clip_fold_off_reason is None
+        runs.append((norms, trainer))
+        train.destroy()
+    (norms, a), (ref_norms, b) = runs
+    # torch's float32 norm on a CPU sums the 1.6M squares of the head naively: 1e-5 off the
+    # float64 norm here, the fold's per-block sums 2e-8; the clip factors differ by as much
+    tol = dict(rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(norms, ref_norms, **tol, equal_nan=True)
+    assert all(float(n) > 0.1 for n in ref_norms if not n.isnan())
+    for x, y in zip(a.raw_model.parameters(), b.raw_model.parameters()):
+        torch.testing.assert_close(x, y, **tol)
+    sa, sb = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
+    torch.testing.assert_close({i: {k: v for k, v in s.items() if k != "previous_grad"}
+                                for i, s in sa.items()},
+                               {i: {k: v for k, v in s.items() if k != "previous_grad"}
+                                for i, s in sb.items()}, **tol)  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["mars-adamw", "mars-lion-exact", "muon"])
+def test_folded_clip_on_cuda(name, monkeypatch):
+    """The compiled kernels on the GPU, float32: the fold against ``clip_grad_norm_`` and the
+    same engine step, whole blocks and tails, to float32's rounding."""
+    from optim.engine import launch
+
+    monkeypatch.setitem(launch.BLOCKS, "cuda", 1024)
+    shapes = [(64, 130), (33, 70), (4097,)]
+
+    def cuda_params():
+        return [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params(shapes)]
+
+    ref_p, eng_p = cuda_params(), cuda_params()
+    ref, eng = CASES[name](ref_p, "engine"), CASES[name](eng_p, "engine")
+    norms = trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True)
+    tol = dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(norms[1], norms[0], **tol)
+    assert set(eng.path_counts) == {"engine"}
+    assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-4, atol=1e-5))
