@@ -11,6 +11,7 @@ A thin constructor over the core (optim/core.py): momentum ``lion``, preconditio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -45,7 +46,7 @@ class LionConfig(OptimizerConfig):
     aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
 
 @register("lion", LionConfig, "Lion: sign of interpolated momentum")

@@ -39,7 +39,7 @@ reference stored one step earlier and then promotes the new one. ``update_previo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -160,7 +160,7 @@ class MarsConfig(OptimizerConfig):
     clip: str = "tensor"  # tensor (official) | global (levanter) | none
     first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
     foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
-    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
     preconditioner: ClassVar[str] = "adam"  # a registered preconditioner (optim/preconditioners)
     fixed_options: ClassVar[dict] = {}  # its options that are not config fields

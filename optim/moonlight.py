@@ -11,6 +11,7 @@ rules are written out in optim/muon.py's docstring (``moonlight``, ``mars-m``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -167,7 +168,7 @@ class MuonLikeConfig(OptimizerConfig):
     ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adamw_eps: float = 1e-8
-    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
 
 @dataclass

@@ -36,6 +36,7 @@ per-tensor loop on a CPU, whose rounding earlier runs used.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -236,7 +237,7 @@ class MuonConfig(OptimizerConfig):
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.1
     adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
-    fused: bool | None = None  # compiled element-wise step (optim/fused.py); None: on CUDA only
+    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
 
 @register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")

@@ -341,3 +341,16 @@ def test_data_dir_of_text_files_is_refused_with_the_prepare_command_and_left_alo
     assert len(message.splitlines()) == 1
     assert f"python -m data.prepare {texts} --out data/shards/notes" in message
     assert sorted(p.name for p in texts.iterdir()) == ["one.txt", "two.txt"]
+
+
+@pytest.mark.parametrize("optimizer", ["mars-adamw", "lion", "muon", "moonlight", "mars-m"])
+def test_fused_engine_is_reachable_from_the_command_line(optimizer):
+    """``optimizer.fused=engine`` (docs/optim-engine.md) passes Hydra's typed config and reaches
+    the optimizer's config; a value that is not a choice is refused with the choices."""
+    typed, _ = train.to_typed(compose_config(f"optimizer={optimizer}", "optimizer.fused=engine"))
+    assert typed.optimizer.fused == "engine"
+    typed, _ = train.to_typed(compose_config(f"optimizer={optimizer}", "optimizer.fused=true"))
+    assert typed.optimizer.fused is True
+    assert "None, true, false or 'engine'" in refused(
+        f"optimizer={optimizer}", "optimizer.fused=turbo"
+    )
