@@ -9,14 +9,15 @@
 #   scripts/study_referee.sh ladder     # three sizes of one shape at 0.25x: every knob tuned at
 #                                       # proxy-100k, the lrs at proxy-193k and proxy-423k
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
-#   scripts/study_referee.sh report     # the headline's results.csv, curves, report.md, figures
-#   scripts/study_referee.sh publish    # report, then its files into docs/study/referee/, and
-#                                       # every finished run's config, meta, metrics and summary
-#                                       # into docs/study/referee/runs/ (a fresh clone continues
-#                                       # from them: every mode first restores them into OUT)
+#   scripts/study_referee.sh report     # results.csv, curves, report.md, figures of every part run
+#   scripts/study_referee.sh publish    # report, then the headline's files into docs/study/referee/
+#                                       # and each other part's into docs/study/referee/<part>/,
+#                                       # with every finished run's config, meta, metrics and
+#                                       # summary (runs/ beside them: a fresh clone continues from
+#                                       # them, since every mode first restores them into OUT)
 #
-# OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder... beside it);
-# docs/study/referee/ the committed files.
+# OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder, OUT-ladder-up,
+# OUT-widthinit beside it); docs/study/referee/ the committed files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/referee}
@@ -31,50 +32,71 @@ CENTERS=(
   --center mars-m:lr=0.032 --center mars-m:aux_lr=0.032
   --center moonlight:lr=0.032 --center moonlight:aux_lr=0.032
 )
-KEEP=docs/study/referee/runs  # the finished runs' small files, committed
-restore() {  # committed finished runs back into OUT (never over a run that is there)
-  [ -d "$KEEP" ] || return 0
-  (cd "$KEEP" && find . -name summary.json -printf '%h\n') | while read -r d; do
-    [ -e "$OUT/runs/$d/summary.json" ] || { mkdir -p "$OUT/runs/$d" && cp "$KEEP/$d"/* "$OUT/runs/$d/"; }
+DOCS=docs/study/referee  # the committed files: the headline's here, each other part in DOCS/<part>/
+PARTS=(factorial ladder ladder-up widthinit)  # run directories OUT-<part>, files DOCS/<part>/
+restore_from() {  # committed finished runs ($1) back into a run tree ($2), never over a run there
+  [ -d "$1" ] || return 0
+  (cd "$1" && find . -name summary.json -printf '%h\n') | while read -r d; do
+    [ -e "$2/$d/summary.json" ] || { mkdir -p "$2/$d" && cp "$1/$d"/* "$2/$d/"; }
   done
 }
-keep() {  # every finished run of OUT into KEEP (its four small files; no checkpoints)
-  (cd "$OUT/runs" && find . -name summary.json -printf '%h\n') | while read -r d; do
-    mkdir -p "$KEEP/$d"
+keep_into() {  # every finished run of a run tree ($1) into $2 (its four small files; no checkpoints)
+  [ -d "$1" ] || return 0
+  (cd "$1" && find . -name summary.json -printf '%h\n') | while read -r d; do
+    mkdir -p "$2/$d"
     for f in config.yaml meta.jsonl metrics.jsonl summary.json; do
-      [ -f "$OUT/runs/$d/$f" ] && cp "$OUT/runs/$d/$f" "$KEEP/$d/"
+      [ -f "$1/$d/$f" ] && cp "$1/$d/$f" "$2/$d/"
     done
   done
 }
+restore() {
+  restore_from "$DOCS/runs" "$OUT/runs"
+  for part in "${PARTS[@]}"; do restore_from "$DOCS/$part/runs" "$OUT-$part/runs"; done
+}
+# Each study of the script, with the options that follow (--jobs, or --report-only).
+headline() {
+  python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
+    --reference-budgets 2 4 "${CENTERS[@]}" "$@"
+}
+factorial() { python -m study.factorial --from "$OUT/results.csv" --out "$OUT-factorial" "$@"; }
+ladder() {
+  python -m study --out "$OUT-ladder" --optimizers "${OPTS[@]}" --models proxy-100k \
+    --budgets 0.25 --reference-budgets 2 4 "${CENTERS[@]}" "$@"
+}
+ladder_up() {
+  python -m study --out "$OUT-ladder-up" --optimizers "${OPTS[@]}" \
+    --models proxy-193k proxy-423k --budgets 0.25 --reference-budgets 2 4 --knobs lr aux_lr \
+    --center-from "$OUT-ladder/results.csv" --center-cell proxy-100k:0.25 \
+    --merge "$OUT-ladder/results.csv" "$@"
+}
+widthinit() {
+  # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32)
+  python -m study --out "$OUT-widthinit" --optimizers "${OPTS[@]}" --models proxy-100k \
+    --budgets 0.25 --reference-budgets 2 4 "${CENTERS[@]}" "$@" -- model.init_std=0.098
+}
+RUN=(--jobs "$JOBS" --threads 1)
 [ "${1:-headline}" = publish ] || restore
 case "${1:-headline}" in
-  headline)
-    python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
-      --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}" ;;
-  factorial)
-    python -m study.factorial --from "$OUT/results.csv" --out "$OUT-factorial" --jobs "$JOBS" \
-      --threads 1 ;;
-  ladder)
-    python -m study --out "$OUT-ladder" --optimizers "${OPTS[@]}" --models proxy-100k \
-      --budgets 0.25 --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}"
-    python -m study --out "$OUT-ladder-up" --optimizers "${OPTS[@]}" \
-      --models proxy-193k proxy-423k --budgets 0.25 --reference-budgets 2 4 --knobs lr aux_lr \
-      --center-from "$OUT-ladder/results.csv" --center-cell proxy-100k:0.25 \
-      --merge "$OUT-ladder/results.csv" --jobs "$JOBS" --threads 1 ;;
-  widthinit)
-    # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32)
-    python -m study --out "$OUT-widthinit" --optimizers "${OPTS[@]}" --models proxy-100k \
-      --budgets 0.25 --reference-budgets 2 4 --jobs "$JOBS" --threads 1 "${CENTERS[@]}" \
-      -- model.init_std=0.098 ;;
-  report)
-    python -m study --out "$OUT" --optimizers "${OPTS[@]}" --models proxy-100k --budgets 1 \
-      --reference-budgets 2 4 "${CENTERS[@]}" --report-only ;;
-  publish)
+  headline) headline "${RUN[@]}" ;;
+  factorial) factorial "${RUN[@]}" ;;
+  ladder) ladder "${RUN[@]}" && ladder_up "${RUN[@]}" ;;
+  widthinit) widthinit "${RUN[@]}" ;;
+  report)  # every part that has run: results.csv, curves, report.md, figures
+    headline --report-only
+    [ ! -f "$OUT-factorial/results.csv" ] || factorial --report-only
+    [ ! -d "$OUT-ladder/runs" ] || ladder --report-only
+    [ ! -d "$OUT-ladder-up/runs" ] || ladder_up --report-only
+    [ ! -d "$OUT-widthinit/runs" ] || widthinit --report-only ;;
+  publish)  # report, then each part's files and finished runs into DOCS
     "$0" report
-    mkdir -p docs/study/referee
-    for f in results.csv curves.csv.gz report.md curves.png study.png started.txt; do
-      [ -f "$OUT/$f" ] && cp "$OUT/$f" docs/study/referee/
-    done
-    keep ;;
+    for part in "" "${PARTS[@]}"; do
+      src=$OUT${part:+-$part} dst=$DOCS${part:+/$part}
+      [ -d "$src/runs" ] || continue
+      mkdir -p "$dst"
+      for f in results.csv curves.csv.gz report.md curves.png study.png started.txt; do
+        [ ! -f "$src/$f" ] || cp "$src/$f" "$dst/"
+      done
+      keep_into "$src/runs" "$dst/runs"
+    done ;;
   *) echo "usage: $0 headline|factorial|ladder|widthinit|report|publish" >&2; exit 2 ;;
 esac

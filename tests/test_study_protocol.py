@@ -293,8 +293,9 @@ def test_the_kept_referee_runs_are_not_ignored_by_git() -> None:
     root = Path(__file__).resolve().parents[1]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
-    kept = "docs/study/referee/runs/proxy-100k/1x/adamw/select/x/summary.json"
-    ignored = subprocess.run(["git", "check-ignore", "-q", kept], cwd=root, check=False)
-    assert ignored.returncode == 1, f"{kept} is ignored by git: publish would keep nothing"
+    for kept in ("docs/study/referee/runs/proxy-100k/1x/adamw/select/x/summary.json",
+                 "docs/study/referee/factorial/runs/proxy-100k/1x/x/eval/y/summary.json"):  # fmt: skip
+        ignored = subprocess.run(["git", "check-ignore", "-q", kept], cwd=root, check=False)
+        assert ignored.returncode == 1, f"{kept} is ignored by git: publish would keep nothing"
     scratch = subprocess.run(["git", "check-ignore", "-q", "runs/referee/x"], cwd=root, check=False)
     assert scratch.returncode == 0, "runs/ (the run directories themselves) must stay ignored"
