@@ -31,6 +31,13 @@ reference, none of which changes the update in exact arithmetic:
   ``GG0``, ``Q0``, ``GG1``, ... (not lists), so checkpoints and the non-finite guard's staged
   copies (optim/masked.py) see every tensor.
 
+Two paths, the same numbers: ``foreach`` (the core's default) batches the tensors of one shape
+(optim/soap_batched.py: a few batched ops per shape, whatever the depth; GG_i, Q_i and
+``exp_avg_sq`` each a slice of a per-shape stack, the state's keys and shapes unchanged);
+``foreach=False`` is the loop below, one tensor at a time, the readable reference. On a CPU they
+agree bit for bit in float64 except where a product is below torch's small-matrix GEMM size
+(tests/test_batched_shapes.py).
+
 Under FSDP2 SOAP refuses to run: its eigenbases need whole matrices (use DDP).
 """
 
@@ -42,6 +49,7 @@ from itertools import chain
 
 import torch
 
+from optim import soap_batched
 from optim.options import validator
 from optim.preconditioners import Options, Preconditioner, Step, register_preconditioner
 from optim.sharded import is_sharded
@@ -150,21 +158,32 @@ class Soap(Preconditioner):
                 state[f"Q{i}"] = p.new_zeros(size, size)
 
     def direction(self, states, us, cs, gs, *, beta1, foreach):
+        # ``foreach``: batched by shape (optim/soap_batched.py); else this loop, the reference
+        if foreach:
+            return soap_batched.direction(self, states, us, cs, beta1)
         nums, sizes, keeps = [], [], []
-        lr, wd = self.group["lr"], self.group["weight_decay"]
         for state, m, c in zip(states, us, cs):
-            if state["step"] == 1:  # the reference's first step: the basis only, no update
-                self._update_basis(state, c, first=True)
-                m.zero_()  # the reference does not fold the first gradient into m
-                nums.append(torch.zeros_like(c))
-                sizes.append(0.0)
-                keeps.append(1.0)
-                continue
-            nums.append(self._normalized(state, m, c))
-            sizes.append(self._step_size(state["step"] - 1, beta1) * (1 - lr * wd))
-            keeps.append(1 - lr * wd)  # (p - s n)(1 - lr wd): the reference decays after
-            self._update_basis(state, c, first=False)
+            num, size, keep = self.direction_of(state, m, c, beta1)
+            nums.append(num)
+            sizes.append(size)
+            keeps.append(keep)
         return Step(nums, None, sizes, keeps)
+
+    def direction_of(self, state: dict, m: torch.Tensor, c: torch.Tensor, beta1: float):
+        """One tensor's ``(num, step size, keep)``, its state updated (the loop's body)."""
+        lr, wd = self.group["lr"], self.group["weight_decay"]
+        if state["step"] == 1:  # the reference's first step: the basis only, no update
+            self._update_basis(state, c, first=True)
+            m.zero_()  # the reference does not fold the first gradient into m
+            return torch.zeros_like(c), 0.0, 1.0
+        num = self._normalized(state, m, c)
+        size = self._step_size(state["step"] - 1, beta1) * (1 - lr * wd)
+        self._update_basis(state, c, first=False)
+        return num, size, 1 - lr * wd  # (p - s n)(1 - lr wd): the reference decays after
+
+    def shape_of(self, x: torch.Tensor) -> list[int]:
+        """The work shape of ``x`` (``work_shape``)."""
+        return work_shape(tuple(x.shape), self.options)
 
     def _qs(self, state: dict, ndim: int) -> list:
         return [state.get(f"Q{i}") for i in range(ndim)]
