@@ -145,7 +145,7 @@ def test_newton_schulz_in_bf16_on_persistent_stacks():
     run(ref, ref_p, 3), run(eng, eng_p, 3)
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-6, atol=1e-9))
     stacks = [
-        s for plan in eng._engine_cache.plans.values() for _, s, _ in getattr(plan, "shapes", [])
+        s.stack for plan in eng._engine_cache.plans.values() for s in getattr(plan, "stacks", [])
     ]  # fmt: skip  (new gradients each step: one set)
     assert {s.dtype for s in stacks} == {torch.bfloat16} and len(stacks) == 2
 
@@ -388,11 +388,14 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
              (L.HEAVY_BALL, L.NS_OUT, 0, False), (L.ONE_BUFFER, L.NS_OUT, 0, False),
              (L.EMA, L.NS_OUT, 1, True)]  # fmt: skip
     for momentum, direction, clip, skip in rules:
-        compile_(k.step_kernel, step, dict(
-            DT=tl.float32, OUT_DT=tl.bfloat16, BLOCK=4096, REDUCE=clip > 0, CLIP=clip,
-            COPY_REF=clip > 0, MOMENTUM=momentum, DIRECTION=direction,
-            AMSGRAD=direction == L.ADAM, SRC_C=True, FIRST=direction == L.SOAP_ADAM,
-            HAS_SKIP=skip, ALIGNED=not skip, GSCALE=skip))  # fmt: skip
+        # NS's pre-pass with and without tall matrices stored transposed (merged stacks)
+        for strided in (False, True) if direction == L.NS_OUT else (False,):
+            compile_(k.step_kernel, step, dict(
+                DT=tl.float32, OUT_DT=tl.bfloat16, BLOCK=4096, REDUCE=clip > 0, CLIP=clip,
+                COPY_REF=clip > 0, MOMENTUM=momentum, DIRECTION=direction,
+                AMSGRAD=direction == L.ADAM, SRC_C=True, FIRST=direction == L.SOAP_ADAM,
+                HAS_SKIP=skip, ALIGNED=not skip, GSCALE=skip, STRIDED=strided,
+                TILE=64))  # fmt: skip
     for dt in ("fp32", "fp64"):
         ty = getattr(tl, {"fp32": "float32", "fp64": "float64"}[dt])
         for reduce in (True, False):  # the MARS clip's norm, the folded global clip's
@@ -407,9 +410,11 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
         compile_(k.finish_global_kernel, {"partial": f"*{dt}", "count": "i32",
                                           "divisors": f"*{dt}"}, dict(CHUNK=1024))  # fmt: skip
     apply = {"table": "*i64", "blocks": "*i32", "src": "*bf16", "skip": "*u8", "keep": f32,
-             "neg_size": f32, "R": "i32", "C": "i32"}  # fmt: skip
-    compile_(k.apply_kernel, apply, dict(DT=tl.float32, SRC_DT=tl.bfloat16, BLOCK=4096,
-                                         TRANSPOSED=True, HAS_SKIP=True, ALIGNED=True))  # fmt: skip
+             "neg_size": f32, "neg_size_t": f32}  # fmt: skip
+    for strided, skip in ((True, True), (False, False), (True, False)):
+        compile_(k.apply_kernel, apply, dict(DT=tl.float32, SRC_DT=tl.bfloat16, BLOCK=4096,
+                                             STRIDED=strided, HAS_SKIP=skip,
+                                             ALIGNED=not skip, TILE=64))  # fmt: skip
     sf = {"table": "*i64", "blocks": "*i32", "gscale": "*fp32",
           **dict.fromkeys("b2 v_add bc2 eps decay ckp1 y_coef lr".split(), f32)}  # fmt: skip
     compile_(k.schedulefree_kernel, sf, dict(DT=tl.float32, BLOCK=4096, DECAY=True, ALIGNED=True,

@@ -18,9 +18,10 @@ import triton.language as tl
 from optim.engine import layout
 
 # the layout's columns as constants the kernels may read (optim/engine/layout.py)
-C_P, C_G, C_REF, C_M, C_V, C_X, C_OUT, C_NUMEL, C_FIRST, C_NBLK = (
+C_P, C_G, C_REF, C_M, C_V, C_X, C_OUT, C_NUMEL, C_FIRST, C_NBLK, C_TCOLS = (
     tl.constexpr(getattr(layout, n)) for n in
-    ("C_P", "C_G", "C_REF", "C_M", "C_V", "C_X", "C_OUT", "C_NUMEL", "C_FIRST", "C_NBLK")
+    ("C_P", "C_G", "C_REF", "C_M", "C_V", "C_X", "C_OUT", "C_NUMEL", "C_FIRST", "C_NBLK",
+     "C_TCOLS")
 )  # fmt: skip
 NCOLS = tl.constexpr(layout.NCOLS)
 
@@ -194,70 +195,83 @@ def step_kernel(table, blocks, divisors, skip, gscale, kappa, beta, m_add, lion_
                 REDUCE: tl.constexpr, CLIP: tl.constexpr, COPY_REF: tl.constexpr,
                 MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
                 SRC_C: tl.constexpr, FIRST: tl.constexpr, HAS_SKIP: tl.constexpr,
-                ALIGNED: tl.constexpr, GSCALE: tl.constexpr):  # fmt: skip
+                ALIGNED: tl.constexpr, GSCALE: tl.constexpr, STRIDED: tl.constexpr,
+                TILE: tl.constexpr):  # fmt: skip
     """One block of one tensor: correction and clip, reference copy, momentum, direction, step
     (optim/engine/rules.py says which scalar is which). Where ``skip`` (a device flag) is set,
     every load and store is masked off: nothing changes, and no host read decides it. Where
     ``GSCALE``, every gradient is read times ``gscale[0]`` (the trainer's global clip, folded:
-    optim/engine/clip.py), so the step and the reference copy see the clipped gradient."""
+    optim/engine/clip.py), so the step and the reference copy see the clipped gradient.
+    ``STRIDED`` (Newton-Schulz's pre-pass): a row with ``C_TCOLS`` set is a tall matrix whose
+    ``u`` goes transposed into its stack slice; its blocks are ``(TILE, BLOCK // TILE)`` tiles
+    (row-major over the tiles), read along its rows and written along its columns, each
+    coalesced (the compiler moves the tile between the two through shared memory)."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
-    offs = j * BLOCK + tl.arange(0, BLOCK)
     n = _size(row, skip, HAS_SKIP)
-    if (j + 1) * BLOCK <= n:  # a whole block: unmasked
-        _step(
-            row,
-            offs,
-            offs < n,
-            t,
-            divisors,
-            gscale,
-            kappa,
-            beta,
-            m_add,
-            lion_u,
-            lion_m,
-            b2,
-            v_add,
-            keep,
-            neg_size,
-            bc2s,
-            bc1,
-            eps,
-            mix,
-            b3,
-            s_add,
-            DT,
-            OUT_DT,
-            REDUCE,
-            CLIP,
-            COPY_REF,
-            MOMENTUM,
-            DIRECTION,
-            AMSGRAD,
-            SRC_C,
-            FIRST,
-            ALIGNED,
-            GSCALE,
-            False,
-        )
+    if STRIDED:
+        cols = tl.load(row + C_TCOLS)
+        if cols > 0:
+            rows = tl.load(row + C_NUMEL) // cols
+            i, k = _tile(j, rows, cols, BLOCK, TILE)
+            offs = i * cols + k
+            _step(row, offs, (i < rows) & (k < cols) & (offs < n), k * rows + i, t, divisors,
+                  gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add, keep, neg_size, bc2s,
+                  bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE, CLIP, COPY_REF, MOMENTUM,
+                  DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, GSCALE, True)  # fmt: skip
+        else:
+            _flat(row, j, n, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+                  keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, BLOCK, REDUCE,
+                  CLIP, COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED,
+                  GSCALE)  # fmt: skip
     else:
-        _step(row, offs, offs < n, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2,
-              v_add, keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE, CLIP,
-              COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, GSCALE,
+        _flat(row, j, n, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+              keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, BLOCK, REDUCE, CLIP,
+              COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, GSCALE)  # fmt: skip
+
+
+@triton.jit
+def _tile(j, rows, cols, BLOCK: tl.constexpr, TILE: tl.constexpr):
+    """Row and column indices (``(TILE, 1)`` and ``(1, BLOCK // TILE)``) of tile ``j`` of a
+    ``(rows, cols)`` matrix, the tiles row-major (``layout.tiles`` counts them)."""
+    across = (cols + BLOCK // TILE - 1) // (BLOCK // TILE)
+    i = (j // across) * TILE + tl.arange(0, TILE)[:, None]
+    k = (j % across) * (BLOCK // TILE) + tl.arange(0, BLOCK // TILE)[None, :]
+    return i, k
+
+
+@triton.jit
+def _flat(row, j, n, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add, keep,
+          neg_size, bc2s, bc1, eps, mix, b3, s_add, DT: tl.constexpr, OUT_DT: tl.constexpr,
+          BLOCK: tl.constexpr, REDUCE: tl.constexpr, CLIP: tl.constexpr,
+          COPY_REF: tl.constexpr, MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr,
+          AMSGRAD: tl.constexpr, SRC_C: tl.constexpr, FIRST: tl.constexpr,
+          ALIGNED: tl.constexpr, GSCALE: tl.constexpr):  # fmt: skip
+    """``step_kernel`` on block ``j`` of a tensor as a flat range: unmasked where whole."""
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    if (j + 1) * BLOCK <= n:  # a whole block: unmasked
+        _step(row, offs, offs < n, offs, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m,
+              b2, v_add, keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE,
+              CLIP, COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, GSCALE,
+              False)  # fmt: skip
+    else:
+        _step(row, offs, offs < n, offs, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m,
+              b2, v_add, keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT, OUT_DT, REDUCE,
+              CLIP, COPY_REF, MOMENTUM, DIRECTION, AMSGRAD, SRC_C, FIRST, ALIGNED, GSCALE,
               True)  # fmt: skip
 
 
 @triton.jit
-def _step(row, offs, mask, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
+def _step(row, offs, mask, at, t, divisors, gscale, kappa, beta, m_add, lion_u, lion_m, b2, v_add,
           keep, neg_size, bc2s, bc1, eps, mix, b3, s_add, DT: tl.constexpr,
           OUT_DT: tl.constexpr, REDUCE: tl.constexpr, CLIP: tl.constexpr,
           COPY_REF: tl.constexpr, MOMENTUM: tl.constexpr, DIRECTION: tl.constexpr,
           AMSGRAD: tl.constexpr, SRC_C: tl.constexpr, FIRST: tl.constexpr,
           ALIGNED: tl.constexpr, GSCALE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """``step_kernel``'s work on one block (``MASKED``: the tensor's last, or a skipped step)."""
+    """``step_kernel``'s work on one block (``MASKED``: the tensor's last, a tile, or a skipped
+    step); ``at``: where the block's elements go in Newton-Schulz's stack slice."""
     g = _ld(_ptr(row, C_G, DT, ALIGNED), offs, mask, MASKED)
     if GSCALE:
         g = g * tl.load(gscale)
@@ -297,7 +311,7 @@ def _step(row, offs, mask, t, divisors, gscale, kappa, beta, m_add, lion_u, lion
         _st(m_ptr, offs, m, mask, MASKED)
         if DIRECTION == 5:  # Newton-Schulz's input, into its stack: u / divisor in NS's dtype
             out = _ptr(row, C_OUT, OUT_DT, ALIGNED)
-            _st(out, offs, _narrow(_div(u, bc1), OUT_DT), mask, MASKED)
+            _st(out, at, _narrow(_div(u, bc1), OUT_DT), mask, MASKED)
         else:
             _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix,
                        b3, s_add, DT, DIRECTION, AMSGRAD, SRC_C, ALIGNED, MASKED)  # fmt: skip
@@ -348,26 +362,53 @@ def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, e
 
 
 @triton.jit
-def apply_kernel(table, blocks, src, skip, keep, neg_size, R, C, DT: tl.constexpr,
-                 SRC_DT: tl.constexpr, BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr,
-                 HAS_SKIP: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
-    """``p = p * keep - size * O`` for the matrices of one shape, ``O`` their Newton-Schulz
-    results in the stack ``src`` (``TRANSPOSED``: stored as ``(k, C, R)``, read transposed)."""
+def apply_kernel(table, blocks, src, skip, keep, neg_size, neg_size_t, DT: tl.constexpr,
+                 SRC_DT: tl.constexpr, BLOCK: tl.constexpr, STRIDED: tl.constexpr,
+                 HAS_SKIP: tl.constexpr, ALIGNED: tl.constexpr, TILE: tl.constexpr):  # fmt: skip
+    """``p = p * keep - size * O`` for the matrices of one stack, ``O`` their Newton-Schulz
+    results in ``src`` (row ``t``'s at ``src + t * numel``). ``STRIDED``: a row with
+    ``C_TCOLS`` set reads its result transposed, by tiles as ``step_kernel`` writes it, and
+    steps by ``neg_size_t`` (its own shape's scale); the others by ``neg_size``."""
     pid = tl.program_id(0)
     t = tl.load(blocks + 2 * pid).to(tl.int64)
     j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
     row = table + t * NCOLS
-    offs = j * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < _size(row, skip, HAS_SKIP)
-    at = offs
-    if TRANSPOSED:
-        at = (offs % C) * R + offs // C
-    o = tl.load(src + t * R * C + at, mask=mask, other=0.0)
-    if SRC_DT == tl.bfloat16 or SRC_DT == tl.float16:  # by way of float32 (exact), as _narrow
-        o = o.to(tl.float32)
+    n = _size(row, skip, HAS_SKIP)
+    numel = tl.load(row + C_NUMEL)
+    base = src + t * numel
     p_ptr = _ptr(row, C_P, DT, ALIGNED)
+    # (a scalar argument is passed on where it is read: the interpreter rounds one assigned to
+    # a name to float32, as the compiled kernel's float arguments are)
+    if STRIDED:
+        cols = tl.load(row + C_TCOLS)
+        if cols > 0:
+            rows = numel // cols
+            i, k = _tile(j, rows, cols, BLOCK, TILE)
+            at = i * cols + k  # (a name of its own: the branches' types differ)
+            _apply(p_ptr, at, base + k * rows + i, (i < rows) & (k < cols) & (at < n), keep,
+                   neg_size_t, SRC_DT, DT)  # fmt: skip
+        else:
+            offs = j * BLOCK + tl.arange(0, BLOCK)
+            _apply(p_ptr, offs, base + offs, offs < n, keep, neg_size, SRC_DT, DT)
+    else:
+        offs = j * BLOCK + tl.arange(0, BLOCK)
+        _apply(p_ptr, offs, base + offs, offs < n, keep, neg_size, SRC_DT, DT)
+
+
+@triton.jit
+def _apply(p_ptr, offs, o_ptrs, mask, keep, neg_size, SRC_DT: tl.constexpr, DT: tl.constexpr):
     p = tl.load(p_ptr + offs, mask=mask, other=0.0) * keep
-    tl.store(p_ptr + offs, p + neg_size * o.to(DT), mask=mask)
+    o = _widen(tl.load(o_ptrs, mask=mask, other=0.0), SRC_DT, DT)
+    tl.store(p_ptr + offs, p + neg_size * o, mask=mask)
+
+
+@triton.jit
+def _widen(o, SRC_DT: tl.constexpr, DT: tl.constexpr):
+    """A Newton-Schulz result in the parameter's dtype: bf16 and fp16 by way of float32 (exact),
+    as ``_narrow``."""
+    if SRC_DT == tl.bfloat16 or SRC_DT == tl.float16:
+        o = o.to(tl.float32)
+    return o.to(DT)
 
 
 @triton.jit

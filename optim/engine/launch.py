@@ -9,7 +9,7 @@ the device and without a host read:
    (``max(1, ||c||)`` over all of them, as the foreach path's ``clip_unit_norm_``);
 2. for each bucket ``step_kernel``: correction, clip, reference copy, momentum, direction,
    decay and step in one pass (Newton-Schulz buckets: its pre-pass, NS on the stacks, then
-   ``apply_kernel``; optim/engine/ns.py).
+   ``apply_kernel`` per stack; optim/engine/ns.py).
 
 Tensors at different step counts (a parameter without a gradient on some steps) are launched
 apart, one launch per count; usually there is one. ``gscale`` (the trainer's global gradient
@@ -75,7 +75,8 @@ class Launch:
 
     def variant(self, skip: bool) -> tuple:
         """What the compiled kernels of this launch depend on beyond the tensors' addresses."""
-        subs = [sub.aligned for _, _, sub in self.stacks.shapes] if self.stacks else []
+        stacks = self.stacks.stacks if self.stacks else []
+        subs = [(s.plan.aligned, s.plan.strided) for s in stacks] + [self.plan.strided]
         first = self.kind.direction == L.SOAP_ADAM and self.t == 1
         folded = self.gscale is not None
         return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs), folded
@@ -171,5 +172,5 @@ def _update(go: Go, k, ln: Launch, divisors, flag, out_dtype: torch.dtype | None
         REDUCE=kind.reduce, CLIP=kind.clip, COPY_REF=kind.copy_ref, MOMENTUM=kind.momentum,
         DIRECTION=kind.direction, AMSGRAD=kind.amsgrad, SRC_C=kind.src_c, FIRST=first,
         HAS_SKIP=flag is not None, ALIGNED=plan.aligned, GSCALE=ln.gscale is not None,
-        num_warps=warps(plan.block),
+        STRIDED=plan.strided, TILE=L.tile_rows(plan.block), num_warps=warps(plan.block),
     )  # fmt: skip

@@ -3,9 +3,12 @@ ints here: this module imports nothing, so the host side needs no Triton to buil
 
 # columns of a tensor's row in the pointer table: addresses of its parameter, gradient,
 # reference gradient, momentum, second moment, extra state (v_max, AdEMAMix's slow EMA) and
-# Newton-Schulz stack slice; its number of elements, first block and number of blocks
-C_P, C_G, C_REF, C_M, C_V, C_X, C_OUT, C_NUMEL, C_FIRST, C_NBLK = range(10)
-NCOLS = 10
+# Newton-Schulz stack slice; its number of elements, first block and number of blocks; and
+# ``C_TCOLS``: 0, or a tall matrix's number of columns where its Newton-Schulz slice holds it
+# transposed (its element (i, j) at j * rows + i: optim/engine/ns.py); such a row's blocks are
+# tiles (``tiles``)
+C_P, C_G, C_REF, C_M, C_V, C_X, C_OUT, C_NUMEL, C_FIRST, C_NBLK, C_TCOLS = range(11)
+NCOLS = 11
 ADDRESS_COLS = (C_P, C_G, C_REF, C_M, C_V, C_X, C_OUT)
 # momentum forms (the kernel's MOMENTUM)
 EMA, EMA_LERP, LION, HEAVY_BALL, HEAVY_NESTEROV, ONE_BUFFER = range(6)
@@ -13,3 +16,15 @@ EMA, EMA_LERP, LION, HEAVY_BALL, HEAVY_NESTEROV, ONE_BUFFER = range(6)
 ADAM, ADAM_LERP, SIGN, ADEMAMIX, SOAP_ADAM, NS_OUT = range(6)
 # clip scopes (CLIP)
 CLIP_NONE, CLIP_TENSOR, CLIP_GLOBAL = range(3)
+
+
+def tile_rows(block: int) -> int:
+    """Rows of the ``(rows, block // rows)`` tiles of a transposed Newton-Schulz slice (square
+    where ``block``, a power of two, is a power of four: 64 x 64 at the CUDA block size)."""
+    return 1 << ((block.bit_length() - 1) // 2)
+
+
+def tiles(rows: int, cols: int, block: int) -> int:
+    """How many tiles of ``block`` elements cover a ``(rows, cols)`` matrix."""
+    tr = tile_rows(block)
+    return -(-rows // tr) * -(-cols // (block // tr))

@@ -41,13 +41,20 @@ def to_device(host: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, t
 
 
 class Plan:
-    """The tables of one launch over ``cols`` (column -> one tensor per row, row order)."""
+    """The tables of one launch over ``cols`` (column -> one tensor per row, row order);
+    ``tcols``: each row's ``C_TCOLS`` (Newton-Schulz's transposed slices, optim/engine/ns.py),
+    ``strided`` where any is set."""
 
-    def __init__(self, cols: dict[int, Tensors], block: int, *, norm: bool = False) -> None:
+    def __init__(self, cols: dict[int, Tensors], block: int, *, norm: bool = False,
+                 tcols: list[int] | None = None) -> None:  # fmt: skip
         first = next(iter(cols.values()))
         device, dtype = first[0].device, first[0].dtype
         numels = [t.numel() for t in first]
         counts = [-(-n // block) for n in numels]
+        if tcols:  # a transposed Newton-Schulz slice: tiles (a norm pass reads none past numel)
+            counts = [
+                L.tiles(n // c, c, block) if c else k for n, c, k in zip(numels, tcols, counts)
+            ]
         self.n, self.nblocks, self.block = len(numels), sum(counts), block
         # every address 16-byte aligned: the kernels may say so (vectorised loads and stores)
         self.aligned = all(t.data_ptr() % 16 == 0 for ts in cols.values() for t in ts)
@@ -58,6 +65,10 @@ class Plan:
         count = torch.tensor(counts, dtype=torch.int64)
         firsts = torch.cumsum(count, 0) - count
         rows[:, L.C_FIRST], rows[:, L.C_NBLK] = firsts, count
+        # a tall matrix's columns where its Newton-Schulz slice is its transpose (0: not)
+        self.strided = bool(tcols) and any(tcols)
+        if self.strided:
+            rows[:, L.C_TCOLS] = torch.tensor(tcols, dtype=torch.int64)
         which = torch.repeat_interleave(torch.arange(self.n), count)
         within = torch.arange(self.nblocks) - firsts[which]
         blocks = torch.stack([which, within], dim=1).to(torch.int32).contiguous()
