@@ -231,11 +231,18 @@ def test_unpatchable_dynamo_config_falls_back_with_a_reason_never_raises(monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_default_is_compiled_and_equals_foreach():
+@pytest.mark.parametrize("fused,path", [(True, "fused"), (None, "engine")])
+def test_cuda_compiled_step_and_default_equal_foreach(fused, path):
+    """``fused=True`` takes the compiled step; the CUDA default (``None``) is the Triton engine
+    (docs/optim-engine.md) where Triton imports, else the compiled step; each equals foreach."""
+    from optim.engine.loader import triton_missing
+
+    if path == "engine" and triton_missing():
+        path = "fused"
     ref_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
     fus_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
-    ref, fus = MARS(ref_p, fused=False), MARS(fus_p)
+    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=fused)
     run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert fus._fused_ok and fus._fused_off is None and fus.path_counts["fused"] == 6
+    assert fus.fused_off_reason is None and fus.path_counts[path] == 6, fus.path_counts
     for a, b in zip(ref_p, fus_p):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
