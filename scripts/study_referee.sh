@@ -93,7 +93,7 @@ case "${1:-headline}" in
       src=$OUT${part:+-$part} dst=$DOCS${part:+/$part}
       [ -d "$src/runs" ] || continue
       mkdir -p "$dst"
-      for f in results.csv curves.csv.gz report.md curves.png study.png started.txt; do
+      for f in results.csv curves.csv.gz report.md factorial.md curves.png study.png started.txt; do
         [ ! -f "$src/$f" ] || cp "$src/$f" "$dst/"
       done
       keep_into "$src/runs" "$dst/runs"

@@ -12,6 +12,27 @@ chose for MARS-AdamW (its results.csv), on the evaluation seeds, without tuning:
 
 It is ``python -m study`` with these cells, ``--untuned`` at ``--center-from`` the given file,
 and that file's AdamW and MARS-AdamW cells merged, so the report pairs every corner with both.
+
+What the factorial says (``effects``; ``factorial.md`` beside the report): each factor's effect
+on the evaluation seeds, paired per seed, and its share of MARS-AdamW's gap to AdamW.
+
+Three factors, each at MARS-AdamW's setting (``+``) or AdamW's (``-``): gamma (the variance
+reduction: the chosen gamma or 0), betas ((0.95, MARS-AdamW's beta2) or (0.9, AdamW's beta2)) and
+the gains' weight decay (``weight_decay_1d`` 0.1 or 0). Per evaluation seed s, with L(corner, s)
+the final validation loss:
+
+- gap(s) = L(MARS-AdamW, s) - L(AdamW, s), both at their chosen values;
+- switch(F, s) = L(MARS-AdamW, s) - L(MARS-AdamW with F at AdamW's setting, s): what moving that
+  factor alone recovers;
+- main(F, s) = mean of L over the four corners with F at ``+`` minus the mean over the four with F
+  at ``-`` (the factorial's main effect, averaged over the other two factors);
+- residual(s) = L(every factor at AdamW's setting, s) - L(AdamW, s): what the three factors leave
+  (the knobs MARS-AdamW chose, its routing of the embedding through the correction);
+- exact mode and the 8,192-token batch as switches from MARS-AdamW.
+
+Each is a mean over the shared seeds with its paired 90% t-interval; a share is the mean effect
+over the mean gap. A factor explains at least half of the gap when its switch's share is at least
+0.5; the interval says whether the seeds can tell.
 """
 
 from __future__ import annotations
@@ -19,6 +40,8 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from study.stats import Interval, mean_interval
 
 BASE = "mars-adamw"
 
@@ -61,7 +84,106 @@ def main(argv: list[str] | None = None) -> int:
                   "--models", model, "--budgets", f"{budget:g}", "--reference-budgets",
                   "--center-from", str(args.source), "--center-cell", f"{model}:{budget:g}",
                   "--merge", str(args.source), "--merge-only", "adamw", BASE, *rest]  # fmt: skip
-    return cli.main(study_args)
+    code = cli.main(study_args)
+    results = args.out / "results.csv"
+    if code == 0 and results.is_file() and "--dry-run" not in rest:
+        (args.out / "factorial.md").write_text(
+            "# MARS-AdamW's loss taken apart (python -m study.factorial)\n\n"
+            "Effects on the final validation loss over the evaluation seeds (a positive effect:"
+            " MARS-AdamW's setting costs that much; study/factorial.py says how each is "
+            "computed).\n\n" + markdown(read_csv(results))
+        )
+    return code
+
+
+FACTORS = ("gamma", "betas", "gains' weight decay")
+
+
+def corners(chosen: dict, adamw_beta2: float) -> dict[tuple[bool, bool, bool], str]:
+    """(gamma is MARS's, betas are MARS's, gains decay is MARS's) -> the optimizer name of its
+    cell (the all-MARS corner is the study's own MARS-AdamW cell)."""
+    names = variants(chosen, adamw_beta2)[:7]  # the order of study.factorial.variants
+    out = {(True, True, True): BASE}
+    i = 0
+    for g in (True, False):
+        for b in (True, False):
+            for d in (True, False):
+                if (g, b, d) != (True, True, True):
+                    out[(g, b, d)] = names[i]
+                    i += 1
+    return out
+
+
+def losses(rows: list[dict]) -> dict[str, dict[int, float]]:
+    """{optimizer: {seed: final loss}} of the evaluation rows at each cell's chosen values."""
+    out: dict[str, dict[int, float]] = {}
+    for r in rows:
+        if r.get("role") == "eval" and r.get("chosen") in (1, 1.0, "1"):
+            out.setdefault(str(r["optimizer"]), {})[int(r["seed"])] = float(r["final_val_loss"])
+    return out
+
+
+def _diff(a: dict[int, float], b: dict[int, float], seeds: list[int]) -> list[float]:
+    return [a[s] - b[s] for s in seeds]
+
+
+def effects(rows: list[dict], level: float = 0.9) -> dict[str, Interval] | None:
+    """Every effect of the module docstring (name -> Interval over the seeds every cell shares),
+    or None while a cell of the factorial, AdamW or MARS-AdamW has no evaluation row."""
+    by = losses(rows)
+    chosen = next((r for r in rows if r.get("optimizer") == BASE and r.get("role") == "eval"
+                   and r.get("chosen") in (1, 1.0, "1")), None)  # fmt: skip
+    adamw = next((r for r in rows if r.get("optimizer") == "adamw" and r.get("role") == "eval"
+                  and r.get("chosen") in (1, 1.0, "1")), None)  # fmt: skip
+    if chosen is None or adamw is None:
+        return None
+    cells = corners(chosen, float(adamw.get("beta2", 0.95)))
+    extra = variants(chosen, float(adamw.get("beta2", 0.95)))[7:]  # exact, batch
+    need = [*cells.values(), "adamw"]
+    if any(n not in by for n in need):
+        return None
+    seeds = sorted(set.intersection(*(set(by[n]) for n in need)))
+    if not seeds:
+        return None
+    mars, ref = by[BASE], by["adamw"]
+    out = {"gap: MARS-AdamW - AdamW": mean_interval(_diff(mars, ref, seeds), level)}
+    for k, name in enumerate(FACTORS):
+        alone = tuple(j != k for j in range(3))  # F at AdamW's setting, the others MARS's
+        out[f"switch {name} alone"] = mean_interval(_diff(mars, by[cells[alone]], seeds), level)
+    for k, name in enumerate(FACTORS):
+        plus = [n for c, n in cells.items() if c[k]]
+        minus = [n for c, n in cells.items() if not c[k]]
+        main = [sum(by[n][s] for n in plus) / 4 - sum(by[n][s] for n in minus) / 4 for s in seeds]
+        out[f"main effect of {name}"] = mean_interval(main, level)
+    out["switch all three"] = mean_interval(
+        _diff(mars, by[cells[(False, False, False)]], seeds), level
+    )
+    out["residual: all three at AdamW's - AdamW"] = mean_interval(
+        _diff(by[cells[(False, False, False)]], ref, seeds), level
+    )
+    for name, label in zip(extra, ("exact mode", "batch 8,192 tokens")):
+        common = [s for s in seeds if s in by.get(name, {})]
+        if common:
+            out[f"switch to {label}"] = mean_interval(_diff(mars, by[name], common), level)
+    return out
+
+
+def markdown(rows: list[dict], level: float = 0.9) -> str:
+    """The effects table (a positive effect: MARS-AdamW's setting costs that much loss)."""
+    eff = effects(rows, level)
+    if eff is None:
+        return ("The factorial is incomplete: a corner, AdamW or MARS-AdamW has no evaluation "
+                "runs yet (the same command continues it).\n")  # fmt: skip
+    gap = eff["gap: MARS-AdamW - AdamW"].mean
+    pct = f"{level:.0%}"
+    lines = [
+        f"| effect | mean over seeds [paired {pct} t-interval] | seeds | share of the gap |",
+        "|---|---|---|---|",
+    ]
+    for name, iv in eff.items():
+        share = "" if name.startswith("gap") or gap == 0 else f"{iv.mean / gap:+.0%}"
+        lines.append(f"| {name} | {iv.mean:+.4f} [{iv.lo:+.4f}, {iv.hi:+.4f}] | {iv.n} | {share} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

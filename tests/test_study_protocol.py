@@ -299,3 +299,45 @@ def test_the_kept_referee_runs_are_not_ignored_by_git() -> None:
         assert ignored.returncode == 1, f"{kept} is ignored by git: publish would keep nothing"
     scratch = subprocess.run(["git", "check-ignore", "-q", "runs/referee/x"], cwd=root, check=False)
     assert scratch.returncode == 0, "runs/ (the run directories themselves) must stay ignored"
+
+
+def test_factorial_effects_recover_planted_factors() -> None:
+    """Planted losses L = 1.8 + 0.06 g + 0.03 b + 0.005 d + seed noise over the eight corners, AdamW
+    0.02 below the all-AdamW corner: each switch and main effect is its planted size, the
+    residual 0.02, the shares add up, exact and batch read as switches; a missing corner: None."""
+    from study.factorial import BASE, corners, effects, markdown, variants
+
+    chosen = {"optimizer": BASE, "role": "eval", "chosen": 1.0, "beta2": 0.99, "model": "m"}
+    names = corners(chosen, 0.95)
+    assert names[(True, True, True)] == BASE and len(set(names.values())) == 8
+    assert (
+        names[(False, True, True)] == "mars-adamw:gamma=0.0,betas=[0.95,0.99],weight_decay_1d=0.1"
+    )
+    rows, noise = [], {1: 0.01, 2: -0.02, 3: 0.03, 4: 0.0, 5: -0.01}
+    for (g, b, d), name in names.items():
+        for s, e in noise.items():
+            loss = 1.8 + 0.06 * g + 0.03 * b + 0.005 * d + e
+            rows.append({**chosen, "optimizer": name, "seed": float(s), "final_val_loss": loss})
+    for s, e in noise.items():
+        rows.append({"optimizer": "adamw", "role": "eval", "chosen": 1.0, "beta2": 0.95,
+                     "seed": float(s), "final_val_loss": 1.8 - 0.02 + e})  # fmt: skip
+    exact, batch = variants(chosen, 0.95)[7:]
+    for s, e in noise.items():
+        rows.append(
+            {**chosen, "optimizer": exact, "seed": float(s), "final_val_loss": 1.8 + 0.05 + e}
+        )
+    eff = effects(rows)
+    assert eff is not None
+    assert eff["gap: MARS-AdamW - AdamW"].mean == pytest.approx(0.115)
+    for name, size in (("gamma", 0.06), ("betas", 0.03), ("gains' weight decay", 0.005)):
+        assert eff[f"switch {name} alone"].mean == pytest.approx(size)
+        assert eff[f"main effect of {name}"].mean == pytest.approx(size)
+        assert eff[f"switch {name} alone"].hi - eff[f"switch {name} alone"].lo == pytest.approx(0)
+    assert eff["residual: all three at AdamW's - AdamW"].mean == pytest.approx(0.02)
+    assert eff["switch all three"].mean + 0.02 == pytest.approx(0.115)
+    assert eff["switch to exact mode"].mean == pytest.approx(0.045)
+    assert "switch to batch 8,192 tokens" not in eff  # no rows for it
+    table = markdown(rows)
+    assert "| switch gamma alone | +0.0600 [+0.0600, +0.0600] | 5 | +52% |" in table
+    partial = [r for r in rows if r["optimizer"] != names[(False, False, False)]]
+    assert effects(partial) is None and "incomplete" in markdown(partial)
