@@ -149,8 +149,11 @@ def swap_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
                                        else math.nan, np.mean(full[eval_pick]["select"]),
                                        sel_pick, eval_pick)  # fmt: skip
     for (model, budget, opt), (a, b, sp, ep) in means.items():
-        ref = means.get((REFERENCE, model, budget))
-        gaps = f"{a - ref[0]:+.4f}, {b - ref[1]:+.4f}" if ref and opt != REFERENCE else "reference"
+        ref = means.get((model, budget, REFERENCE))
+        if opt == REFERENCE:
+            gaps = "reference"
+        else:
+            gaps = f"{a - ref[0]:+.4f}, {b - ref[1]:+.4f}" if ref else "no AdamW swap"
         out.append(
             f"| {model} | {budget:g}x | {opt} | {sp:.4g} / {ep:.4g} | {a:.4f}, {b:.4f} | {gaps} |"
         )

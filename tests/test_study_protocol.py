@@ -341,3 +341,22 @@ def test_factorial_effects_recover_planted_factors() -> None:
     assert "| switch gamma alone | +0.0600 [+0.0600, +0.0600] | 5 | +52% |" in table
     partial = [r for r in rows if r["optimizer"] != names[(False, False, False)]]
     assert effects(partial) is None and "incomplete" in markdown(partial)
+
+
+def test_swap_table_gives_each_optimizers_gap_to_adamw_both_ways() -> None:
+    """Two lr finalists per optimizer on both seed sets: the gap column is the optimizer's
+    swapped means minus AdamW's (a lookup by the wrong key once printed "reference" for all)."""
+    from study.tables import swap_table
+
+    rows = []
+    for opt, base in (("adamw", 1.5), ("mars-adamw", 1.8)):
+        for lr, shift, chosen in ((0.01, 0.0, 1.0), (0.02, 0.1, 0.0)):
+            for role, seeds, bump in (("select", (0, 6, 7), 0.0), ("eval", (1, 2), 0.05)):
+                for s in seeds:
+                    rows.append({"model": "m", "budget": 1.0, "optimizer": opt, "role": role,
+                                 "chosen": chosen if role == "eval" else 0.0, "lr": lr,
+                                 "seed": float(s), "grid": "lr:bracketed", "aux_lr": 0.1,
+                                 "final_val_loss": base + shift + bump})  # fmt: skip
+    lines = swap_table(rows, [1.0])
+    assert lines[-2].endswith("| adamw | 0.01 / 0.01 | 1.5500, 1.5000 | reference |")
+    assert lines[-1].endswith("| mars-adamw | 0.01 / 0.01 | 1.8500, 1.8000 | +0.3000, +0.3000 |")
