@@ -419,3 +419,25 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
           **dict.fromkeys("b2 v_add bc2 eps decay ckp1 y_coef lr".split(), f32)}  # fmt: skip
     compile_(k.schedulefree_kernel, sf, dict(DT=tl.float32, BLOCK=4096, DECAY=True, ALIGNED=True,
                                              GSCALE=True))  # fmt: skip
+
+
+def skipped_step_with_folded_clip(opt, params, max_norm: float) -> None:
+    """NaN gradients, the clip folded, the step flagged non-finite on the device: it must
+    change nothing (checked here)."""
+    before = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in params]
+    if opt.needs_reference_grad:
+        set_grads(params, 9)
+        opt.fold_grad_clip(max_norm, params)
+        opt.store_reference_grad()
+    for p in params:
+        p.grad = torch.full_like(p, float("nan"))
+    assert opt.fold_grad_clip(max_norm, params).isnan()
+    opt.found_inf = torch.ones(())
+    opt.step()
+    opt.uncount_last_step()
+    opt.found_inf = torch.zeros(())
+    opt.zero_grad(set_to_none=True)
+    assert all(torch.equal(p, q) for p, q in zip(params, before[1]))
+    for i, state in opt.state_dict()["state"].items():  # exact: a new stored reference
+        old = {k: v for k, v in before[0]["state"][i].items() if k != "previous_grad"}
+        torch.testing.assert_close({k: state[k] for k in old}, old, rtol=0, atol=0)

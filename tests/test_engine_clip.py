@@ -6,7 +6,6 @@ four steps whose clip fires on some and not on others (Triton's interpreter, as
 tests/test_engine.py). Skipped without triton.
 """
 
-import copy
 from types import SimpleNamespace
 
 import pytest
@@ -23,6 +22,7 @@ from test_engine import (  # noqa: E402
     core,
     make_params,
     set_grads,
+    skipped_step_with_folded_clip,
     small_blocks,  # noqa: F401  (the autouse fixture: 16-element blocks)
 )
 
@@ -104,23 +104,7 @@ def test_a_skipped_step_with_a_folded_clip_changes_nothing(name):
     ref_p, eng_p = make_params(), make_params()
     ref, eng = make(ref_p, "engine"), make(eng_p, "engine")
     trainer_steps(ref, ref_p, 2, False), trainer_steps(eng, eng_p, 2, True)
-    before = copy.deepcopy(eng.state_dict()), [p.detach().clone() for p in eng_p]
-    if eng.needs_reference_grad:
-        set_grads(eng_p, 9)
-        eng.fold_grad_clip(MAX_NORM, eng_p)
-        eng.store_reference_grad()
-    for p in eng_p:
-        p.grad = torch.full_like(p, float("nan"))
-    assert eng.fold_grad_clip(MAX_NORM, eng_p).isnan()
-    eng.found_inf = torch.ones(())
-    eng.step()
-    eng.uncount_last_step()
-    eng.found_inf = torch.zeros(())
-    eng.zero_grad(set_to_none=True)
-    assert all(torch.equal(p, q) for p, q in zip(eng_p, before[1]))
-    for i, state in eng.state_dict()["state"].items():
-        old = {k: v for k, v in before[0]["state"][i].items() if k != "previous_grad"}
-        torch.testing.assert_close({k: state[k] for k in old}, old, rtol=0, atol=0)
+    skipped_step_with_folded_clip(eng, eng_p, MAX_NORM)
     trainer_steps(ref, ref_p, 2, False, start=2), trainer_steps(eng, eng_p, 2, True, start=2)
     assert_same(ref_p, ref, eng_p, eng)
 

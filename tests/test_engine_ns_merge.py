@@ -10,8 +10,6 @@ trainer's clip folded and a skipped non-finite step, equals the foreach path wit
 tests/test_engine.py. Skipped without triton.
 """
 
-import copy
-
 import pytest
 import torch
 
@@ -23,6 +21,7 @@ from test_engine import (  # noqa: E402
     assert_same,
     make_params,
     set_grads,
+    skipped_step_with_folded_clip,
     small_blocks,  # noqa: F401  (the autouse fixture: 16-element blocks)
     split,
 )
@@ -83,28 +82,6 @@ def steps(opt, params, n: int, fold: bool, start: int = 0) -> list:
     return norms
 
 
-def skipped_step(opt, params) -> None:
-    """NaN gradients, the clip folded, the step flagged non-finite on the device: it must
-    change nothing (checked here)."""
-    before = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in params]
-    if opt.needs_reference_grad:
-        set_grads(params, 9)
-        opt.fold_grad_clip(MAX_NORM, params)
-        opt.store_reference_grad()
-    for p in params:
-        p.grad = torch.full_like(p, float("nan"))
-    assert opt.fold_grad_clip(MAX_NORM, params).isnan()
-    opt.found_inf = torch.ones(())
-    opt.step()
-    opt.uncount_last_step()
-    opt.found_inf = torch.zeros(())
-    opt.zero_grad(set_to_none=True)
-    assert all(torch.equal(p, q) for p, q in zip(params, before[1]))
-    for i, state in opt.state_dict()["state"].items():  # exact: a new stored reference
-        old = {k: v for k, v in before[0]["state"][i].items() if k != "previous_grad"}
-        torch.testing.assert_close({k: state[k] for k in old}, old, rtol=0, atol=0)
-
-
 def engine_stacks(opt) -> list:
     return [s for v in opt._engine_cache.plans.values() for s in getattr(v, "stacks", [])]
 
@@ -118,7 +95,7 @@ def test_engine_equals_foreach_with_merged_stacks(name, merge):
     ref_p, eng_p = make_params(SHAPES), make_params(SHAPES)
     ref, eng = build(name, ref_p, False, merge), build(name, eng_p, "engine", merge)
     norms = steps(ref, ref_p, 2, False), steps(eng, eng_p, 2, True)
-    skipped_step(eng, eng_p)
+    skipped_step_with_folded_clip(eng, eng_p, MAX_NORM)
     norms = [a + b for a, b in zip(norms, (steps(ref, ref_p, 3, False, start=2),
                                            steps(eng, eng_p, 3, True, start=2)))]  # fmt: skip
     fired = [float(n) > MAX_NORM for n in norms[0]]
