@@ -441,3 +441,34 @@ def skipped_step_with_folded_clip(opt, params, max_norm: float) -> None:
     for i, state in opt.state_dict()["state"].items():  # exact: a new stored reference
         old = {k: v for k, v in before[0]["state"][i].items() if k != "previous_grad"}
         torch.testing.assert_close({k: state[k] for k in old}, old, rtol=0, atol=0)
+
+
+def clip_like_trainer(opt, params, fold: bool, max_norm: float) -> torch.Tensor:
+    """The Trainer's clip: ``clip_grad_norm_``, or the engine's fold (the gradients untouched:
+    they are scaled inside the step only). Returns the norm."""
+    if not fold:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    raw = [p.grad.clone() for p in params]
+    norm = opt.fold_grad_clip(max_norm, params)
+    assert norm is not None, opt.clip_fold_off_reason
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, raw))
+    return norm
+
+
+def trainer_steps(opt, params, n: int, fold: bool, max_norm: float, start: int = 0) -> list:
+    """The Trainer's order (optim/engine/clip.py): (exact) the reference pass, clipped, stored;
+    the gradient, clipped; the step; ``zero_grad``. Returns every norm the clips returned."""
+    norms = []
+    for t in range(start, start + n):
+        for group in opt.param_groups:
+            group["lr"] = LRS[t % len(LRS)]
+        if getattr(opt, "needs_reference_grad", False):
+            set_grads(params, t, salt=1000)
+            norms.append(clip_like_trainer(opt, params, fold, max_norm))
+            opt.store_reference_grad()
+            opt.zero_grad(set_to_none=True)
+        set_grads(params, t)
+        norms.append(clip_like_trainer(opt, params, fold, max_norm))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return norms

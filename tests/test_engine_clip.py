@@ -15,15 +15,18 @@ pytest.importorskip("triton")
 
 from test_engine import (  # noqa: E402
     CASES,
-    LRS,
     TOL,
     Tiny,
     assert_same,
+    clip_like_trainer,
     core,
     make_params,
     set_grads,
     skipped_step_with_folded_clip,
     small_blocks,  # noqa: F401  (the autouse fixture: 16-element blocks)
+)
+from test_engine import (
+    trainer_steps as shared_trainer_steps,
 )
 
 import optim  # noqa: E402
@@ -39,32 +42,11 @@ FOLDED = ["mars-adamw", "mars-adamw-exact-global-amsgrad", "mars-lion", "mars-li
 
 
 def clip(opt, params, fold: bool) -> torch.Tensor:
-    if not fold:
-        return torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
-    raw = [p.grad.clone() for p in params]
-    norm = opt.fold_grad_clip(MAX_NORM, params)
-    assert norm is not None, opt.clip_fold_off_reason
-    assert all(torch.equal(p.grad, g) for p, g in zip(params, raw))  # scaled in the step only
-    return norm
+    return clip_like_trainer(opt, params, fold, MAX_NORM)
 
 
-def trainer_steps(opt, params, steps: int, fold: bool, start: int = 0) -> list:
-    """The Trainer's order: (exact) the reference pass, clipped, stored; the gradient, clipped;
-    the step; ``zero_grad``. Returns every norm the clips returned."""
-    norms = []
-    for t in range(start, start + steps):
-        for group in opt.param_groups:
-            group["lr"] = LRS[t % len(LRS)]
-        if getattr(opt, "needs_reference_grad", False):
-            set_grads(params, t, salt=1000)
-            norms.append(clip(opt, params, fold))
-            opt.store_reference_grad()
-            opt.zero_grad(set_to_none=True)
-        set_grads(params, t)
-        norms.append(clip(opt, params, fold))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return norms
+def trainer_steps(opt, params, n: int, fold: bool, start: int = 0) -> list:
+    return shared_trainer_steps(opt, params, n, fold, MAX_NORM, start)
 
 
 def assert_norms(a: list, b: list) -> None:

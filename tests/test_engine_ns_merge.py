@@ -16,7 +16,6 @@ import torch
 pytest.importorskip("triton")
 
 from test_engine import (  # noqa: E402
-    LRS,
     TOL,
     assert_same,
     make_params,
@@ -24,6 +23,7 @@ from test_engine import (  # noqa: E402
     skipped_step_with_folded_clip,
     small_blocks,  # noqa: F401  (the autouse fixture: 16-element blocks)
     split,
+    trainer_steps,
 )
 
 from optim import MARS, MARS_M, MARS_M_Efficient, Moonlight, Muon  # noqa: E402
@@ -55,31 +55,8 @@ def build(name: str, params, fused, merge: bool, dtype: str = "param"):
     return opt
 
 
-def clip(opt, params, fold: bool) -> torch.Tensor:
-    if not fold:
-        return torch.nn.utils.clip_grad_norm_(params, MAX_NORM)
-    norm = opt.fold_grad_clip(MAX_NORM, params)
-    assert norm is not None, opt.clip_fold_off_reason
-    return norm
-
-
 def steps(opt, params, n: int, fold: bool, start: int = 0) -> list:
-    """The trainer's order (optim/engine/clip.py): (exact) the reference pass clipped and
-    stored; the gradient clipped; the step. Returns the norms."""
-    norms = []
-    for t in range(start, start + n):
-        for group in opt.param_groups:
-            group["lr"] = LRS[t % len(LRS)]
-        if opt.needs_reference_grad:
-            set_grads(params, t, salt=1000)
-            norms.append(clip(opt, params, fold))
-            opt.store_reference_grad()
-            opt.zero_grad(set_to_none=True)
-        set_grads(params, t)
-        norms.append(clip(opt, params, fold))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return norms
+    return trainer_steps(opt, params, n, fold, MAX_NORM, start)
 
 
 def engine_stacks(opt) -> list:
