@@ -49,6 +49,7 @@ from bench.harness import (  # noqa: F401 (model_config, paper_micro_batch: benc
 )
 from bench.memory_model import estimate_memory
 from model import build_model
+from runtime.attention import SDPA_BACKENDS, set_sdpa_backend
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
 from trainer.config import TrainConfig
@@ -92,6 +93,7 @@ class NanoGPTStep:
         spec = importlib.util.spec_from_file_location("nanogpt_model", path / "model.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
+        set_sdpa_backend("torch")  # nanoGPT in a fresh process: torch's own attention kernels
         m = cfg.model
         shape = dict(n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd, bias=m.bias)
         torch.manual_seed(0)
@@ -151,21 +153,6 @@ def time_steps(trainer, steps: int, device: torch.device) -> float:
     return best_time(trainer.train_step, device, steps)
 
 
-SDPA_BACKENDS = ("auto", "flash", "cudnn", "efficient", "math")
-
-
-def set_sdpa_backend(name: str) -> None:
-    """Only ``name``'s kernel for ``F.scaled_dot_product_attention``, process-wide (torch's
-    ``torch.backends.cuda`` switches, read when attention is traced or dispatched): the choice
-    to measure (``--sdpa-backend``; "auto" leaves torch's own order alone)."""
-    if name == "auto":
-        return
-    torch.backends.cuda.enable_flash_sdp(name == "flash")
-    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn")
-    torch.backends.cuda.enable_mem_efficient_sdp(name == "efficient")
-    torch.backends.cuda.enable_math_sdp(name == "math")
-
-
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -191,7 +178,9 @@ def parse_args() -> argparse.Namespace:
         "--sdpa-backend",
         choices=SDPA_BACKENDS,
         default="auto",
-        help="only this attention kernel (CUDA; auto: torch's own choice)",
+        help="training's sdpa_backend (runtime/attention.py): auto measures the kernels at the "
+        "case's shapes and keeps the fastest that agrees; torch: torch's own order; a name: "
+        "only that kernel (CUDA)",
     )
     return ap.parse_args()
 
@@ -201,9 +190,11 @@ def train_config(args, model: str, opt_cfg, chunk: int, device: torch.device) ->
     mb = args.micro_batch or paper_micro_batch(model)
     seq = args.seq_len or (m.block_size if device.type == "cuda" else min(128, m.block_size))
     compile_ = device.type == "cuda" if args.compile is None else args.compile
+    sdpa = getattr(args, "sdpa_backend", "auto")  # training's default where args has none
     return TrainConfig(model=m, optimizer=opt_cfg, micro_batch_size=mb, seq_len=seq,
-                       batch_tokens=mb * seq * args.accum, compile=compile_, dtype=args.dtype, device=str(device),
-                       loss_chunk_tokens=chunk, max_steps=10**6,
+                       batch_tokens=mb * seq * args.accum, compile=compile_, dtype=args.dtype,
+                       device=str(device), loss_chunk_tokens=chunk, max_steps=10**6,
+                       sdpa_backend=sdpa,
                        activation_checkpointing=args.activation_checkpointing)  # fmt: skip
 
 
@@ -242,6 +233,7 @@ def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
             reset_compiled()
             mem = Memory(dist.device)
             case["runner"] = make_runner(case, args, dist)
+            case["sdpa"] = getattr(case["runner"], "sdpa", None)  # the kernel chosen (training)
             first = case["runner"].train_step
             case["first_step_s"] = time_call(first, dist.device) if args.warmup else None
             for _ in range(args.warmup - 1):
@@ -310,7 +302,6 @@ def print_table(cases: list[dict], device: torch.device) -> None:
 
 def main() -> None:
     args = parse_args()
-    set_sdpa_backend(args.sdpa_backend)
     device = pick_device(args.device, 0)
     cpu = device.type == "cpu"
     args.steps = args.steps or (3 if cpu else 10)
@@ -337,6 +328,9 @@ def main() -> None:
         for case in cases:
             run_case(case, args, dist, keep=False)
             print(table_row(case, cases, device), flush=True)
+            if (sdpa := case.get("sdpa")) and "ms" in sdpa:  # chosen by measurement: which, why
+                print(f"    attention kernel {sdpa['choice']}: forward + backward ms "
+                      f"{sdpa['ms']}, error against float32 {sdpa['errors']}")  # fmt: skip
             for reason, n in case.get("break_reasons", [])[:3]:
                 print(f"    graph break x{n}: {reason[:200]}")
         return

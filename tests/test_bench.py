@@ -120,24 +120,18 @@ def test_gpu_check_measures_the_engine_and_nanogpt_side_by_side(tmp_path):
     assert gpu_check.parse_args(["--nanogpt", str(tmp_path)]).nanogpt == tmp_path
 
 
-def test_sdpa_backend_switch_leaves_one_kernel_on():
-    """bench.train --sdpa-backend NAME: only that attention kernel is enabled (measured one
-    against another by gpu_check's sdpa-* steps); auto leaves torch's switches alone."""
+def test_bench_train_sdpa_backend_is_trainings(monkeypatch):
+    """bench.train --sdpa-backend NAME sets the training config's sdpa_backend (auto, as
+    training, by default), so its cases time the kernel a run would use."""
     import bench.train as bt
+    import optim
 
-    b = torch.backends.cuda
-    state = (b.flash_sdp_enabled, b.cudnn_sdp_enabled, b.mem_efficient_sdp_enabled,
-             b.math_sdp_enabled)  # fmt: skip
-    saved = tuple(f() for f in state)
-    try:
-        bt.set_sdpa_backend("cudnn")
-        assert tuple(f() for f in state) == (False, True, False, False)
-        bt.set_sdpa_backend("auto")
-        assert tuple(f() for f in state) == (False, True, False, False)
-    finally:
-        for enable, on in zip((b.enable_flash_sdp, b.enable_cudnn_sdp, b.enable_mem_efficient_sdp,
-                               b.enable_math_sdp), saved):  # fmt: skip
-            enable(on)
+    monkeypatch.setattr(sys, "argv", ["bench.train", "--device", "cpu"])
+    assert bt.parse_args().sdpa_backend == "auto"
+    monkeypatch.setattr(sys, "argv", ["bench.train", "--device", "cpu", "--sdpa-backend", "cudnn"])
+    args = bt.parse_args()
+    opt = optim.get_spec("adamw").config_cls()
+    assert bt.train_config(args, "tiny", opt, 0, torch.device("cpu")).sdpa_backend == "cudnn"
 
 
 def test_gpu_check_records_failures_and_goes_on(tmp_path):

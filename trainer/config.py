@@ -10,6 +10,7 @@ from typing import Any
 from data import DataConfig
 from model import GPTConfig
 from optim import ScheduleConfig
+from runtime.attention import check_sdpa_backend
 from trainer.nonfinite import NonFiniteConfig
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -73,6 +74,10 @@ class TrainConfig:
     # F.cross_entropy), and recomputing each block's activations in the backward pass.
     loss_chunk_tokens: int = 4096
     activation_checkpointing: bool = False
+    # The attention kernel (runtime/attention.py): auto measures flash, cuDNN and memory-efficient
+    # at the run's shapes on CUDA and keeps the fastest that agrees with a float32 reference;
+    # torch: torch's own order; flash | cudnn | efficient | math: only that one.
+    sdpa_backend: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
     progress: bool = True  # tqdm progress bar on rank 0
@@ -85,6 +90,7 @@ class TrainConfig:
         for key in ("eval_every", "ckpt_every", "keep_checkpoints", "loss_chunk_tokens"):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
+        check_sdpa_backend(self.sdpa_backend)
         if self.checkpoint_format not in CHECKPOINT_FORMATS:
             raise ValueError(
                 f"unknown checkpoint_format {self.checkpoint_format!r}; valid: {CHECKPOINT_FORMATS}"
@@ -135,6 +141,7 @@ RESUMABLE_KEYS = frozenset(
         "compile",
         "loss_chunk_tokens",  # the loss and gradients do not depend on it (beyond rounding)
         "activation_checkpointing",
+        "sdpa_backend",  # every kernel computes the same attention (within bf16 rounding)
         "progress",
         "wandb",
         "device",

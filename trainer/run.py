@@ -68,9 +68,10 @@ def finished_summary(out_dir: Path, step: int, max_steps: int) -> dict | None:
 
 def open_run(
     cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path, resume_path: Path | None,
-    step: int,
+    step: int, sdpa: dict | None = None,
 ) -> MetricsLogger:  # fmt: skip
-    """Rank 0 writes the config and run metadata, cuts ``metrics.jsonl`` back to ``step`` (the
+    """Rank 0 writes the config and run metadata (``sdpa``: the attention kernel and why,
+    runtime/attention.py), cuts ``metrics.jsonl`` back to ``step`` (the
     checkpoint's) and starts wandb; every rank gets the logger (it writes on rank 0 only)."""
     wandb_run = None
     if dist.is_main:
@@ -79,6 +80,8 @@ def open_run(
             "device": str(dist.device),
             "resume_from": str(resume_path) if resume_path else None,
         }
+        if sdpa is not None:
+            meta["sdpa"] = sdpa
         write_run_files(out_dir, config_dict, meta)
         truncate_metrics(out_dir, step if resume_path else -1)  # a fresh start keeps nothing
         wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name)

@@ -27,8 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import optim
 from data import TokenLoader, shard_files, val_batches
 from model import build_model
+from runtime.attention import AttentionShape, configure_sdpa
 from runtime.device import autocast, check_torch, resolve_dtype
-from runtime.distributed import DistInfo
+from runtime.distributed import DistInfo, broadcast_object
 from runtime.seeding import seed_everything
 from trainer import checkpoint as ckpt
 from trainer import fsdp
@@ -141,6 +142,11 @@ class Trainer:
         self.raw_model = build_model(cfg.model).to(dist.device)
         self.raw_model.loss_chunk_tokens = cfg.loss_chunk_tokens
         self.raw_model.activation_checkpointing = cfg.activation_checkpointing
+        # The attention kernel, before anything is compiled (runtime/attention.py); rank 0's
+        # measurement on every rank, and no draw from the seeded generators.
+        shape = AttentionShape.of_run(cfg.model, cfg.micro_batch_size, cfg.sequence_length,
+                                      self.dtype)  # fmt: skip
+        self.sdpa = configure_sdpa(cfg.sdpa_backend, dist.device, shape, broadcast_object)
         self.optimizer = optim.build_optimizer(self.raw_model, cfg.optimizer)
         optim.set_initial_lr(self.optimizer)
         self.val_files: list = []
@@ -315,7 +321,8 @@ def build_trainer(
         resume_path = trainer.restore(resume_path)
     trainer.finished = finished_summary(out_dir, trainer.state.step, cfg.max_steps)
     if trainer.finished is None:
-        trainer.logger = open_run(cfg, config_dict, dist, out_dir, resume_path, trainer.state.step)
+        trainer.logger = open_run(cfg, config_dict, dist, out_dir, resume_path, trainer.state.step,
+                                  sdpa=trainer.sdpa)  # fmt: skip
         trainer.wrap()
         log.info("model %s: %.2fM parameters | optimizer %s | %d process(es) on %s, %s | batch %s "
                  "tokens = %d seqs x %d tokens x %d micro-steps x %d processes | out_dir %s",
