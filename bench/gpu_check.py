@@ -20,7 +20,8 @@ compile (first step) and graph/break/recompile counts of GPT-2 small with each o
 one process each (``bench.train``); XL with AdamW and MARS-AdamW at the micro-batch the launcher
 picks for 8 of these GPUs; exact mode's cost; each optimizer's step against torch's fused AdamW and
 its share of the copy bandwidth (``bench.optim_fused``); llama-124m with AdamW, MARS-AdamW and
-Muon; Newton-Schulz's share of a MARS-M step; the checkpoint stall; the graphs per block of the
+Muon; llama-124m trained through train.py with compile for 300 steps and ``parallel=fsdp`` under
+torchrun, resumed (``bench.train_run``); Newton-Schulz's share of a MARS-M step; the checkpoint stall; the graphs per block of the
 Trainer's compiled DDP layout (``bench.graphs``); the non-finite decision on host vs device.
 
 The steps' limits are packed, in order, into parts that each fit ``--budget`` (570 s: one
@@ -128,6 +129,7 @@ def steps(memory_gib: float, cpu: bool = False, nanogpt: Path | None = None) -> 
              [*train, "--models", "llama-tiny" if cpu else "llama-124m", "--micro-batch",
               "1" if cpu else "12", "--accum", "1", "--no-exact", "--optimizers", "adamw",
               "mars-adamw", "muon"], 150),
+        *train_run_steps(py, dev, cpu),
         Step("optim-fused", "optimizer steps vs fused AdamW, copy bandwidth",
              [*py, "-m", "bench.optim_fused", *opt_dev, "--only", "adamw", "mars-adamw",
               "mars-lion", "lion", "--paths", "foreach", "compiled", "--rounds",
@@ -187,6 +189,25 @@ def sdpa_steps(train: list[str], small: str) -> list[Step]:
                  [*train, "--models", small, "--micro-batch", "12", "--accum", "1", "--no-exact",
                   "--optimizers", "adamw", "--sdpa-backend", backend], 75)
             for backend in ("flash", "cudnn")]  # fmt: skip
+
+
+def train_run_steps(py: list[str], dev: str, cpu: bool) -> list[Step]:
+    """train.py itself (bench.train_run): llama-124m compiled for 300 steps with MARS-AdamW and
+    Muon (the loss falls, nothing recompiles), then ``parallel=fsdp`` under torchrun, resumed
+    from its DCP checkpoint (one GPU: one rank, the path and not the sharding)."""
+    out = Path(tempfile.gettempdir()) / f"train_run-{os.getpid()}"  # fresh for every check
+    size = (["--micro-batch", "2", "--accum", "1", "--seq-len", "32", "--eval-tokens", "256"]
+            if cpu else [])  # fmt: skip
+    runs = [*py, "-m", "bench.train_run", "--device", dev, "--out", str(out), *size]
+    llama = ["llama-cpu/tiny-mars-adamw", "llama-cpu/tiny-muon"] if cpu else [
+        "llama/124m-mars-adamw", "llama/124m-muon"]  # fmt: skip
+    return [
+        Step("llama-train", "llama-124m trained with compile, MARS-AdamW and Muon: the loss "
+             "falls, no recompiles", [*runs, "--steps", "6" if cpu else "300", "--experiments",
+                                      *llama], 240),
+        Step("fsdp", "parallel=fsdp under torchrun on one GPU, stopped and resumed from DCP",
+             [*runs, "--steps", "4" if cpu else "60", "--fsdp", "--no-compile", "--experiments", llama[0]], 120),
+    ]  # fmt: skip
 
 
 def parts(all_steps: list[Step], budget: float) -> list[list[Step]]:

@@ -68,6 +68,8 @@ def test_gpu_check_dry_run_packs_every_step_into_parts_within_the_budget():
         "newton-schulz",
         "checkpoint",
         "graphs",
+        "llama-train",
+        "fsdp",
     ):
         assert f"  {step} (" in out, step
     # the XL micro-batch is the launcher's for an 80 GiB GPU (12 with the Trainer's bucket views)
