@@ -432,10 +432,10 @@ def skipped_step_with_folded_clip(opt, params, max_norm: float) -> None:
     for p in params:
         p.grad = torch.full_like(p, float("nan"))
     assert opt.fold_grad_clip(max_norm, params).isnan()
-    opt.found_inf = torch.ones(())
+    opt.found_inf = torch.ones((), device=params[0].device)  # the flag where the Trainer keeps it
     opt.step()
     opt.uncount_last_step()
-    opt.found_inf = torch.zeros(())
+    opt.found_inf = torch.zeros((), device=params[0].device)
     opt.zero_grad(set_to_none=True)
     assert all(torch.equal(p, q) for p, q in zip(params, before[1]))
     for i, state in opt.state_dict()["state"].items():  # exact: a new stored reference
