@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = ap.parse_known_args(argv)
     if not args.source.is_file():
         raise SystemExit(f"study.factorial: --from {args.source}: no such file")
-    rows = [r for r in read_csv(args.source) if r["role"] == "eval" and r.get("chosen") == 1.0]
-    picks = {r["optimizer"]: r for r in rows}
-    if BASE not in picks or "adamw" not in picks:
+    picked = chosen_pair(read_csv(args.source))
+    if picked is None:
         raise SystemExit(f"study.factorial: {args.source} has no chosen {BASE} or adamw cell yet")
-    cells = variants(picks[BASE], picks["adamw"].get("beta2", 0.95))
-    model, budget = picks[BASE]["model"], picks[BASE]["budget"]
+    base, adamw = picked
+    cells = variants(base, _beta2(adamw))
+    model, budget = base["model"], base["budget"]
     study_args = ["--out", str(args.out), "--optimizers", *cells, "--untuned", *cells,
                   "--models", model, "--budgets", f"{budget:g}", "--reference-budgets",
                   "--center-from", str(args.source), "--center-cell", f"{model}:{budget:g}",
@@ -114,11 +114,38 @@ def corners(chosen: dict, adamw_beta2: float) -> dict[tuple[bool, bool, bool], s
     return out
 
 
+def _is_chosen_eval(r: dict) -> bool:
+    return r.get("role") == "eval" and r.get("chosen") in (1, 1.0, "1")
+
+
+def _beta2(adamw: dict) -> float:
+    value = adamw.get("beta2")
+    return 0.95 if value in (None, "") else float(value)
+
+
+def chosen_pair(rows: list[dict]) -> tuple[dict, dict] | None:
+    """MARS-AdamW's chosen evaluation row and AdamW's in the same cell (model and budget), or
+    None while either is missing. The source also holds AdamW's reference budgets (2x, 4x, whose
+    carried knobs are blank), which must not stand in for AdamW at MARS-AdamW's budget."""
+    base = next((r for r in rows if r.get("optimizer") == BASE and _is_chosen_eval(r)), None)
+    if base is None:
+        return None
+    adamw = next((r for r in rows if r.get("optimizer") == "adamw" and _is_chosen_eval(r)
+                  and _same_cell(r, base)), None)  # fmt: skip
+    return None if adamw is None else (base, adamw)
+
+
+def _same_cell(r: dict, base: dict) -> bool:
+    return r.get("model") == base.get("model") and float(r.get("budget", 0)) == float(
+        base.get("budget", 0)
+    )
+
+
 def losses(rows: list[dict]) -> dict[str, dict[int, float]]:
     """{optimizer: {seed: final loss}} of the evaluation rows at each cell's chosen values."""
     out: dict[str, dict[int, float]] = {}
     for r in rows:
-        if r.get("role") == "eval" and r.get("chosen") in (1, 1.0, "1"):
+        if _is_chosen_eval(r):
             out.setdefault(str(r["optimizer"]), {})[int(r["seed"])] = float(r["final_val_loss"])
     return out
 
@@ -130,15 +157,13 @@ def _diff(a: dict[int, float], b: dict[int, float], seeds: list[int]) -> list[fl
 def effects(rows: list[dict], level: float = 0.9) -> dict[str, Interval] | None:
     """Every effect of the module docstring (name -> Interval over the seeds every cell shares),
     or None while a cell of the factorial, AdamW or MARS-AdamW has no evaluation row."""
-    by = losses(rows)
-    chosen = next((r for r in rows if r.get("optimizer") == BASE and r.get("role") == "eval"
-                   and r.get("chosen") in (1, 1.0, "1")), None)  # fmt: skip
-    adamw = next((r for r in rows if r.get("optimizer") == "adamw" and r.get("role") == "eval"
-                  and r.get("chosen") in (1, 1.0, "1")), None)  # fmt: skip
-    if chosen is None or adamw is None:
+    picked = chosen_pair(rows)
+    if picked is None:
         return None
-    cells = corners(chosen, float(adamw.get("beta2", 0.95)))
-    extra = variants(chosen, float(adamw.get("beta2", 0.95)))[7:]  # exact, batch
+    chosen, adamw = picked
+    by = losses([r for r in rows if _same_cell(r, chosen)])
+    cells = corners(chosen, _beta2(adamw))
+    extra = variants(chosen, _beta2(adamw))[7:]  # exact, batch
     need = [*cells.values(), "adamw"]
     if any(n not in by for n in need):
         return None

@@ -305,9 +305,10 @@ def test_factorial_effects_recover_planted_factors() -> None:
     """Planted losses L = 1.8 + 0.06 g + 0.03 b + 0.005 d + seed noise over the eight corners, AdamW
     0.02 below the all-AdamW corner: each switch and main effect is its planted size, the
     residual 0.02, the shares add up, exact and batch read as switches; a missing corner: None."""
-    from study.factorial import BASE, corners, effects, markdown, variants
+    from study.factorial import BASE, chosen_pair, corners, effects, markdown, variants
 
-    chosen = {"optimizer": BASE, "role": "eval", "chosen": 1.0, "beta2": 0.99, "model": "m"}
+    chosen = {"optimizer": BASE, "role": "eval", "chosen": 1.0, "beta2": 0.99, "model": "m",
+              "budget": 1.0}  # fmt: skip
     names = corners(chosen, 0.95)
     assert names[(True, True, True)] == BASE and len(set(names.values())) == 8
     assert (
@@ -320,7 +321,11 @@ def test_factorial_effects_recover_planted_factors() -> None:
             rows.append({**chosen, "optimizer": name, "seed": float(s), "final_val_loss": loss})
     for s, e in noise.items():
         rows.append({"optimizer": "adamw", "role": "eval", "chosen": 1.0, "beta2": 0.95,
-                     "seed": float(s), "final_val_loss": 1.8 - 0.02 + e})  # fmt: skip
+                     "seed": float(s), "final_val_loss": 1.8 - 0.02 + e, "model": "m",
+                     "budget": 1.0})  # fmt: skip
+        # AdamW's reference budget in the same results.csv (its carried beta2 blank): not the gap's
+        rows.append({"optimizer": "adamw", "role": "eval", "chosen": 1.0, "beta2": "",
+                     "seed": float(s), "final_val_loss": 1.5 + e, "model": "m", "budget": 2.0})  # fmt: skip
     exact, batch = variants(chosen, 0.95)[7:]
     for s, e in noise.items():
         rows.append(
@@ -328,6 +333,8 @@ def test_factorial_effects_recover_planted_factors() -> None:
         )
     eff = effects(rows)
     assert eff is not None
+    picked = chosen_pair(rows[::-1])  # the 2x rows first: still AdamW at MARS-AdamW's budget
+    assert picked is not None and picked[1]["budget"] == 1.0 and picked[1]["beta2"] == 0.95
     assert eff["gap: MARS-AdamW - AdamW"].mean == pytest.approx(0.115)
     for name, size in (("gamma", 0.06), ("betas", 0.03), ("gains' weight decay", 0.005)):
         assert eff[f"switch {name} alone"].mean == pytest.approx(size)
