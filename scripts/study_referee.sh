@@ -8,7 +8,9 @@
 #   scripts/study_referee.sh factorial  # MARS-AdamW's loss taken apart at its chosen values
 #   scripts/study_referee.sh ladder     # three sizes of one shape at 0.25x: every knob tuned at
 #                                       # proxy-100k, the lrs at proxy-193k and proxy-423k
+#                                       # (ladder-base, then ladder-up: the two halves alone)
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
+#   scripts/study_referee.sh all        # headline, ladder-base, widthinit, ladder-up in turn
 #   scripts/study_referee.sh report     # results.csv, curves, report.md, figures of every part run
 #   scripts/study_referee.sh publish    # report, then the headline's files into docs/study/referee/
 #                                       # and each other part's into docs/study/referee/<part>/,
@@ -80,6 +82,11 @@ case "${1:-headline}" in
   headline) headline "${RUN[@]}" ;;
   factorial) factorial "${RUN[@]}" ;;
   ladder) ladder "${RUN[@]}" && ladder_up "${RUN[@]}" ;;
+  ladder-base) ladder "${RUN[@]}" ;;
+  ladder-up) ladder_up "${RUN[@]}" ;;
+  all)  # everything, in the order that gives the comparisons soonest: the headline, the ladder's
+    # proxy-100k cell (the default-init twin of widthinit), widthinit, then the larger sizes
+    headline "${RUN[@]}" && ladder "${RUN[@]}" && widthinit "${RUN[@]}" && ladder_up "${RUN[@]}" ;;
   widthinit) widthinit "${RUN[@]}" ;;
   report)  # every part that has run: results.csv, curves, report.md, figures
     headline --report-only
@@ -98,5 +105,6 @@ case "${1:-headline}" in
       done
       keep_into "$src/runs" "$dst/runs"
     done ;;
-  *) echo "usage: $0 headline|factorial|ladder|widthinit|report|publish" >&2; exit 2 ;;
+  *) echo "usage: $0 headline|factorial|ladder|ladder-base|ladder-up|widthinit|all|report|publish" >&2
+     exit 2 ;;
 esac
