@@ -69,7 +69,7 @@ ladder_up() {
   python -m study --out "$OUT-ladder-up" --optimizers "${OPTS[@]}" \
     --models proxy-193k proxy-423k --budgets 0.25 --reference-budgets 2 4 --knobs lr aux_lr \
     --center-from "$OUT-ladder/results.csv" --center-cell proxy-100k:0.25 \
-    --merge "$OUT-ladder/results.csv" "$@"
+    --merge "$OUT-ladder/results.csv" --no-swap "$@"  # the seed-set swap: headline cells only
 }
 widthinit() {
   # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32)
