@@ -79,16 +79,15 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
             continue
         gap = paired_interval(ref, seeds)
         p = holm_p.get((model, budget, *sorted((opt, REFERENCE))))
-        after = (
-            ""
-            if p is None
-            else f" ({p:.2g}: {'holds' if p <= 1 - LEVEL else 'not after correction'})"
-        )
-        verdict = (
-            ("yes: lower" if gap.hi < 0 else "yes: higher") + after
-            if gap.significant
-            else "no (interval holds 0)"
-        )
+        side = "lower" if gap.hi < 0 else "higher"
+        if not gap.significant:
+            verdict = "no (interval holds 0)"
+        elif p is None:
+            verdict = f"yes: {side}"
+        elif p <= 1 - LEVEL:
+            verdict = f"yes: {side} (Holm p {p:.2g}: holds)"
+        else:  # the interval excludes 0, the family-wise test does not
+            verdict = f"not after correction ({side} before it; Holm p {p:.2g})"
         curve = {tokens[(model, b)]: s for (o, m, b), s in losses.items()
                  if o == REFERENCE and m == model and (model, b) in tokens}  # fmt: skip
         if len(curve) < 2:  # one AdamW budget: no curve to read a speedup off
@@ -185,8 +184,8 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         f"difference to AdamW with its {LEVEL:.0%} t-interval; an interval that holds 0 says the seeds cannot "
         f"tell the two apart; Holm p: the paired t-test's p-value adjusted over every pair of this report "
         f"(a difference holds after correction at p <= {1 - LEVEL:.2f}). Speedup: AdamW's tokens to reach the "
-        "optimizer's mean loss over the optimizer's tokens (AdamW's losses across its budgets, monotone, "
-        "interpolated in log tokens); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B); "
+        "optimizer's mean loss over the optimizer's tokens (AdamW's losses across its budgets, made monotone, "
+        "a monotone cubic in log tokens; study/data_speedup.py); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B); "
         "n/a without AdamW at two budgets or more.", "",
         *comparison_table(rows, main_budgets, bootstrap=bootstrap, holm_p=holm_p), "",
         "## Collapses and medians (evaluation runs; selection runs beside)", "",

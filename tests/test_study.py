@@ -164,6 +164,24 @@ def test_report_tables_from_results_rows() -> None:
     assert "n/a (AdamW at one budget)" in table and ">1.00x" not in table
 
 
+def test_report_says_when_a_gap_does_not_survive_holm() -> None:
+    """Three optimizers, each pair's paired p 0.067 (the 90% interval excludes 0): Holm over the
+    three pairs gives 0.20, so the table says 'not after correction', never 'yes'."""
+    from study.report import comparison_table
+    from study.tables import pairs_holm
+
+    x = {1: 1.10, 2: 1.02, 3: 1.08, 4: 0.99, 5: 1.06}
+    rows = [_row("adamw", 1.0, s, 1.0) for s in x]
+    rows += [_row("mars-adamw", 1.0, s, v) for s, v in x.items()]
+    rows += [_row("muon", 1.0, s, 1.0 + 2 * (v - 1.0)) for s, v in x.items()]
+    _, pairs = pairs_holm(rows, [1.0])
+    holm_p = {(p["model"], p["budget"], p["a"], p["b"]): p["p_holm"] for p in pairs}
+    table = "\n".join(comparison_table(rows, [1.0], bootstrap=False, holm_p=holm_p))
+    for opt in ("mars-adamw", "muon"):
+        line = next(row for row in table.splitlines() if f"| {opt} |" in row)
+        assert "not after correction (higher before it; Holm p 0.2)" in line and "yes" not in line
+
+
 def test_grid_fills_the_holes_an_interruption_left() -> None:
     from study.tuner import search_line
 
