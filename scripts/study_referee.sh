@@ -11,8 +11,10 @@
 #                                       # (ladder-base, then ladder-up: the two halves alone)
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
 #   scripts/study_referee.sh all        # headline, ladder-base, widthinit, ladder-up in turn
-#   scripts/study_referee.sh report     # results.csv, curves, report.md, figures of every part run
-#   scripts/study_referee.sh publish    # report, then the headline's files into docs/study/referee/
+#   scripts/study_referee.sh report [PART ...]   # results.csv, curves, report.md, figures of
+#                                       # every part run (or of the parts named: headline,
+#                                       # factorial, ladder, ladder-up, widthinit)
+#   scripts/study_referee.sh publish [PART ...]  # report, then the headline's files into docs/study/referee/
 #                                       # and each other part's into docs/study/referee/<part>/,
 #                                       # with every finished run's config, meta, metrics and
 #                                       # summary (runs/ beside them: a fresh clone continues from
@@ -88,15 +90,24 @@ case "${1:-headline}" in
     # proxy-100k cell (the default-init twin of widthinit), widthinit, then the larger sizes
     headline "${RUN[@]}" && ladder "${RUN[@]}" && widthinit "${RUN[@]}" && ladder_up "${RUN[@]}" ;;
   widthinit) widthinit "${RUN[@]}" ;;
-  report)  # every part that has run: results.csv, curves, report.md, figures
-    headline --report-only
-    [ ! -f "$OUT-factorial/results.csv" ] || factorial --report-only
-    [ ! -d "$OUT-ladder/runs" ] || ladder --report-only
-    [ ! -d "$OUT-ladder-up/runs" ] || ladder_up --report-only
-    [ ! -d "$OUT-widthinit/runs" ] || widthinit --report-only ;;
-  publish)  # report, then each part's files and finished runs into DOCS
-    "$0" report
-    for part in "" "${PARTS[@]}"; do
+  report)  # every part named (default: every part) that has run: results.csv, curves, report.md
+    shift; parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(headline "${PARTS[@]}")
+    for part in "${parts[@]}"; do
+      case $part in
+        headline) headline --report-only ;;
+        factorial) [ ! -f "$OUT-factorial/results.csv" ] || factorial --report-only ;;
+        ladder) [ ! -d "$OUT-ladder/runs" ] || ladder --report-only ;;
+        ladder-up) [ ! -d "$OUT-ladder-up/runs" ] || ladder_up --report-only ;;
+        widthinit) [ ! -d "$OUT-widthinit/runs" ] || widthinit --report-only ;;
+        *) echo "$0: no part $part (headline ${PARTS[*]})" >&2; exit 2 ;;
+      esac
+    done ;;
+  publish)  # report, then each part's files and finished runs into DOCS; the parts named only
+    # (a run tree that ran some parts publishes those, never an older copy of the others)
+    shift; parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(headline "${PARTS[@]}")
+    "$0" report "${parts[@]}"
+    for part in "${parts[@]}"; do
+      [ "$part" != headline ] || part=
       src=$OUT${part:+-$part} dst=$DOCS${part:+/$part}
       [ -d "$src/runs" ] || continue
       mkdir -p "$dst"
