@@ -138,6 +138,15 @@ class Study:
             state.swap_values = sorted(line.means) if line else []
             points += [{**state.chosen, "lr": v} for v in state.swap_values
                        if not math.isclose(v, state.chosen["lr"])]  # fmt: skip
+            if not state.tuned.converged:
+                # capped: the last lr line ran before the other keys last moved, so its finalists
+                # run once more on the selection seeds at the final values (the swap reads both
+                # seed sets there, and the report says whether the lr is still the best there)
+                for v in state.swap_values:
+                    for seed in plan.select_seeds:
+                        r = self.run(cell, "select", {**state.chosen, "lr": v}, seed)
+                        if finished_loss(r.out_dir, state.max_steps) is None:
+                            state.pending.append(r)
         for values in points:
             for seed in plan.eval_seeds:
                 r = self.run(cell, "eval", values, seed)

@@ -230,6 +230,42 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     assert "| proxy-100k | 0.25x | adamw | 0.008 / 0.008 |" in text  # the swap agrees here
 
 
+def test_a_capped_search_reruns_its_lr_finalists_at_the_final_knobs(tmp_path: Path) -> None:
+    """One pass allowed, and the lr's optimum moves with wd (lr* = 0.0008 / wd): the lr line runs
+    at wd 0.1 and picks 0.008, then wd moves to 0.0316 and the search is capped. The lr line's
+    finalists then run again on the selection seeds at wd 0.0316, so the swap reads both seed
+    sets at the final values, and its table says the selection seeds now prefer 0.016."""
+    from study.plan import Cell, Plan
+    from study.results import collect, parse_run_name
+    from study.state import Study
+    from study.tables import swap_table
+
+    plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
+                reference_budgets=[], knobs=["lr", "wd"], max_passes=1)  # fmt: skip
+    study, cell = Study(plan), Cell("adamw", "proxy-100k", 0.25)
+
+    def loss(run) -> float:  # noqa: ANN001
+        v = parse_run_name(run.out_dir.name, ["lr", "wd"])
+        return (
+            2.0 + math.log2(v["lr"] * v["wd"] / 0.0008) ** 2 / 10 + abs(math.log10(v["wd"] / 0.01))
+        )
+
+    for _ in range(100):
+        state = study.update(cell)
+        if state.done:
+            break
+        for r in state.pending:
+            _finish(r, loss(r), [3.0, 2.5, 2.2, 2.1])
+    assert state.done and state.chosen == {"lr": 0.008, "wd": 0.03162}
+    assert state.flags.get("passes") == "capped" and state.swap_values == [0.004, 0.008, 0.016]
+    rows, _ = collect(study, floor=2.356)
+    at_final = {(r["lr"], int(r["seed"])) for r in rows
+                if r["role"] == "select" and math.isclose(r["wd"], 0.03162)}  # fmt: skip
+    assert at_final >= {(lr, s) for lr in state.swap_values for s in plan.select_seeds}
+    line = next(x for x in swap_table(rows, [0.25]) if "| adamw |" in x)
+    assert "| 0.008 (at the final knobs: 0.016) / 0.016 |" in line
+
+
 def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     """--center-from reads another study's chosen values; the factorial's variants run untuned
     at MARS-AdamW's, a variant that fixes betas leaves the beta2 knob out of its runs."""
