@@ -201,7 +201,10 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         "## Tuning: every knob's values, the choice, the runs spent", "", *knob_table(rows), "",
         "## Which parameters each optimizer trains, with which update and lr", "",
         *routing_table(rows), "",
-        "## Provenance: the commits the rows come from", "", *commits(rows), "",
+        "## Provenance: the commits the rows come from", "",
+        "`+dirty`: tracked files differed from the commit; `+untracked(...)`: only the untracked "
+        "files named sat beside the checkout (the tracked code is the commit's; each run's git.diff "
+        "holds them).", "", *commits(rows), "",
     ]  # fmt: skip
     return "\n".join(out)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 from pathlib import Path
 
 from runtime import runfiles
@@ -21,11 +22,24 @@ MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "ch
 
 
 def _commit(run_dir: Path) -> str:
+    """The run's commit; ``+dirty`` when tracked files differed from it (or an untracked file was
+    too big to record), ``+untracked(a;b)`` when the only difference was untracked files beside
+    the checkout (a log, say: the tracked code is the commit's; the files are in git.diff)."""
     metas = runfiles.read_meta(run_dir)
     if not metas:
         return ""
     meta = metas[0]
-    return meta.get("git_commit", "")[:12] + ("+dirty" if meta.get("git_dirty") else "")
+    commit = (meta.get("git_commit") or "")[:12]
+    if not meta.get("git_dirty"):
+        return commit
+    untracked = [str(f) for f in meta.get("git_untracked") or []]
+    diff = run_dir / runfiles.GIT_DIFF
+    changed = re.findall(r"^diff --git a/(\S+) b/", diff.read_text(errors="replace"), re.M) if (
+        diff.is_file()
+    ) else []  # fmt: skip
+    if meta.get("git_untracked_skipped") or not untracked or set(changed) - set(untracked):
+        return commit + "+dirty"
+    return commit + f"+untracked({';'.join(sorted(untracked))})"
 
 
 def parse_run_name(name: str, keys: list[str]) -> dict[str, float]:

@@ -160,6 +160,35 @@ def test_a_dirty_tree_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert not out.exists()
 
 
+def test_provenance_tells_an_untracked_log_from_changed_code(tmp_path: Path) -> None:
+    """A run beside an untracked log is marked +untracked(log), not +dirty: its tracked code is the
+    commit's. A tracked change, or an untracked file too big to record, is +dirty."""
+    from study.results import _commit
+
+    def run(name: str, meta: dict, diff: str | None) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        base = {"git_commit": "9c65b98b60e425a8", "git_untracked_skipped": []}
+        (d / "meta.jsonl").write_text(json.dumps({**base, **meta}) + "\n")
+        if diff is not None:
+            (d / "git.diff").write_text(diff)
+        return d
+
+    log = "diff --git a/ladder.log b/ladder.log\nnew file mode 100644\n+x\n"
+    code = "diff --git a/optim/core.py b/optim/core.py\n--- a/optim/core.py\n+y\n"
+    assert _commit(run("clean", {"git_dirty": False}, None)) == "9c65b98b60e4"
+    assert (
+        _commit(run("log", {"git_dirty": True, "git_untracked": ["ladder.log"]}, log))
+        == "9c65b98b60e4+untracked(ladder.log)"
+    )
+    both = run("both", {"git_dirty": True, "git_untracked": ["ladder.log"]}, code + log)
+    assert _commit(both) == "9c65b98b60e4+dirty"
+    big = run(
+        "big", {"git_dirty": True, "git_untracked": [], "git_untracked_skipped": ["w.bin"]}, ""
+    )
+    assert _commit(big) == "9c65b98b60e4+dirty"
+
+
 def _finish(run, loss: float, curve: list[float]) -> None:  # noqa: ANN001
     """Write what a finished train.py run leaves: config.yaml, summary.json, metrics.jsonl."""
     run.out_dir.mkdir(parents=True, exist_ok=True)
