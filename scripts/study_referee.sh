@@ -10,10 +10,11 @@
 #                                       # proxy-100k, the lrs at proxy-193k and proxy-423k
 #                                       # (ladder-base, then ladder-up: the two halves alone)
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
-#   scripts/study_referee.sh all        # headline, ladder-base, widthinit, ladder-up in turn
+#   scripts/study_referee.sh batch      # MARS-AdamW and AdamW tuned anew at a batch of 8,192 bytes
+#   scripts/study_referee.sh all        # headline, ladder-base, widthinit, ladder-up, batch in turn
 #   scripts/study_referee.sh report [PART ...]   # results.csv, curves, report.md, figures of
 #                                       # every part run (or of the parts named: headline,
-#                                       # factorial, ladder, ladder-up, widthinit)
+#                                       # factorial, ladder, ladder-up, widthinit, batch)
 #   scripts/study_referee.sh publish [PART ...]  # report, then the headline's files into docs/study/referee/
 #                                       # and each other part's into docs/study/referee/<part>/,
 #                                       # with every finished run's config, meta, metrics and
@@ -21,7 +22,7 @@
 #                                       # them, since every mode first restores them into OUT)
 #
 # OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder, OUT-ladder-up,
-# OUT-widthinit beside it); docs/study/referee/ the committed files.
+# OUT-widthinit, OUT-batch beside it); docs/study/referee/ the committed files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/referee}
@@ -37,7 +38,7 @@ CENTERS=(
   --center moonlight:lr=0.032 --center moonlight:aux_lr=0.032
 )
 DOCS=docs/study/referee  # the committed files: the headline's here, each other part in DOCS/<part>/
-PARTS=(factorial ladder ladder-up widthinit)  # run directories OUT-<part>, files DOCS/<part>/
+PARTS=(factorial ladder ladder-up widthinit batch)  # run directories OUT-<part>, files DOCS/<part>/
 restore_from() {  # committed finished runs ($1) back into a run tree ($2), never over a run there
   [ -d "$1" ] || return 0
   (cd "$1" && find . -name summary.json -printf '%h\n') | while read -r d; do
@@ -78,6 +79,14 @@ widthinit() {
   python -m study --out "$OUT-widthinit" --optimizers "${OPTS[@]}" --models proxy-100k \
     --budgets 0.25 --reference-budgets 2 4 "${CENTERS[@]}" "$@" -- model.init_std=0.098
 }
+batch() {
+  # MARS-AdamW against AdamW with both tuned anew at four times the batch (8,192 bytes, the same
+  # bytes in a quarter of the steps): the factorial's untuned batch switch left this open. The
+  # searches start from the headline's choices (committed), and move as far as they must.
+  python -m study --out "$OUT-batch" --optimizers adamw mars-adamw --models proxy-100k \
+    --budgets 1 --reference-budgets --batch-tokens 8192 --center-from "$DOCS/results.csv" \
+    --center-cell proxy-100k:1 "$@"
+}
 RUN=(--jobs "$JOBS" --threads 1)
 [ "${1:-headline}" = publish ] || restore
 case "${1:-headline}" in
@@ -88,8 +97,10 @@ case "${1:-headline}" in
   ladder-up) ladder_up "${RUN[@]}" ;;
   all)  # everything, in the order that gives the comparisons soonest: the headline, the ladder's
     # proxy-100k cell (the default-init twin of widthinit), widthinit, then the larger sizes
-    headline "${RUN[@]}" && ladder "${RUN[@]}" && widthinit "${RUN[@]}" && ladder_up "${RUN[@]}" ;;
+    headline "${RUN[@]}" && ladder "${RUN[@]}" && widthinit "${RUN[@]}" && ladder_up "${RUN[@]}" \
+      && batch "${RUN[@]}" ;;
   widthinit) widthinit "${RUN[@]}" ;;
+  batch) batch "${RUN[@]}" ;;
   report)  # every part named (default: every part) that has run: results.csv, curves, report.md
     shift; parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(headline "${PARTS[@]}")
     for part in "${parts[@]}"; do
@@ -99,6 +110,7 @@ case "${1:-headline}" in
         ladder) [ ! -d "$OUT-ladder/runs" ] || ladder --report-only ;;
         ladder-up) [ ! -d "$OUT-ladder-up/runs" ] || ladder_up --report-only ;;
         widthinit) [ ! -d "$OUT-widthinit/runs" ] || widthinit --report-only ;;
+        batch) [ ! -d "$OUT-batch/runs" ] || batch --report-only ;;
         *) echo "$0: no part $part (headline ${PARTS[*]})" >&2; exit 2 ;;
       esac
     done ;;
@@ -116,6 +128,6 @@ case "${1:-headline}" in
       done
       keep_into "$src/runs" "$dst/runs"
     done ;;
-  *) echo "usage: $0 headline|factorial|ladder|ladder-base|ladder-up|widthinit|all|report|publish" >&2
+  *) echo "usage: $0 headline|factorial|ladder|ladder-base|ladder-up|widthinit|batch|all|report|publish" >&2
      exit 2 ;;
 esac
