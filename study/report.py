@@ -195,7 +195,9 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         "The final lr line's finalists (every value run on all selection seeds) also ran on the "
         "evaluation seeds. sel->eval: chosen on the selection seeds, read on the evaluation seeds (the "
         "protocol); eval->sel: chosen on the evaluation seeds, read on the selection seeds. Where the two "
-        "choices and gaps agree, the selection did not flatter the optimizer.", "",
+        "choices and gaps agree, the selection did not flatter the optimizer. Winner's curse: the "
+        "chosen values' mean on the selection seeds that chose them minus their mean on the "
+        "evaluation seeds (negative: the choice flattered itself).", "",
         *swap_table(rows, main_budgets), "",
         "## AdamW across budgets", "", *reference_table(rows), "",
         "## Tuning: every knob's values, the choice, the runs spent", "", *knob_table(rows), "",

@@ -124,10 +124,13 @@ def pairs_holm(rows: list[dict], main_budgets: list[float]) -> tuple[list[str], 
 def swap_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
     """Selection error: the final lr line's finalists ran on both seed sets. Chosen on the
     selection seeds and read on the evaluation seeds (the protocol), against chosen on the
-    evaluation seeds and read on the selection seeds; each optimizer's gap to AdamW both ways."""
+    evaluation seeds and read on the selection seeds; each optimizer's gap to AdamW both ways;
+    and the winner's curse: the chosen values' mean on the selection seeds that chose them minus
+    their mean on the evaluation seeds (negative: the choice flattered itself)."""
     out = ["| model | budget | optimizer | lr chosen on selection / on evaluation seeds | "
-           "loss read on the other set (sel->eval, eval->sel) | gap to AdamW (sel->eval, eval->sel) |",
-           "|---|---|---|---|---|---|"]  # fmt: skip
+           "loss read on the other set (sel->eval, eval->sel) | gap to AdamW (sel->eval, eval->sel) | "
+           "winner's curse (chosen: selection - evaluation mean) |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
     means: dict = {}
     for (model, budget, opt), rs in sorted(_by(rows, "model", "budget", "optimizer").items()):
         if budget not in main_budgets:
@@ -146,10 +149,12 @@ def swap_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
         sel_pick = chosen[0]["lr"]
         eval_pick = min(full, key=lambda lr: (np.mean(full[lr]["eval"]), lr))
         sel_best = min(full, key=lambda lr: (np.mean(full[lr]["select"]), lr))
+        curse = (np.mean(full[sel_pick]["select"]) - np.mean(full[sel_pick]["eval"])
+                 if sel_pick in full else math.nan)  # fmt: skip
         means[(model, budget, opt)] = (np.mean(full[sel_pick]["eval"]) if sel_pick in full
                                        else math.nan, np.mean(full[eval_pick]["select"]),
-                                       sel_pick, eval_pick, sel_best)  # fmt: skip
-    for (model, budget, opt), (a, b, sp, ep, sb) in means.items():
+                                       sel_pick, eval_pick, sel_best, curse)  # fmt: skip
+    for (model, budget, opt), (a, b, sp, ep, sb, curse) in means.items():
         ref = means.get((model, budget, REFERENCE))
         if opt == REFERENCE:
             gaps = "reference"
@@ -161,7 +166,8 @@ def swap_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
             f"{sp:.4g}" if math.isclose(sb, sp) else f"{sp:.4g} (at the final knobs: {sb:.4g})"
         )
         out.append(
-            f"| {model} | {budget:g}x | {opt} | {sp_text} / {ep:.4g} | {a:.4f}, {b:.4f} | {gaps} |"
+            f"| {model} | {budget:g}x | {opt} | {sp_text} / {ep:.4g} | {a:.4f}, {b:.4f} | {gaps} "
+            f"| {curse:+.4f} |"
         )
     return out
 

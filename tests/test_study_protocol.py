@@ -430,5 +430,7 @@ def test_swap_table_gives_each_optimizers_gap_to_adamw_both_ways() -> None:
                                  "seed": float(s), "grid": "lr:bracketed", "aux_lr": 0.1,
                                  "final_val_loss": base + shift + bump})  # fmt: skip
     lines = swap_table(rows, [1.0])
-    assert lines[-2].endswith("| adamw | 0.01 / 0.01 | 1.5500, 1.5000 | reference |")
-    assert lines[-1].endswith("| mars-adamw | 0.01 / 0.01 | 1.8500, 1.8000 | +0.3000, +0.3000 |")
+    assert lines[-2].endswith("| adamw | 0.01 / 0.01 | 1.5500, 1.5000 | reference | -0.0500 |")
+    assert lines[-1].endswith(
+        "| mars-adamw | 0.01 / 0.01 | 1.8500, 1.8000 | +0.3000, +0.3000 | -0.0500 |"
+    )
