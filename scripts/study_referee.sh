@@ -15,6 +15,9 @@
 #   scripts/study_referee.sh report [PART ...]   # results.csv, curves, report.md, figures of
 #                                       # every part run (or of the parts named: headline,
 #                                       # factorial, ladder, ladder-up, widthinit, batch)
+#   scripts/study_referee.sh compare    # the published parts side by side (python -m study.compare):
+#                                       # docs/study/referee/compare/{budget,init,sizes,batch}.md
+#                                       # (and .png): does each pair's order hold across them?
 #   scripts/study_referee.sh publish [PART ...]  # report, then the headline's files into docs/study/referee/
 #                                       # and each other part's into docs/study/referee/<part>/,
 #                                       # with every finished run's config, meta, metrics and
@@ -88,7 +91,21 @@ batch() {
     --center-cell proxy-100k:1 "$@"
 }
 RUN=(--jobs "$JOBS" --threads 1)
-[ "${1:-headline}" = publish ] || restore
+compare() {  # from the published files (DOCS), the comparisons whose parts have results
+  local dst=$DOCS/compare
+  mkdir -p "$dst"
+  one() {  # NAME LABEL=CSV[@CELL] ...: only when every file is there
+    local name=$1 src; shift
+    for src in "$@"; do src=${src#*=}; [ -f "${src%@*}" ] || return 0; done
+    python -m study.compare "$@" --out "$dst/$name.md" --figure "$dst/$name.png"
+  }
+  one budget 0.25x="$DOCS/ladder/results.csv@proxy-100k:0.25" 1x="$DOCS/results.csv@proxy-100k:1"
+  one init default="$DOCS/ladder/results.csv@proxy-100k:0.25" \
+    width-aware="$DOCS/widthinit/results.csv@proxy-100k:0.25"
+  one sizes ladder="$DOCS/ladder-up/results.csv"
+  one batch 2048="$DOCS/results.csv@proxy-100k:1" 8192="$DOCS/batch/results.csv@proxy-100k:1"
+}
+case "${1:-headline}" in publish|compare) ;; *) restore ;; esac
 case "${1:-headline}" in
   headline) headline "${RUN[@]}" ;;
   factorial) factorial "${RUN[@]}" ;;
@@ -129,6 +146,7 @@ case "${1:-headline}" in
       done
       keep_into "$src/runs" "$dst/runs"
     done ;;
-  *) echo "usage: $0 headline|factorial|ladder|ladder-base|ladder-up|widthinit|batch|all|report|publish" >&2
+  compare) compare ;;
+  *) echo "usage: $0 headline|factorial|ladder|ladder-base|ladder-up|widthinit|batch|all|report|publish|compare" >&2
      exit 2 ;;
 esac
