@@ -78,9 +78,12 @@ ladder_up() {
     --merge "$OUT-ladder/results.csv" --no-swap "$@"  # the seed-set swap: headline cells only
 }
 widthinit() {
-  # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32)
+  # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32).
+  # Every knob tuned anew; the searches start at the default-init twin's choices (the ladder's
+  # proxy-100k cell) and move as far as they must.
   python -m study --out "$OUT-widthinit" --optimizers "${OPTS[@]}" --models proxy-100k \
-    --budgets 0.25 --reference-budgets 2 4 "${CENTERS[@]}" "$@" -- model.init_std=0.098
+    --budgets 0.25 --reference-budgets 2 4 --center-from "$OUT-ladder/results.csv" \
+    --center-cell proxy-100k:0.25 "$@" -- model.init_std=0.098
 }
 batch() {
   # MARS-AdamW against AdamW with both tuned anew at four times the batch (8,192 bytes, the same
