@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from study.knobs import KNOB_ORDER
 from study.results import read_csv
 from study.stats import LEVEL, holm, mean_interval, paired_interval, paired_p_value
 from study.tables import REFERENCE, eval_losses
@@ -50,6 +51,7 @@ class Cell:
     batch: float
     losses: dict[str, dict[int, float]] = field(default_factory=dict)  # {opt: {seed: loss}}
     collapsed: dict[str, int] = field(default_factory=dict)
+    chosen: dict[str, dict[str, float]] = field(default_factory=dict)  # {opt: {knob: value}}
 
 
 def parse_source(text: str) -> tuple[str, Path, tuple[str, float] | None]:
@@ -97,6 +99,9 @@ def cells_of(label: str, rows: list[dict], only: tuple[str, float] | None = None
                 if x["role"] == "eval" and x.get("chosen", 1.0) == 1.0
                 and (x["optimizer"], x["model"], x["budget"]) == (opt, model, budget)
             )  # fmt: skip
+            pick = next(x for x in rows if x["role"] == "eval" and x.get("chosen", 1.0) == 1.0
+                        and (x["optimizer"], x["model"], x["budget"]) == (opt, model, budget))  # fmt: skip
+            cell.chosen[opt] = {k: pick[k] for k in KNOB_ORDER if isinstance(pick.get(k), float)}
         out.append(cell)
     return out
 
@@ -266,6 +271,13 @@ def render(cells: list[Cell], sources: list[str]) -> str:
                        f"Holm p {t['p_holm']:.2g}{col}")  # fmt: skip
         gaps.append(f"| {o} | " + " | ".join(row) + " |")
     ranks = [f"- {c.label}: {ranking(c, i, tests)}" for i, c in enumerate(cells)]
+    knobs = [k for k in KNOB_ORDER if any(k in v for c in cells for v in c.chosen.values())]
+    chosen = ["| optimizer | " + " | ".join(c.label for c in cells) + " |",
+              "|---|" + "---|" * len(cells)]  # fmt: skip
+    for o in opts:
+        vals = [", ".join(f"{c.chosen[o][k]:.4g}" if k in c.chosen[o] else "-" for k in knobs)
+                if o in c.chosen else "-" for c in cells]  # fmt: skip
+        chosen.append(f"| {o} | " + " | ".join(vals) + " |")
     pairs = ["| B - A | " + " | ".join(c.label for c in cells) + " | across the cells |",
              "|---|" + "---|" * (len(cells) + 1)]  # fmt: skip
     for a, b in combinations(opts, 2):
@@ -281,6 +293,7 @@ def render(cells: list[Cell], sources: list[str]) -> str:
         f"every cell below (one family of {len(tests)}); a difference holds at Holm p <= {ALPHA:.2f}.", "",
         "## The cells", "", *setup, "", *missing_note(cells),
         "## Mean loss and gap to AdamW in each cell", "", *gaps, "",
+        f"## Chosen values in each cell ({', '.join(knobs)})", "", *chosen, "",
         "## Ranking in each cell", "",
         "Best first; `<`: the neighbours differ after Holm; `~`: the seeds cannot tell them apart.", "",
         *ranks, "",

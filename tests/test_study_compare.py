@@ -33,7 +33,8 @@ def rows(model: str, params: int, gaps: dict[str, float], *, budget: float = 0.2
             out.append({"optimizer": opt, "model": model, "budget": budget, "role": "eval",
                         "non_embedding_params": float(params), "tokens": 5.0 * params,
                         "batch_tokens": 2048.0, "chosen": 1.0, "seed": float(s),
-                        "final_val_loss": loss, "collapsed": float((opt, s) in collapsed)})  # fmt: skip
+                        "final_val_loss": loss, "collapsed": float((opt, s) in collapsed),
+                        "lr": 0.004 * (i + 1), "wd": 0.1})  # fmt: skip
     # a selection row and an unchosen evaluation row, which the comparison ignores
     out.append({**out[0], "role": "select", "seed": 0.0, "final_val_loss": 9.0})
     out.append({**out[0], "chosen": 0.0, "final_val_loss": 9.0})
@@ -55,6 +56,8 @@ def test_order_holds_and_flips():
     assert "- a: muon < adamw < mars-adamw" in text
     assert "- b: muon < mars-adamw < adamw" in text
     assert "Not in every cell" not in text
+    assert "## Chosen values in each cell (lr, wd)" in text
+    assert "| muon | 0.008, 0.1 | 0.008, 0.1 |" in text
     c = cells_of("c", rows("m", 1000, {"muon": -0.2}))
     assert "**Not in every cell:** mars-adamw (not in c)." in render(cells + c, ["a", "b", "c"])
 
