@@ -80,9 +80,9 @@ ladder_up() {
 widthinit() {
   # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32).
   # Every knob tuned anew; the searches start at the default-init twin's choices (the ladder's
-  # proxy-100k cell) and move as far as they must.
+  # proxy-100k cell, committed: a fresh clone runs this part alone) and move as far as they must.
   python -m study --out "$OUT-widthinit" --optimizers "${OPTS[@]}" --models proxy-100k \
-    --budgets 0.25 --reference-budgets 2 4 --center-from "$OUT-ladder/results.csv" \
+    --budgets 0.25 --reference-budgets 2 4 --center-from "$DOCS/ladder/results.csv" \
     --center-cell proxy-100k:0.25 "$@" -- model.init_std=0.098
 }
 batch() {
