@@ -71,11 +71,11 @@ ladder() {
   python -m study --out "$OUT-ladder" --optimizers "${OPTS[@]}" --models proxy-100k \
     --budgets 0.25 --reference-budgets 2 4 "${CENTERS[@]}" "$@"
 }
-ladder_up() {
+ladder_up() {  # from the committed first rung (complete), so this part runs alone in a fresh clone
   python -m study --out "$OUT-ladder-up" --optimizers "${OPTS[@]}" \
     --models proxy-193k proxy-423k --budgets 0.25 --reference-budgets 2 4 --knobs lr aux_lr \
-    --center-from "$OUT-ladder/results.csv" --center-cell proxy-100k:0.25 \
-    --merge "$OUT-ladder/results.csv" --no-swap "$@"  # the seed-set swap: headline cells only
+    --center-from "$DOCS/ladder/results.csv" --center-cell proxy-100k:0.25 \
+    --merge "$DOCS/ladder/results.csv" --no-swap "$@"  # the seed-set swap: headline cells only
 }
 widthinit() {
   # GPT-2's init std 0.02 scaled to GPT-2 small's initial logit scale: 0.02 sqrt(768 / 32).
