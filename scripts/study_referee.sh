@@ -11,7 +11,7 @@
 #                                       # (ladder-base, then ladder-up: the two halves alone)
 #   scripts/study_referee.sh widthinit  # proxy-100k at 0.25x again with a width-aware init
 #   scripts/study_referee.sh batch      # MARS-AdamW and AdamW tuned anew at a batch of 8,192 bytes
-#   scripts/study_referee.sh all        # headline, ladder-base, widthinit, batch, ladder-up in turn
+#   scripts/study_referee.sh all        # headline, ladder-base, widthinit, ladder-up, batch in turn
 #   scripts/study_referee.sh report [PART ...]   # results.csv, curves, report.md, figures of
 #                                       # every part run (or of the parts named: headline,
 #                                       # factorial, ladder, ladder-up, widthinit, batch)
@@ -115,11 +115,12 @@ case "${1:-headline}" in
   ladder) ladder "${RUN[@]}" && ladder_up "${RUN[@]}" ;;
   ladder-base) ladder "${RUN[@]}" ;;
   ladder-up) ladder_up "${RUN[@]}" ;;
-  all)  # everything, in the order that gives the comparisons soonest: the headline, the ladder's
-    # proxy-100k cell (the default-init twin of widthinit), widthinit, the batch (hours), then the
-    # larger sizes (about a day)
-    headline "${RUN[@]}" && ladder "${RUN[@]}" && widthinit "${RUN[@]}" && batch "${RUN[@]}" \
-      && ladder_up "${RUN[@]}" ;;
+  all)  # everything, the parts first: the headline, the ladder's proxy-100k cell (the
+    # default-init twin of widthinit), widthinit, the larger sizes (about a day: their comparison
+    # cells first, then AdamW's longer budgets), then the batch (hours; beyond the factorial's
+    # one untuned batch run)
+    headline "${RUN[@]}" && ladder "${RUN[@]}" && widthinit "${RUN[@]}" && ladder_up "${RUN[@]}" \
+      && batch "${RUN[@]}" ;;
   widthinit) widthinit "${RUN[@]}" ;;
   batch) batch "${RUN[@]}" ;;
   report)  # every part named (default: every part) that has run: results.csv, curves, report.md
