@@ -1,0 +1,122 @@
+"""``python -m study.rerun RUN_DIR ...``: does this checkout reproduce committed runs?
+
+A study continued across commits mixes its rows' commits (the report names them). Whether a
+later commit changed what a run computes is a question with a direct answer: run the same
+command again here and compare. For each finished run directory (its ``meta.jsonl`` holds the
+command, its ``summary.json`` the result) this reruns the command at the current checkout, into a
+scratch folder (the run's own files are never touched), with the thread count of the original
+(``--threads``, the study's ``OMP_NUM_THREADS``), and compares the final validation and training
+losses to the last bit::
+
+    python -m study.rerun docs/study/referee/runs/proxy-100k/1x/adamw/eval/*_seed-1 --threads 1
+
+It prints one row per run (its commit, this one's, both losses, equal or the difference) and
+exits 1 when any run differs, 2 on bad input. Equal losses after the whole run are what the
+project calls bit for bit (every step's arithmetic in the same order); a difference of a few ulps
+means the later code reorders some arithmetic, and the rows of the two commits are then not
+interchangeable within one comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from runtime import commands
+
+ROOT = Path(__file__).resolve().parent.parent
+KEYS = ("final_val_loss", "final_train_loss")
+
+
+def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
+    """The overrides (without out_dir), commit and summary of a finished run directory."""
+    meta, summary = run_dir / "meta.jsonl", run_dir / "summary.json"
+    for f in (meta, summary):
+        if not f.is_file():
+            raise SystemExit(f"study.rerun: {run_dir} has no {f.name}: give finished run "
+                             "directories (they hold meta.jsonl and summary.json)")  # fmt: skip
+    lines = [json.loads(line) for line in meta.read_text().splitlines() if line.strip()]
+    first = lines[0]
+    argv = first.get("argv") or []
+    if not argv or not argv[0].endswith("train.py"):
+        raise SystemExit(f"study.rerun: {meta} does not record a train.py command")
+    overrides = [a for a in argv[1:] if not a.startswith("out_dir=")]
+    return overrides, str(first.get("git_commit", "?")), json.loads(summary.read_text())
+
+
+def head_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=ROOT, check=True)  # fmt: skip
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def compare(old: dict, new: dict) -> tuple[bool, str]:
+    """Whether every key agrees exactly, and a short account of the differences."""
+    diffs = []
+    for k in KEYS:
+        a, b = old.get(k), new.get(k)
+        if a != b:
+            diffs.append(f"{k} {a!r} -> {b!r}" + (f" ({b - a:+.3g})" if None not in (a, b) else ""))
+    return not diffs, "; ".join(diffs) or "equal"
+
+
+def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
+    overrides, commit, old = recorded(run_dir)
+    out = scratch / run_dir.name
+    cmd = commands.train_command([*overrides, f"out_dir={out}"])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not (out / "summary.json").is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        return {"run": str(run_dir), "commit": commit, "equal": False,
+                "account": f"the rerun failed (exit {proc.returncode}): " + " | ".join(tail)}  # fmt: skip
+    new = json.loads((out / "summary.json").read_text())
+    equal, account = compare(old, new)
+    return {"run": str(run_dir), "commit": commit, "equal": equal, "account": account,
+            "val_loss": new.get("final_val_loss")}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m study.rerun", description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="finished run directories")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS of each rerun (the study's --threads; default 1)")  # fmt: skip
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="write the reruns here (default: a temporary folder, removed)")  # fmt: skip
+    args = ap.parse_args(argv)
+    try:
+        for r in args.runs:
+            recorded(r)  # every input checked before the first (slow) run
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    head = head_commit()
+    print(f"rerunning {len(args.runs)} run(s) at {head[:7]} with {args.threads} thread(s)")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="study-rerun-") as tmp:
+        scratch = args.keep or Path(tmp)
+        if args.keep and args.keep.is_dir() and any(args.keep.iterdir()):
+            print(f"study.rerun: --keep {args.keep} is not empty: give a new folder",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        scratch.mkdir(parents=True, exist_ok=True)
+        for r in args.runs:
+            row = rerun(r, scratch, args.threads)
+            rows.append(row)
+            print(f"{row['commit'][:7]} -> {head[:7]}  {'EQUAL' if row['equal'] else 'DIFFERS'}  "
+                  f"{row['account']}  {row['run']}", flush=True)  # fmt: skip
+    n = sum(r["equal"] for r in rows)
+    print(f"{n} of {len(rows)} reproduced bit for bit at {head[:7]}")
+    return 0 if n == len(rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
