@@ -11,9 +11,15 @@ torchrun with ``parallel=fsdp`` and resumes it once from its DCP checkpoint.
 Every run trains on the embedded corpus (``data=sotu``, prepared on first use; no network) at
 ``--micro-batch`` sequences of ``--seq-len`` tokens (512: llama-124m's block), ``--accum`` micro-batches a step, warm-up
 a tenth of the steps; the experiment's optimizer, clip, dtype and model as they are. Dynamo's
-``recompiles`` log is read from the run's output (TORCH_LOGS): a recompile is a line of it. One
-row per run: the mean training loss of the first and last tenth of the steps, the last
-validation loss, median tokens/s, recompiles, and PASS or the checks it failed. With
+``recompiles`` log is read from the run's output (TORCH_LOGS): a recompile is a line of it.
+Only those after a process's first logged training step fail the check: before it, the
+step-0 evaluation compiles the model without gradients and the first step with them (dynamo
+logs the second graph as a recompile of each function, ``GLOBAL_STATE changed: grad_mode``),
+and the chunked loss's compiled kernel adds its one dynamic graph for the last, shorter chunk
+(model/loss.py); those are the graphs a run needs, reported beside as ``early``. One row per
+run: the mean training loss of the first and last tenth of the steps, the last validation
+loss, median tokens/s, recompiles after the first step (early ones in brackets), and PASS or
+the checks it failed. With
 ``--fsdp`` on one GPU the run is one process: FSDP2 over one rank is the plain model
 (trainer/fsdp.py), so it shows the path under torchrun, the DCP checkpoint and its resume, not
 the sharding (tests/test_fsdp.py checks that with several CPU processes). Exits 1 when a run
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -63,6 +70,24 @@ def launch(args, cmd: list[str], log: Path) -> int:
                               timeout=args.timeout).returncode  # fmt: skip
 
 
+STEP_LINE = re.compile(r"\bstep \d+/\d+ \|")
+
+
+def count_recompiles(text: str) -> tuple[int, int]:
+    """(after, early): dynamo's recompile lines after each process's first logged training
+    step, and before it. A process starts at each ``+ `` command line launch() writes."""
+    after = early = 0
+    stepped = False
+    for line in text.splitlines():
+        if line.startswith("+ "):
+            stepped = False
+        elif "Recompiling function" in line:
+            after, early = (after + 1, early) if stepped else (after, early + 1)
+        elif STEP_LINE.search(line):
+            stepped = True
+    return after, early
+
+
 def read_run(out_dir: Path, log: Path) -> dict:
     """Loss at the start and the end, validation, tokens/s, recompiles, sessions of a run."""
     rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines() if x]
@@ -78,7 +103,7 @@ def read_run(out_dir: Path, log: Path) -> dict:
         "tok_s": statistics.median(r["tokens_per_s"] for r in train if "tokens_per_s" in r)
         if train else None,
         "steps": max((r["step"] for r in rows), default=0),
-        "recompiles": sum("Recompiling function" in line for line in text.splitlines()),
+        **dict(zip(("recompiles", "early_recompiles"), count_recompiles(text), strict=True)),
         "sessions": len(meta),
         "resumed": any(m.get("resume_from") for m in meta),
         "sdpa": (meta[-1].get("sdpa") or {}).get("choice") if meta else None,
@@ -144,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     for experiment in args.experiments:
         run, failed = run_one(args, experiment)
         bad += bool(failed)
+        recompiles = f"{run.get('recompiles', '-')} ({run.get('early_recompiles', '-')})"
         print(f"{experiment + (' fsdp' if args.fsdp else ''):<32}{fmt(run.get('first'), '.3f'):>11}"
               f"{fmt(run.get('last'), '.3f'):>8}{fmt(run.get('val'), '.3f'):>8}"
-              f"{fmt(run.get('tok_s'), ',.0f'):>11}{run.get('recompiles', '-'):>11}"
+              f"{fmt(run.get('tok_s'), ',.0f'):>11}{recompiles:>11}"
               f"{str(run.get('sdpa') or '-'):>10}  {'PASS' if not failed else '; '.join(failed)}",
               flush=True)  # fmt: skip
     return 1 if bad else 0

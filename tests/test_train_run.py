@@ -32,7 +32,8 @@ def test_a_falling_loss_without_recompiles_passes(tmp_path):
 
 
 def test_each_failure_is_named(tmp_path):
-    log = "V1126 Recompiling function forward in model/gpt.py\nok\nRecompiling function f\n"
+    log = ("12:00:01 step 1/20 | loss 10.9 | lr 0\nV1126 Recompiling function forward in "
+           "model/gpt.py\nok\nRecompiling function f\n")  # fmt: skip
     run = planted(tmp_path, [10.0] * 5 + [9.95] * 5, log=log)
     failed = train_run.checks(run, 1, 20, fsdp=True)
     assert failed[0] == "exit 1"
@@ -65,3 +66,23 @@ def test_fsdp_run_under_torchrun_stops_resumes_and_passes(tmp_path, capsys):
     with pytest.raises(SystemExit, match="exists"):  # nothing overwritten
         train_run.main(["--device", "cpu", "--experiments", "llama-cpu/tiny-adamw", "--fsdp",
                         "--out", str(tmp_path)])  # fmt: skip
+
+
+def test_only_recompiles_after_a_process_first_step_fail():
+    """The graphs a run needs come before its first logged step, in every process: the step-0
+    evaluation's no-grad graph, then the grad-mode one, and the loss's dynamic last chunk (the
+    pattern a compiled llama-124m run and an FSDP run stopped and resumed printed on an H200)."""
+    log = "\n".join([
+        "+ python train.py max_steps=20",
+        "V1127 [0/1] [__recompiles] Recompiling function embed in model/llama.py:148",
+        "V1127 [0/1] [__recompiles]     - 0/0: GLOBAL_STATE changed: grad_mode",
+        "V1127 [1/1] [__recompiles] Recompiling function head in model/base.py:80",
+        "12:23:37 step 1/20 | loss 10.9997 | lr 0.00e+00 | - tok/s | eta -",
+        "12:23:37 step 2/20 | loss 11.0033 | lr 7.50e-04 | 71,990 tok/s",
+        "+ python train.py max_steps=40",
+        "V1127 [0/1] [__recompiles] Recompiling function grad_logits_fused in model/loss.py:58",
+        "12:24:09 step 21/40 | loss 6.9734 | lr 1.76e-03 | - tok/s | eta -",
+        "V1127 [0/2] [__recompiles] Recompiling function grad_logits_fused in model/loss.py:58",
+    ])  # fmt: skip
+    assert train_run.count_recompiles(log) == (1, 3)
+    assert train_run.count_recompiles(log.rsplit("\n", 1)[0]) == (0, 3)
