@@ -80,8 +80,9 @@ def cells_of(label: str, rows: list[dict], only: tuple[str, float] | None = None
     if only is not None:
         keys = [k for k in keys if k[0] == only[0] and math.isclose(k[1], only[1])]
         if not keys:
-            have = ", ".join(f"{m}:{b:g}" for m, b in sorted(found)) or "none"
-            raise ValueError(f"{label}: no comparison cell {only[0]}:{only[1]:g} (cells: {have})")
+            have = ", ".join(f"{m}:{b:g} ({len(found[m, b])} evaluated)" for m, b in sorted(found))
+            raise ValueError(f"{label}: no comparison cell {only[0]}:{only[1]:g}: a cell needs "
+                             f"two optimizers evaluated (cells: {have or 'none'})")  # fmt: skip
     first = {}
     for r in rows:
         if r["role"] == "eval":

@@ -97,7 +97,14 @@ def test_bad_sources_say_what_is_wrong(tmp_path, capsys):
     with pytest.raises(ValueError, match="MODEL:BUDGET"):
         parse_source("a=r.csv@proxy-100k:big")
     assert parse_source("a=r.csv@proxy-100k:0.25x")[2] == ("proxy-100k", 0.25)
-    with pytest.raises(ValueError, match=r"no comparison cell p9:1 \(cells: p1:0.25\)"):
+    with pytest.raises(
+        ValueError, match=r"no comparison cell p9:1: .*\(cells: p1:0.25 \(2 evaluated\)\)"
+    ):
         cells_of("a", rows("p1", 1000, {"muon": -0.3}), ("p9", 1.0))
+    only_adamw = [r for r in rows("p1", 1000, {"muon": -0.3}) if r["optimizer"] == "adamw"]
+    with pytest.raises(
+        ValueError, match=r"two optimizers evaluated \(cells: p1:0.25 \(1 evaluated"
+    ):
+        cells_of("a", only_adamw, ("p1", 0.25))  # a part still running: its other optimizer later
     assert main([f"a={tmp_path / 'none.csv'}"]) == 2
     assert "no results.csv at" in capsys.readouterr().err
