@@ -45,6 +45,9 @@ def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
     argv = first.get("argv") or []
     if not argv or not argv[0].endswith("train.py"):
         raise SystemExit(f"study.rerun: {meta} does not record a train.py command")
+    if int(first.get("world_size") or 1) != 1:
+        raise SystemExit(f"study.rerun: {run_dir} ran on {first['world_size']} processes; it "
+                         "reruns one-process runs only (rerun that one under torchrun by hand)")  # fmt: skip
     overrides = [a for a in argv[1:] if not a.startswith("out_dir=")]
     return overrides, str(first.get("git_commit", "?")), json.loads(summary.read_text())
 

@@ -104,3 +104,11 @@ def test_module_runs_as_a_command():
     out = subprocess.run([sys.executable, "-m", "study.rerun", "--help"], capture_output=True,
                          text=True, cwd=rerun.ROOT)  # fmt: skip
     assert out.returncode == 0 and "--threads" in out.stdout
+
+
+def test_a_multi_process_run_is_refused(tmp_path, capsys):
+    d = finished_run(tmp_path)
+    meta = json.loads((d / "meta.jsonl").read_text())
+    (d / "meta.jsonl").write_text(json.dumps({**meta, "world_size": 8}) + "\n")
+    assert rerun.main([str(d)]) == 2
+    assert "ran on 8 processes" in capsys.readouterr().err
