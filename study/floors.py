@@ -6,12 +6,16 @@ from __future__ import annotations
 import numpy as np
 
 from data.config import DataConfig, shard_files
+from data.prepare import ensure_prepared
 from data.shards import load_shard
 from data.vocabs import get_vocab
 
 
 def ngram_losses(data: DataConfig) -> dict[str, float]:
-    """``{"unigram": nats, "bigram": nats, "val_tokens": n}`` for ``data``'s shards."""
+    """``{"unigram": nats, "bigram": nats, "val_tokens": n}`` for ``data``'s shards. The embedded
+    corpus is prepared first where its default directory has none, as ``train.py`` does: a fresh
+    clone whose runs are all restored from the committed files reports without training."""
+    ensure_prepared(data.name, data.dir, data.tokenizer, data.val_fraction)
     train_files, val_files = shard_files(data)
     v = get_vocab(data.tokenizer).vocab_size
     train = np.concatenate([np.asarray(load_shard(f), dtype=np.int64) for f in train_files])

@@ -434,3 +434,23 @@ def test_swap_table_gives_each_optimizers_gap_to_adamw_both_ways() -> None:
     assert lines[-1].endswith(
         "| mars-adamw | 0.01 / 0.01 | 1.8500, 1.8000 | +0.3000, +0.3000 | -0.0500 |"
     )
+
+
+def test_the_floors_prepare_the_embedded_corpus_in_a_fresh_clone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh clone whose runs are all restored reports without training: the floors prepare
+    the embedded corpus in its default directory, as train.py does, and refuse any other
+    directory without shards with the command that prepares it."""
+    from data.config import DataConfig
+    from study.floors import ngram_losses
+
+    monkeypatch.chdir(tmp_path)
+    data = DataConfig(name="sotu", dir="data/shards/sotu-bytes", tokenizer="bytes",
+                      val_fraction=0.02)  # fmt: skip
+    floors = ngram_losses(data)
+    assert floors["val_tokens"] == 217_503  # 5 speeches (docs/study.md)
+    assert floors["bigram"] == pytest.approx(2.356, abs=5e-4)
+    assert floors["unigram"] == pytest.approx(3.013, abs=5e-4)
+    with pytest.raises(FileNotFoundError, match="python -m data.prepare sotu"):
+        ngram_losses(DataConfig(name="sotu", dir="elsewhere", tokenizer="bytes"))
