@@ -69,7 +69,10 @@ def curves_figure(rows: list[dict], curves: dict, floors: dict, main_budgets: li
         ax.set_title(f"{model} at {budget:g}x: evaluation seeds at the chosen values", fontsize=9)
         ax.set_xlabel("training tokens")
         ax.set_ylabel("loss (nats/byte): train (lines), validation (dots)")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        else:  # a merged cell (another study's rows): its curves are in that study's figure
+            ax.text(0.5, 0.5, "no curves kept in this study", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
