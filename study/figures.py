@@ -36,9 +36,11 @@ def _colours(rows: list[dict]) -> dict:
 def curves_figure(rows: list[dict], curves: dict, floors: dict, main_budgets: list[float],
                   path: Path) -> bool:  # fmt: skip
     """The headline figure (module docstring); False when no evaluation run has a curve."""
-    cells = sorted({(r["model"], r["budget"]) for r in rows if r["budget"] in main_budgets})
     chosen = [r for r in rows if r["role"] == "eval" and r.get("chosen") == 1.0]
-    if not cells or not any(curves.get(r["run_dir"]) for r in chosen):
+    # a cell merged from another study (--merge) keeps its curves there: no empty panel here
+    cells = sorted({(r["model"], r["budget"]) for r in chosen
+                    if r["budget"] in main_budgets and curves.get(r["run_dir"])})  # fmt: skip
+    if not cells:
         return False
     plt = _plt()
     fig, axes = plt.subplots(1, len(cells), figsize=(6.5 * len(cells), 4.4), squeeze=False)
@@ -69,10 +71,7 @@ def curves_figure(rows: list[dict], curves: dict, floors: dict, main_budgets: li
         ax.set_title(f"{model} at {budget:g}x: evaluation seeds at the chosen values", fontsize=9)
         ax.set_xlabel("training tokens")
         ax.set_ylabel("loss (nats/byte): train (lines), validation (dots)")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        else:  # a merged cell (another study's rows): its curves are in that study's figure
-            ax.text(0.5, 0.5, "no curves kept in this study", ha="center", transform=ax.transAxes)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
