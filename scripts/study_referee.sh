@@ -44,6 +44,9 @@ DOCS=docs/study/referee  # the committed files: the headline's here, each other 
 PARTS=(factorial ladder ladder-up widthinit batch)  # run directories OUT-<part>, files DOCS/<part>/
 restore_from() {  # committed finished runs ($1) back into a run tree ($2), never over a run there
   [ -d "$1" ] || return 0
+  # and the study's first start (its wall time counts from it), unless the tree has its own
+  [ ! -f "$1/../started.txt" ] || [ -f "$2/../started.txt" ] \
+    || { mkdir -p "$2/.." && cp "$1/../started.txt" "$2/../started.txt"; }
   (cd "$1" && find . -name summary.json -printf '%h\n') | while read -r d; do
     [ -e "$2/$d/summary.json" ] || { mkdir -p "$2/$d" && cp "$1/$d"/* "$2/$d/"; }
   done
