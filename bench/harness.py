@@ -12,7 +12,6 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -42,14 +41,9 @@ def paper_micro_batch(name: str) -> int:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return cpu
+    from runtime.device import cpu_name
+
+    return cpu_name()
 
 
 def device_line(device: torch.device | str = "cpu") -> str:

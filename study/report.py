@@ -28,6 +28,7 @@ from study.tables import (
     REFERENCE,
     collapse_table,
     commits,
+    cpus,
     eval_losses,
     knob_table,
     pairs_holm,
@@ -207,6 +208,8 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         "`+dirty`: tracked files differed from the commit; `+untracked(...)`: only the untracked "
         "files named sat beside the checkout (the tracked code is the commit's; each run's git.diff "
         "holds them).", "", *commits(rows), "",
+        "The CPUs they ran on (another CPU kind takes other vector kernels: the same command there "
+        "agrees statistically, not to the last bit):", "", *cpus(rows), "",
     ]  # fmt: skip
     return "\n".join(out)
 

@@ -14,7 +14,10 @@ It prints one row per run (its commit, this one's, both losses, equal or the dif
 exits 1 when any run differs, 2 on bad input. Equal losses after the whole run are what the
 project calls bit for bit (every step's arithmetic in the same order); a difference of a few ulps
 means the later code reorders some arithmetic, and the rows of the two commits are then not
-interchangeable within one comparison.
+interchangeable within one comparison. Bit for bit needs the same CPU kind as well: on another
+(an AMD EPYC for a run made on an Intel Xeon) torch takes other vector kernels, the losses differ
+in the last bits from the first step, and a long or unstable run amplifies that; each run records
+its CPU (``cpu`` in meta.jsonl), and a difference on another kind says so.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from runtime import commands
+from runtime.device import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("final_val_loss", "final_train_loss")
@@ -50,6 +54,12 @@ def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
                          "reruns one-process runs only (rerun that one under torchrun by hand)")  # fmt: skip
     overrides = [a for a in argv[1:] if not a.startswith("out_dir=")]
     return overrides, str(first.get("git_commit", "?")), json.loads(summary.read_text())
+
+
+def recorded_cpu(run_dir: Path) -> str:
+    """The CPU the run started on ("" for runs recorded before meta.jsonl named it)."""
+    lines = [json.loads(x) for x in (run_dir / "meta.jsonl").read_text().splitlines() if x.strip()]
+    return str(lines[0].get("cpu") or "") if lines else ""
 
 
 def head_commit() -> str:
@@ -83,8 +93,12 @@ def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
                 "account": f"the rerun failed (exit {proc.returncode}): " + " | ".join(tail)}  # fmt: skip
     new = json.loads((out / "summary.json").read_text())
     equal, account = compare(old, new)
+    was = recorded_cpu(run_dir)
+    if not equal and was != cpu_name():  # another CPU kind: other vector kernels
+        account += (f" (ran on {was or 'a CPU not recorded'}, rerun on {cpu_name()}: "
+                    "another CPU kind need not agree to the last bit)")  # fmt: skip
     return {"run": str(run_dir), "commit": commit, "equal": equal, "account": account,
-            "val_loss": new.get("final_val_loss")}  # fmt: skip
+            "val_loss": new.get("final_val_loss"), "cpu": was}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     head = head_commit()
-    print(f"rerunning {len(args.runs)} run(s) at {head[:7]} with {args.threads} thread(s)")
+    print(f"rerunning {len(args.runs)} run(s) at {head[:7]} with {args.threads} thread(s) on "
+          f"{cpu_name()}")  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory(prefix="study-rerun-") as tmp:
         scratch = args.keep or Path(tmp)

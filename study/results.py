@@ -18,7 +18,7 @@ BASE_COLUMNS = [
     "final_val_loss", "best_val_loss", "wall_s", "tokens_per_s", "commit",
 ]  # fmt: skip
 MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "chosen", "grid",
-                "diverged", "collapsed", "collapse", "run_dir"]  # fmt: skip
+                "diverged", "collapsed", "collapse", "run_dir", "cpu"]  # fmt: skip
 
 
 def _commit(run_dir: Path) -> str:
@@ -40,6 +40,12 @@ def _commit(run_dir: Path) -> str:
     if meta.get("git_untracked_skipped") or not untracked or set(changed) - set(untracked):
         return commit + "+dirty"
     return commit + f"+untracked({';'.join(sorted(untracked))})"
+
+
+def _cpu(run_dir: Path) -> str:
+    """The CPU the run started on (meta.jsonl; empty for runs recorded before it was)."""
+    metas = runfiles.read_meta(run_dir)
+    return str(metas[0].get("cpu") or "") if metas else ""
 
 
 def parse_run_name(name: str, keys: list[str]) -> dict[str, float]:
@@ -86,7 +92,7 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
                 + (";passes:capped" if state.flags.get("passes") == "capped" else ""),
         "diverged": int((run_dir / FAILED).is_file() or math.isinf(loss)),
         "collapsed": int(bool(reason)), "collapse": reason,
-        "run_dir": str(run_dir.relative_to(study.plan.out)),
+        "run_dir": str(run_dir.relative_to(study.plan.out)), "cpu": _cpu(run_dir),
     }  # fmt: skip
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
     for k, v in study.plan.fixed_knobs(cell).items():

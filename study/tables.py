@@ -172,6 +172,15 @@ def swap_table(rows: list[dict], main_budgets: list[float]) -> list[str]:
     return out
 
 
+def cpus(rows: list[dict]) -> list[str]:
+    """The CPU kinds the rows ran on, with their run counts: a run reruns bit for bit on its own
+    kind only (study.rerun), so rows of several kinds agree statistically, not to the last bit."""
+    count: dict = defaultdict(int)
+    for r in rows:
+        count[str(r.get("cpu") or "not recorded (before 2026-11-27)")] += 1
+    return [f"- {c}: {n} runs" for c, n in sorted(count.items(), key=lambda kv: -kv[1])]
+
+
 def commits(rows: list[dict]) -> list[str]:
     """The commits the rows come from, with their run counts (``+dirty``: uncommitted code)."""
     count: dict = defaultdict(int)

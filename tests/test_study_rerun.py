@@ -112,3 +112,28 @@ def test_a_multi_process_run_is_refused(tmp_path, capsys):
     (d / "meta.jsonl").write_text(json.dumps({**meta, "world_size": 8}) + "\n")
     assert rerun.main([str(d)]) == 2
     assert "ran on 8 processes" in capsys.readouterr().err
+
+
+def test_a_difference_on_another_cpu_kind_says_so(tmp_path, monkeypatch, capsys):
+    """Bit for bit holds on the run's own CPU kind: a run recorded on another one that differs
+    is reported with both CPUs; on the same kind, the difference stands alone."""
+    from runtime.device import cpu_name
+
+    for where, named in (("Intel(R) Xeon(R) Processor", True), (cpu_name(), False)):
+        d = finished_run(tmp_path / where.replace(" ", "_"))
+        meta = json.loads((d / "meta.jsonl").read_text())
+        (d / "meta.jsonl").write_text(json.dumps({**meta, "cpu": where}) + "\n")
+        fake_train(monkeypatch, 1.8051457849932532)
+        assert rerun.main([str(d)]) == 1
+        out = capsys.readouterr().out
+        assert ("another CPU kind need not agree" in out) is named
+        assert f"on {cpu_name()}" in out.splitlines()[0]
+
+
+def test_runs_record_their_cpu(tmp_path):
+    from runtime import runfiles
+    from runtime.device import cpu_name
+    from trainer.rundir import write_run_files
+
+    write_run_files(tmp_path, {"seed": 1}, {})
+    assert runfiles.read_meta(tmp_path)[0]["cpu"] == cpu_name() != ""
