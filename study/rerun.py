@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from runtime import commands
+from runtime import commands, runfiles
 from runtime.device import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,8 +58,8 @@ def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
 
 def recorded_cpu(run_dir: Path) -> str:
     """The CPU the run started on ("" for runs recorded before meta.jsonl named it)."""
-    lines = [json.loads(x) for x in (run_dir / "meta.jsonl").read_text().splitlines() if x.strip()]
-    return str(lines[0].get("cpu") or "") if lines else ""
+    metas = runfiles.read_meta(run_dir)
+    return str(metas[0].get("cpu") or "") if metas else ""
 
 
 def head_commit() -> str:
