@@ -230,6 +230,17 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
     return typed, checks.redact(values)
 
 
+def compose_typed(overrides: list[str]) -> tuple[TrainConfig, dict]:
+    """The config a ``python train.py OVERRIDES`` command line runs, composed without starting
+    Hydra's app (for tools that replay a recorded command: bench/vr_probe.py)."""
+    from hydra import compose, initialize_config_dir
+
+    register_schemas()
+    with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"),
+                               version_base=None):  # fmt: skip
+        return to_typed(compose(config_name="config", overrides=list(overrides)))
+
+
 def check_command_line(args: list[str]) -> list[Override]:
     """The overrides of ``args``, each naming a real key, group and option; otherwise exit with
     one line (``config error: unknown config key max_step (did you mean max_steps?)``). Made

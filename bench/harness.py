@@ -41,7 +41,7 @@ def paper_micro_batch(name: str) -> int:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    from runtime.device import cpu_name
+    from runtime.runfiles import cpu_name
 
     return cpu_name()
 

@@ -60,19 +60,34 @@ def block_matrices(model: torch.nn.Module) -> list[torch.Tensor]:
     return [p for n, p in model.named_parameters() if p.ndim == 2 and ".h." in n]
 
 
+def recorded_overrides(run_dir: Path) -> list[str]:
+    """The overrides of the run's recorded ``train.py`` command (meta.jsonl), without out_dir."""
+    from runtime import runfiles
+
+    metas = runfiles.read_meta(run_dir)
+    argv = (metas[0].get("argv") or []) if metas else []
+    if (
+        not argv
+        or not str(argv[0]).endswith("train.py")
+        or not (run_dir / "metrics.jsonl").is_file()
+    ):
+        raise SystemExit(f"bench.vr_probe: {run_dir} is not a finished train.py run (its "
+                         "meta.jsonl records the command, metrics.jsonl the losses)")  # fmt: skip
+    if int(metas[0].get("world_size") or 1) != 1:
+        raise SystemExit(f"bench.vr_probe: {run_dir} ran on several processes; the probe "
+                         "replays one-process runs")  # fmt: skip
+    return [a for a in argv[1:] if not a.startswith("out_dir=")]
+
+
 def build(run_dir: Path):  # noqa: ANN201
     """(Trainer, typed config, recorded overrides) of a finished run, ready to step."""
-    from hydra import compose, initialize_config_dir
-
     import train
     from data import ensure_prepared
     from runtime.distributed import DistInfo
-    from study.rerun import recorded
     from trainer.trainer import Trainer
 
-    overrides, _, _ = recorded(run_dir)
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg, _ = train.to_typed(compose(config_name="config", overrides=overrides))
+    overrides = recorded_overrides(run_dir)
+    cfg, _ = train.compose_typed(overrides)
     ensure_prepared(cfg.data.name, cfg.data.dir, cfg.data.tokenizer, cfg.data.val_fraction)
     trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")))
     trainer.wrap()

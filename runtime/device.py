@@ -17,22 +17,6 @@ log = logging.getLogger(__name__)
 MIN_TORCH = "2.5"
 
 
-def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; else what ``platform`` knows). Runs record it:
-    the same command on another CPU kind (an AMD EPYC against an Intel Xeon, say) takes other
-    vector kernels and differs in the last bits, which a long or unstable run amplifies."""
-    import platform
-    from pathlib import Path
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def version_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a version string such as ``2.13.0+cpu`` or ``2.6.0a0+git1234``."""
     match = re.match(r"(\d+)\.(\d+)", version)

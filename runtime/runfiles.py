@@ -35,6 +35,21 @@ CHECKPOINTS = "checkpoints"
 EVAL = "eval"
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else what ``platform`` knows). Runs record it:
+    the same command on another CPU kind (an AMD EPYC against an Intel Xeon, say) takes other
+    vector kernels and differs in the last bits, which a long or unstable run amplifies."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def is_run_dir(path: Path) -> bool:
     """``path`` holds a run: its config and its metrics log."""
     return (path / CONFIG).is_file() and (path / METRICS).is_file()

@@ -31,7 +31,6 @@ import tempfile
 from pathlib import Path
 
 from runtime import commands, runfiles
-from runtime.device import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("final_val_loss", "final_train_loss")
@@ -94,8 +93,8 @@ def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
     new = json.loads((out / "summary.json").read_text())
     equal, account = compare(old, new)
     was = recorded_cpu(run_dir)
-    if not equal and was != cpu_name():  # another CPU kind: other vector kernels
-        account += (f" (ran on {was or 'a CPU not recorded'}, rerun on {cpu_name()}: "
+    if not equal and was != runfiles.cpu_name():  # another CPU kind: other vector kernels
+        account += (f" (ran on {was or 'a CPU not recorded'}, rerun on {runfiles.cpu_name()}: "
                     "another CPU kind need not agree to the last bit)")  # fmt: skip
     return {"run": str(run_dir), "commit": commit, "equal": equal, "account": account,
             "val_loss": new.get("final_val_loss"), "cpu": was}  # fmt: skip
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     head = head_commit()
     print(f"rerunning {len(args.runs)} run(s) at {head[:7]} with {args.threads} thread(s) on "
-          f"{cpu_name()}")  # fmt: skip
+          f"{runfiles.cpu_name()}")  # fmt: skip
     rows = []
     with tempfile.TemporaryDirectory(prefix="study-rerun-") as tmp:
         scratch = args.keep or Path(tmp)

@@ -117,7 +117,7 @@ def test_a_multi_process_run_is_refused(tmp_path, capsys):
 def test_a_difference_on_another_cpu_kind_says_so(tmp_path, monkeypatch, capsys):
     """Bit for bit holds on the run's own CPU kind: a run recorded on another one that differs
     is reported with both CPUs; on the same kind, the difference stands alone."""
-    from runtime.device import cpu_name
+    from runtime.runfiles import cpu_name
 
     for where, named in (("Intel(R) Xeon(R) Processor", True), (cpu_name(), False)):
         d = finished_run(tmp_path / where.replace(" ", "_"))
@@ -132,7 +132,7 @@ def test_a_difference_on_another_cpu_kind_says_so(tmp_path, monkeypatch, capsys)
 
 def test_runs_record_their_cpu(tmp_path):
     from runtime import runfiles
-    from runtime.device import cpu_name
+    from runtime.runfiles import cpu_name
     from trainer.rundir import write_run_files
 
     write_run_files(tmp_path, {"seed": 1}, {})

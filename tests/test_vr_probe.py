@@ -46,3 +46,8 @@ def test_a_finished_run_replays_to_the_last_bit_with_its_figures(tmp_path, sotu_
         )
     with pytest.raises(SystemExit, match="not a multiple of a micro-batch"):
         vr_probe.fixed_weights(trainer, [100], r["kappa"])
+
+
+def test_a_folder_that_is_no_finished_run_is_refused(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="is not a finished train.py run"):
+        vr_probe.main([str(tmp_path)])

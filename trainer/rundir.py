@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from runtime import runfiles
-from runtime.device import cpu_name
 from trainer.checks import redact
 from trainer.config import RESUMABLE_KEYS, config_differences
 
@@ -163,7 +162,7 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
         "python": platform.python_version(),
         "torch": torch.__version__,
         "host": platform.node(),
-        "cpu": cpu_name(),  # bit-for-bit reruns hold on the same CPU kind (study.rerun)
+        "cpu": runfiles.cpu_name(),  # bit-for-bit reruns hold on the same CPU kind (study.rerun)
         **extra_meta,
     }
     runfiles.append_meta(out_dir, meta)  # one line per (re)start
