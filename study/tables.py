@@ -177,7 +177,7 @@ def cpus(rows: list[dict]) -> list[str]:
     kind only (study.rerun), so rows of several kinds agree statistically, not to the last bit."""
     count: dict = defaultdict(int)
     for r in rows:
-        count[str(r.get("cpu") or "not recorded (before 2026-11-27)")] += 1
+        count[str(r.get("cpu") or "not recorded (runs before commit ec03656)")] += 1
     return [f"- {c}: {n} runs" for c, n in sorted(count.items(), key=lambda kv: -kv[1])]
 
 
