@@ -13,8 +13,8 @@ independent (rho 0: noise dominates), 1 when they agree (rho 1), and up to (1 + 
 batch's noise, and how far the step moves the weights between the two.
 
 For each RUN_DIR (a finished run of train.py on one process, e.g. a study's evaluation run) the
-probe replays the run's step from its recorded command (meta.jsonl) and, before every optimizer
-step, reads the raw gradients of the block matrices (the 2-D tensors of the transformer blocks;
+probe replays, on the CPU, the run's step from its recorded command (meta.jsonl) and, before
+every optimizer step, reads the raw gradients of the block matrices (the 2-D tensors of the transformer blocks;
 the correction acts on them) and the previous step's: the inflation ``|c_t|^2 / |g_t|^2`` and
 ``rho``, summed over the block matrices, in four windows of the run. It checks its replay
 against the run's logged training losses (equal to the last bit where the code, thread count and
@@ -44,9 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def kappa_of(cfg) -> float:  # noqa: ANN001
-    """``gamma beta1 / (1 - beta1)`` of a MARS optimizer config (0 without a correction)."""
-    gamma = float(getattr(cfg.optimizer, "gamma", 0.0) or 0.0)
-    beta1 = float(cfg.optimizer.betas[0])
+    """``gamma beta1 / (1 - beta1)`` of a MARS optimizer config: beta1 is ``betas[0]`` (the
+    MARS-AdamW family) or ``momentum`` (MARS-M); 0 for an optimizer without a correction."""
+    opt = cfg.optimizer
+    gamma = float(getattr(opt, "gamma", 0.0) or 0.0)
+    if gamma == 0.0:
+        return 0.0
+    betas, momentum = getattr(opt, "betas", None), getattr(opt, "momentum", None)
+    beta1 = float(betas[0]) if betas else float(momentum) if momentum is not None else None
+    if beta1 is None:
+        raise SystemExit(f"bench.vr_probe: {opt.name} has gamma but neither betas nor momentum; "
+                         "give the correction's --kappa")  # fmt: skip
     return gamma * beta1 / (1.0 - beta1)
 
 

@@ -51,3 +51,15 @@ def test_a_finished_run_replays_to_the_last_bit_with_its_figures(tmp_path, sotu_
 def test_a_folder_that_is_no_finished_run_is_refused(tmp_path) -> None:
     with pytest.raises(SystemExit, match="is not a finished train.py run"):
         vr_probe.main([str(tmp_path)])
+
+
+def test_kappa_of_each_optimizer_family() -> None:
+    from types import SimpleNamespace as NS
+
+    assert vr_probe.kappa_of(NS(optimizer=NS(name="adamw", betas=[0.9, 0.95]))) == 0.0
+    mars = NS(optimizer=NS(name="mars-adamw", gamma=0.025, betas=[0.95, 0.99]))
+    assert vr_probe.kappa_of(mars) == pytest.approx(0.475)
+    marsm = NS(optimizer=NS(name="mars-m", gamma=0.025, momentum=0.95))
+    assert vr_probe.kappa_of(marsm) == pytest.approx(0.475)
+    with pytest.raises(SystemExit, match="give the correction's --kappa"):
+        vr_probe.kappa_of(NS(optimizer=NS(name="odd", gamma=0.025)))
