@@ -248,7 +248,12 @@ def write_report(
     floors: dict = {}
     first = next(iter(sorted(out.glob(f"runs/*/*/*/*/*/{runfiles.CONFIG}"))), None)
     if first is not None:
-        floors = ngram_losses(DataConfig(**(runfiles.read_config(first.parent) or {})["data"]))
+        try:  # the floors read the shards: a moved or deleted data dir says how to prepare it
+            floors = ngram_losses(DataConfig(**(runfiles.read_config(first.parent) or {})["data"]))
+        except FileNotFoundError as exc:
+            raise SystemExit(
+                f"study report: the collapse floor needs the runs' data: {exc}"
+            ) from None
     floor = collapse_floor if collapse_floor is not None else floors.get("bigram")
     rows, curves = collect(study, floor)
     rows += merged_rows(rows, [Path(p) for p in merge], merge_only)

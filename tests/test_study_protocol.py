@@ -454,3 +454,20 @@ def test_the_floors_prepare_the_embedded_corpus_in_a_fresh_clone(
     assert floors["unigram"] == pytest.approx(3.013, abs=5e-4)
     with pytest.raises(FileNotFoundError, match="python -m data.prepare sotu"):
         ngram_losses(DataConfig(name="sotu", dir="elsewhere", tokenizer="bytes"))
+
+
+def test_the_report_names_missing_data_in_one_line(tmp_path: Path) -> None:
+    """Runs whose data directory is gone: the report stops with the command that prepares it,
+    not a traceback."""
+    from types import SimpleNamespace as NS
+
+    from study.report import write_report
+
+    run = tmp_path / "runs" / "proxy-100k" / "1x" / "adamw" / "eval" / "lr-0.008_seed-1"
+    run.mkdir(parents=True)
+    data = {"name": "sotu", "dir": str(tmp_path / "gone"), "tokenizer": "bytes"}
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": data}))
+    with pytest.raises(
+        SystemExit, match="collapse floor needs the runs' data.*python -m data.prepare"
+    ):
+        write_report(NS(plan=NS(out=tmp_path)))
