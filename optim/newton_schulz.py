@@ -11,22 +11,23 @@ of ``us``, computed in one of three ways that give the same numbers per matrix:
   float64 up to the reduction order of the norm; close in bf16, where a batched GEMM may round
   differently from a single one).
 - split over ranks (``distributed=True`` and ``torch.distributed`` initialised with world size
-  W > 1): each same-shape batch is padded with zero matrices to ``W * k`` (NS of a zero matrix is
-  zero), rank r orthogonalises the contiguous block ``[r*k, (r+1)*k)`` of the stable order (the
-  parameter order of the group, the same on every rank), and one all-gather per shape gives every
-  rank every result, bit for bit the same on all ranks. Every rank takes part in each collective;
-  the gathers are asynchronous (each overlaps the next shape's work; all are waited on before
-  returning: on NCCL a wait orders the streams, not the host), and there is no other host
-  synchronisation. Gathered in the Newton-Schulz dtype (bf16: half the bytes; casting to the
-  parameter dtype afterwards is exact either way).
+  W > 1): every matrix of the call has one owner rank, by its Newton-Schulz FLOPs (``assign``:
+  optim/sharded.py ``owners``, largest first to the least-loaded rank, the same on every rank),
+  so a lone large matrix (a tied embedding) no longer lands on rank 0 beside its share of every
+  shape. Per shape, each rank orthogonalises the matrices it owns (one batched call) into its
+  block of ``k`` slots (``k``: the most any rank owns of that shape; empty slots are zeros, not
+  computed), and one all-gather per shape gives every rank every result, bit for bit the same
+  on all ranks. Every rank takes part in each collective; the gathers are asynchronous (each
+  overlaps the next shape's work; all are waited on before returning: on NCCL a wait orders the
+  streams, not the host), and there is no other host synchronisation. Gathered in the
+  Newton-Schulz dtype (bf16: half the bytes; casting to the parameter dtype afterwards is exact
+  either way). ``rank_flops`` gives each rank's FLOPs a step from the assignment.
 
 As Keller Jordan's and the MARS repo's Muon, which split the matrices over ranks the same way;
 Moonlight and the official MARS-M compute every matrix on every rank (``distributed=False``).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,7 @@ def orthogonalise(
         return _sharded(us, steps=steps, eps=eps, dtype=dtype, divisor=divisor, batched=batched,
                         distributed=distributed, fused=fused, cast_back=cast_back)  # fmt: skip
     rank, world = split_world(distributed)
+    own = assign([tuple(u.shape) for u in us], world)
     out: list[torch.Tensor | None] = [None] * len(us)
     pending = []  # the gathers run while the next shape is orthogonalised
     for idx in _same_shape(us, merge_transposed=fused).values():
@@ -74,7 +76,8 @@ def orthogonalise(
         dt = dtype or xs[0].dtype
         back = xs[0].dtype if cast_back else dt
         if world > 1:
-            results, work = _split(xs, rank, world, steps, eps, dt, divisor, batched, fused)
+            mine = [own[i] for i in idx]
+            results, work = _split(xs, mine, rank, world, steps, eps, dt, divisor, batched, fused)
             pending.append(work)  # cast after the wait: see below
         elif batched:
             stack = newton_schulz(_stack(xs, dt, divisor), steps, eps, dt, fused=fused)
@@ -146,20 +149,42 @@ def _stack(xs: Tensors, dtype: torch.dtype, divisor: float | None, rows: int = 0
     return out
 
 
-def _split(xs, rank, world, steps, eps, dtype, divisor, batched, fused=False):
-    """This rank's block of ``xs`` orthogonalised here, then all-gathered (module docstring)."""
-    k, shape, device = math.ceil(len(xs) / world), xs[0].shape, xs[0].device
-    mine = xs[rank * k : (rank + 1) * k]
-    if mine and batched:
-        local = newton_schulz(_stack(mine, dtype, divisor, rows=k), steps, eps, dtype,
-                              fused=fused)  # fmt: skip
-    else:  # the per-matrix path, or only padding on this rank (NS of a zero matrix is zero)
+def _split(xs, own, rank, world, steps, eps, dtype, divisor, batched, fused=False):
+    """The matrices of ``xs`` that ``own`` gives this rank orthogonalised here, then every
+    rank's all-gathered (module docstring): rank r's j-th owned matrix lies in slot
+    ``r * k + j`` of the gather. Returns the results in the order of ``xs`` and the work."""
+    shape, device = xs[0].shape, xs[0].device
+    slots = [[i for i, o in enumerate(own) if o == r] for r in range(world)]
+    k = max(len(s) for s in slots)
+    mine = [xs[i] for i in slots[rank]]
+    if mine and batched and len(mine) == k:  # a full block: gathered as NS returns it
+        local = newton_schulz(_stack(mine, dtype, divisor), steps, eps, dtype, fused=fused)
+    else:  # this rank's empty slots gather as zeros; nothing computed for them
         local = torch.zeros((k, *shape), dtype=dtype, device=device)
-        for o, x in zip(local, mine):
-            o.copy_(newton_schulz(_scaled(x, divisor), steps, eps, dtype, fused=fused))
+        if mine and batched:
+            local[: len(mine)] = newton_schulz(_stack(mine, dtype, divisor), steps, eps, dtype,
+                                               fused=fused)  # fmt: skip
+        else:  # the per-matrix path
+            for o, x in zip(local, mine):
+                o.copy_(newton_schulz(_scaled(x, divisor), steps, eps, dtype, fused=fused))
     gathered = torch.empty((world * k, *shape), dtype=dtype, device=device)
     work = _all_gather(gathered, local.contiguous())
-    return list(gathered[: len(xs)].unbind(0)), work
+    where = {i: r * k + j for r, s in enumerate(slots) for j, i in enumerate(s)}
+    return [gathered[where[i]] for i in range(len(xs))], work
+
+
+def assign(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+    """The owner rank of each matrix under the DDP split: by Newton-Schulz FLOPs, largest
+    first to the least-loaded rank (optim/sharded.py ``owners``); all 0 for one rank."""
+    return sharded.owners(shapes, world) if world > 1 else [0] * len(shapes)
+
+
+def rank_flops(shapes: list[tuple[int, ...]], world: int, steps: int = 5) -> list[int]:
+    """Each rank's Newton-Schulz FLOPs a step under ``assign`` (what the split costs a rank)."""
+    load = [0] * world
+    for shape, r in zip(shapes, assign(shapes, world)):
+        load[r] += sharded.ns_flops(shape, steps)
+    return load
 
 
 def _all_gather(out: torch.Tensor, local: torch.Tensor):

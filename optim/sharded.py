@@ -114,11 +114,21 @@ def clip_sharded_(tensors: Tensors, shards: list, scope: str) -> None:
         raise ValueError(f"unknown clip scope {scope!r}; valid scopes: tensor, global, none")
 
 
+def ns_flops(shape: tuple[int, ...], steps: int = 5) -> int:
+    """Floating-point operations of ``steps`` quintic Newton-Schulz steps on a matrix of
+    ``shape`` (optim/functional.py ``newton_schulz``, on its wide orientation ``(m, n)``,
+    ``m <= n``): per step ``A = X X^T`` (2 m^2 n), ``A @ A`` (2 m^3), ``B @ X`` (2 m^2 n)."""
+    m, n = sorted(shape[-2:])
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
 def owners(shapes: list[tuple[int, ...]], world: int) -> list[int]:
-    """The rank that orthogonalises each matrix: largest cost (rows * cols * min(rows, cols),
-    Newton-Schulz's) first, each to the least-loaded rank (ties: the lower index, the lower
-    rank). The same on every rank: it depends on the global shapes and their order only."""
-    cost = [math.prod(s) * min(s) for s in shapes]
+    """The rank that orthogonalises each matrix: largest cost (``ns_flops``) first, each to the
+    least-loaded rank (ties: the lower index, the lower rank): the greedy longest-first
+    schedule, within 4/3 of the best makespan. The same on every rank: it depends on the
+    global shapes and their order only. Used for FSDP2's owners and DDP's split
+    (optim/newton_schulz.py)."""
+    cost = [ns_flops(s) for s in shapes]
     load, out = [0] * world, [0] * len(shapes)
     for i in sorted(range(len(shapes)), key=lambda i: (-cost[i], i)):
         r = min(range(world), key=lambda r: (load[r], r))

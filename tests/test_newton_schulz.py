@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 
 import optim.newton_schulz as ns
 from helpers import free_port
-from optim import MARS, MARS_M, Muon
+from optim import MARS, MARS_M, Muon, sharded
 from optim.functional import newton_schulz
 
 # wide, tall, square, a tall one of another width; counts 3, 2, 1, 2 (odd ones pad under a split)
@@ -76,6 +76,38 @@ def test_split_blocks_cover_every_matrix_once(monkeypatch, world, batched):
                 owner[i] = rank
                 torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
     assert None not in owner
+
+
+def gpt2_small_matrices(embeddings: bool) -> list[tuple[int, int]]:
+    """GPT-2 small's Newton-Schulz matrices: the 48 block matrices (the default routing), with
+    the tied embedding and the positions first under the MARS repo's Muon routing."""
+    from bench.newton_schulz import adamw_shapes, block_shapes, model_spec
+
+    spec = model_spec("gpt2-small")
+    return (adamw_shapes(spec)[:2] if embeddings else []) + block_shapes(spec, spec["n_layer"])
+
+
+def test_split_balances_gpt2_small_flops_over_8_ranks():
+    """FLOPs per rank from the assignment: within 1.3x of the mean for GPT-2 small's matrices on
+    8 ranks; with the tied embedding on Muon (598 GFLOP, more than the mean) its rank holds it
+    alone, the best a whole-matrix split can do, and the other 7 are within 1.3x of theirs."""
+    shapes = gpt2_small_matrices(embeddings=False)
+    load = ns.rank_flops(shapes, 8)
+    assert sum(load) == sum(sharded.ns_flops(s) for s in shapes)
+    assert max(load) <= 1.3 * sum(load) / 8, [f / 1e9 for f in load]
+    official = gpt2_small_matrices(embeddings=True)
+    own, load = ns.assign(official, 8), ns.rank_flops(official, 8)
+    assert round(sharded.ns_flops(official[0]) / 1e9) == 598
+    alone = [r for r in range(8) if own.count(r) == 1 and own[0] == r]
+    assert alone == [own[0]] and max(load) == load[own[0]]
+    rest = [f for r, f in enumerate(load) if r != own[0]]
+    assert max(rest) <= 1.3 * sum(rest) / 7 and max(load) < 805e9  # the old split: 805 on rank 0
+
+
+def test_assign_is_a_function_of_the_shapes_and_one_rank_owns_all():
+    shapes = gpt2_small_matrices(embeddings=True)
+    assert ns.assign(shapes, 8) == ns.assign(list(shapes), 8)
+    assert ns.assign(shapes, 1) == [0] * len(shapes) and ns.rank_flops([], 4) == [0] * 4
 
 
 @pytest.mark.gpu
@@ -147,7 +179,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
-    """Each rank orthogonalises half the matrices and gathers the rest; the parameters after 3
+    """Each rank orthogonalises the matrices it owns (by FLOPs; the lone square one leaves the
+    other rank an empty slot) and gathers the rest; the parameters after 3
     steps equal the single-process ones exactly (float32 and bf16 NS on CPU: a slice of a batched
     matmul rounds as the single matmul), and so does the split turned off."""
     world = 2
@@ -161,6 +194,10 @@ def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
             for w, a, b in zip(want, split, off):
                 assert torch.equal(w, a), (name, rank, "split")
                 assert torch.equal(w, b), (name, rank, "off")
+        for a, b in zip(results[0][name][0], results[1][name][0]):
+            assert torch.equal(a, b), (name, "the ranks differ")
+    own = ns.assign([tuple(s) for s in SHAPES], world)
+    assert own.count(0) and own.count(1) and own[SHAPES.index((16, 16))] in (0, 1)
 
 
 @pytest.mark.parametrize("global_precision", ["high", "medium"])
