@@ -15,7 +15,7 @@ with one line per package and the command that brings it (docs/offline-install.m
 most valuable first: the GPU tests (``pytest -m gpu``); the optimizer engine per family against
 torch's fused AdamW with its kernels per step (``bench.optim_fused --paths foreach engine
 --kernels``); with ``--nanogpt PATH``, GPT-2 small beside nanoGPT at micro-batch 12 and 32
-(``bench.train --nanogpt``); tokens/s, MFU, peak memory against bench.memory_model's estimate, the
+(``bench.train --nanogpt``); tokens/s, MFU, peak memory against trainer.memory_model's estimate, the
 compile (first step) and graph/break/recompile counts of GPT-2 small with each optimizer family,
 one process each (``bench.train``); XL with AdamW and MARS-AdamW at the micro-batch the launcher
 picks for 8 of these GPUs; exact mode's cost; each optimizer's step against torch's fused AdamW and
@@ -73,8 +73,8 @@ def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> t
     launcher's own estimate (bench.memory.experiment_estimator: the Trainer's DDP settings) fits,
     so the check measures what a paper run would run."""
     from bench.memory import experiment_estimator
-    from bench.memory_model import fitting_micro_batch
     from runtime.config_files import load_config
+    from trainer.memory_model import fitting_micro_batch
 
     cfg = load_config(f"experiment/{experiment}")
     per_rank = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"]) // gpus

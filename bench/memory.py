@@ -1,5 +1,5 @@
 """Optimizer state per parameter (measured) and peak training memory per model and optimizer
-(bench.memory_model, part by part), and the micro-batch the launcher picks for a GPU.
+(trainer.memory_model, part by part), and the micro-batch the launcher picks for a GPU.
 
     python -m bench.memory                        # GPT-2 small..XL, every optimizer, paper batch
     python -m bench.memory --parts --models gpt2-xl --optimizers mars-adamw --micro-batch 5
@@ -10,7 +10,7 @@
 State bytes per parameter are measured, not estimated: each optimizer takes one step on the model
 built on the meta device (shapes only, no memory), and its state tensors are summed (each tensor
 once); tests/test_memory.py checks this equals the state of a real step. The rest of the peak is
-bench/memory_model.py's model; its activation term is checked against the bytes autograd saves
+trainer/memory_model.py's model; its activation term is checked against the bytes autograd saves
 (``saved_activation_bytes``, saved-tensor hooks on the CPU) and bench/train.py prints the real
 peak (torch.cuda.max_memory_allocated) beside the estimate on a GPU.
 """
@@ -25,10 +25,10 @@ import torch
 
 import optim
 from bench.harness import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
-from bench.memory_model import GIB, describe, estimate_memory, largest_table
 from bench.optim import state_bytes
 from model import GPTConfig, build_model
 from trainer.config import TrainConfig
+from trainer.memory_model import GIB, describe, estimate_memory, largest_table
 
 PER_RANK = 60  # 480 sequences per step over 8 GPUs: the launcher's default candidates
 
@@ -132,13 +132,13 @@ def print_table(args, opts) -> None:
 
 
 def _estimator(cfg: GPTConfig, kw: dict) -> Callable[[int], object]:
-    """micro-batch -> bench.memory_model.MemoryEstimate."""
+    """micro-batch -> trainer.memory_model.MemoryEstimate."""
     return lambda b: estimate_memory(cfg, micro_batch=b, **kw)
 
 
 def print_picks(args, opts, memory_gib: float) -> None:
     """The largest divisor of PER_RANK sequences that fits, per model (worst optimizer listed)."""
-    from bench.memory_model import fitting_micro_batch
+    from trainer.memory_model import fitting_micro_batch
 
     cands = [d for d in range(1, PER_RANK + 1) if PER_RANK % d == 0]
     print(f"the largest micro-batch dividing {PER_RANK} that fits {memory_gib:g} GiB (total)")
@@ -172,14 +172,14 @@ def main() -> None:
     if args.largest:
         opts = dict(optimizer_variants(args.optimizers or ["adamw", "mars-adamw"], exact=False))
         print(f"the largest model whose one-rank ESTIMATE fits {args.largest:g} GiB "
-              "(bench/memory_model.py: largest_table), papers' micro-batch:")  # fmt: skip
+              "(trainer/memory_model.py: largest_table), papers' micro-batch:")  # fmt: skip
         print(largest_table(opts, state_bytes=lambda c, o: meta_state_bytes(c, o)[0],
                             memory_gib=args.largest))  # fmt: skip
         return
     opts = optimizer_variants(args.optimizers or optim.available(), exact=True)
     print(f"loss_chunk_tokens {args.loss_chunk_tokens} (plain loss: 0), activation checkpointing "
           f"{args.activation_checkpointing}, DDP {args.ddp} (bucket view {args.bucket_view}); "
-          "memory: ESTIMATES (bench/memory_model.py), GiB")  # fmt: skip
+          "memory: ESTIMATES (trainer/memory_model.py), GiB")  # fmt: skip
     if args.pick:
         print_picks(args, opts, args.pick)
     elif args.parts:

@@ -17,7 +17,7 @@ Prints tokens/s (best step after --warmup), MFU (model FLOPs of the trained toke
 over the device's bf16 peak; exact modes do a second forward/backward that is not counted),
 peak memory (CUDA: torch.cuda.max_memory_allocated; CPU: peak RSS above the RSS before the case
 was built: exact for the first case of a process, a lower bound for the others, since the
-tuned allocator keeps freed memory) beside bench.memory_model's estimate of the allocated peak,
+tuned allocator keeps freed memory) beside trainer.memory_model's estimate of the allocated peak,
 each optimizer's slowdown against AdamW of the same model and settings, the first step's time
 (with compile: the compile) and the case's graphs, graph breaks and recompilations. Every case
 starts from ``torch._dynamo.reset()``: each compiles its own static graphs, as in its own process
@@ -47,12 +47,12 @@ from bench.harness import (  # noqa: F401 (model_config, paper_micro_batch: benc
     reset_compiled,
     time_call,
 )
-from bench.memory_model import estimate_memory
 from model import build_model
 from runtime.attention import SDPA_BACKENDS, set_sdpa_backend
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
 from runtime.distributed import DistInfo, pick_device
 from trainer.config import TrainConfig
+from trainer.memory_model import estimate_memory
 from trainer.trainer import Trainer
 
 
@@ -258,7 +258,7 @@ def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
 
 
 def estimate_bytes(case: dict, device: torch.device) -> int:
-    """bench.memory_model's allocated peak for the case (one process: no DDP buckets)."""
+    """trainer.memory_model's allocated peak for the case (one process: no DDP buckets)."""
     from bench.memory import meta_state_bytes
 
     cfg = case["cfg"]
@@ -276,7 +276,7 @@ HEADER = (f"{'model':<12}{'chunk':>6} {'optimizer':<22}{'tokens/s':>12}{'MFU':>7
 
 
 def table_row(c: dict, cases: list[dict], device: torch.device) -> str:
-    """One case's row: tokens/s, MFU, the peak against bench.memory_model's estimate, the first
+    """One case's row: tokens/s, MFU, the peak against trainer.memory_model's estimate, the first
     step (the compile, with --compile), and the case's graphs / graph breaks / recompilations."""
     if c.get("oom"):
         return f"{c['model']:<12}{c['chunk']:>6} {c['opt']:<22}{'out of memory':>30}"

@@ -20,7 +20,7 @@ The runs of a table are the experiment files of its datasets' directories (confi
 configs/experiment/fineweb-edu/) for its optimizers; their model sizes, global batch and micro-batch
 come from those files (runtime/config_files.py composes them). The micro-batch, unless
 --micro-batch is given, is the largest divisor of the per-rank sequences whose memory
-(bench/memory_model.py: the model, the worst optimizer state of the size's runs, the loss path,
+(trainer/memory_model.py: the model, the worst optimizer state of the size's runs, the loss path,
 DDP's buckets, the CUDA context) fits the GPU; without a GPU or --gpu-mem, the official one or the
 largest divisor below it. If a run still runs out of memory, pass --micro-batch with a smaller
 divisor (the global batch and the update stay the same). Run it as `python -m scripts.launch` from the repository root.
@@ -41,7 +41,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.memory_model import GIB, fitting_micro_batch
 from runtime import commands, runfiles
 from runtime.config_files import ROOT
 from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the tests' too)
@@ -55,6 +54,7 @@ from scripts.paper_runs import (  # noqa: F401 (BUCKET_VIEW, estimator: the test
     table_runs,
 )
 from trainer.checkpoint import latest_checkpoint
+from trainer.memory_model import GIB, fitting_micro_batch
 
 DRY_RUN_GPUS = 8  # the official GPU count, assumed by --dry-run when no GPU is visible
 SLURM_MINUTES = 1440  # a common per-job limit; a run cut by it resumes when resubmitted

@@ -1,6 +1,6 @@
 """The paper tables' runs, read from configs/experiment/<dataset>/, the ablation sets'
 (configs/experiment/ablation/, ablation-cpu/; docs/ablations.md), and their memory estimate
-(bench/memory_model.py) for scripts/launch.py."""
+(trainer/memory_model.py) for scripts/launch.py."""
 
 from __future__ import annotations
 

@@ -202,10 +202,10 @@ def test_model_state_of_a_plain_model_stores_the_tied_head_once(tmp_path, sotu_d
 
 
 def test_fsdp_memory_parts_are_the_arithmetic():
-    """bench/memory_model.py: the sharded parts are 1/N of DDP's, plus the gathered units."""
+    """trainer/memory_model.py: the sharded parts are 1/N of DDP's, plus the gathered units."""
     from bench.harness import model_config
-    from bench.memory_model import estimate_fsdp_memory, estimate_memory, rank_memory
     from model import GPT
+    from trainer.memory_model import estimate_fsdp_memory, estimate_memory, rank_memory
 
     cfg = model_config("gpt2-medium")
     with torch.device("meta"):

@@ -240,9 +240,9 @@ def test_only_selects_runs(capsys):
 
 
 def test_micro_batch_from_the_memory_model():
-    """The launcher's pick is bench.memory_model's: the largest divisor whose full estimate (DDP
+    """The launcher's pick is trainer.memory_model's: the largest divisor whose full estimate (DDP
     buckets, bf16 copies, context, margin) fits; larger models get no larger micro-batch."""
-    from bench.memory_model import GIB
+    from trainer.memory_model import GIB
 
     runs = launch.table_runs("fineweb") + launch.table_runs("owt")
     by_size = {}

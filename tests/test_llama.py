@@ -13,13 +13,13 @@ import yaml
 import optim
 import train
 from bench.memory import saved_activation_bytes
-from bench.memory_model import activation_bytes, block_activation_bytes_per_token, estimate_memory
 from helpers import CONFIG_DIR, fast_config
 from model import GPT, CausalLM, Llama, ModelConfig, build_model
 from model.base import tied_state_dict
 from model.hf import load_hf, save_hf
 from model.llama import LlamaBlock, rotary_tables
 from trainer import cli_checks
+from trainer.memory_model import activation_bytes, block_activation_bytes_per_token, estimate_memory
 
 SMALL = dict(arch="llama", block_size=32, vocab_size=96, n_layer=2, n_head=2, n_embd=32)
 

@@ -1,4 +1,4 @@
-"""bench/memory.py and bench/memory_model.py: the state measured on the meta device equals a real
+"""bench/memory.py and trainer/memory_model.py: the state measured on the meta device equals a real
 step's, the memory model's parts equal what autograd saves on the CPU, and the DDP bucket cap."""
 
 import pytest
@@ -7,7 +7,9 @@ import torch
 import optim
 from bench.harness import model_config, optimizer_variants
 from bench.memory import meta_state_bytes, saved_activation_bytes, state_bytes_after_step
-from bench.memory_model import (
+from model import GPT, GPTConfig
+from model.gpt import Block
+from trainer.memory_model import (
     GIB,
     activation_bytes,
     block_activation_bytes_per_token,
@@ -17,8 +19,6 @@ from bench.memory_model import (
     loss_bytes,
     parameter_counts,
 )
-from model import GPT, GPTConfig
-from model.gpt import Block
 from trainer.trainer import ddp_bucket_cap_mb
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)

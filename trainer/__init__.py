@@ -2,8 +2,10 @@
 life in its directory (``run``, ``rundir``), checkpoints in one file or as DCP directories
 (``checkpoint``, ``dcp_checkpoint``), the per-step meter and logs (``meter``, ``logs``), the
 non-finite and preemption policies (``nonfinite``, ``preemption``), sweeps (``sweeps``),
-validation loss (``evaluation``), the checks of the command line before anything slow is
-imported (``cli_checks``) and of the composed config (``checks``). It imports ``data/``, ``model/``, ``optim/`` and ``runtime/``;
+validation loss (``evaluation``), the memory model that plans a run's micro-batch
+(``memory_model``), the checks of the command line before anything slow is imported
+(``cli_checks``) and of the composed config (``checks``). It imports ``data/``, ``model/``,
+``optim/`` and ``runtime/``;
 only the entry points and the tools (``bench/``, ``scripts/``, ``evals/`` for checkpoint
 loading) import it. Nothing here imports Hydra: the entry points pass plain values down.
 """

@@ -107,7 +107,7 @@ def no_buffer_sync() -> dict:
 
 DDP_DEFAULT_BUCKET_MB = 25.0
 # DDP keeps .grad as views into its buckets: no second copy of the gradients (4 B/param); the
-# memory model (bench/memory_model.py) and the launcher read this value.
+# memory model (trainer/memory_model.py) and the launcher read this value.
 GRADIENT_AS_BUCKET_VIEW = True
 
 

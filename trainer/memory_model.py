@@ -1,8 +1,10 @@
 """The project's one memory model: peak GPU memory of one training rank, part by part.
 
-Used by the launcher (scripts/launch.py, the micro-batch that fits), by ``python -m bench.memory``
-(the tables of docs/performance.md) and by ``python -m bench.train`` (the estimate beside the
-measured peak). Every part is named, so a printout shows where the memory goes:
+It plans a training run rather than measuring one, so it lives with the training application:
+the launcher (scripts/launch.py) picks the micro-batch that fits with it, and the benchmarks
+use it too (``python -m bench.memory``: the tables of docs/performance.md and docs/fsdp.md;
+``python -m bench.train``: the estimate beside the measured peak). Every part is named, so a
+printout shows where the memory goes:
 
     weights            fp32 master weights, 4 B/param
     grads              fp32 gradients, 4 B/param
@@ -55,6 +57,7 @@ import dataclasses
 import torch
 
 from model import GPTConfig, build_model
+from runtime.config_files import load_config
 
 GIB = 2**30
 MIB = 2**20
@@ -218,6 +221,11 @@ def describe(est: MemoryEstimate) -> str:
     return "\n".join(rows)
 
 
+def preset(name: str) -> GPTConfig:
+    """configs/model/<name>.yaml as a GPTConfig (the tables below take the GPT-2 presets)."""
+    return GPTConfig(**load_config(f"model/{name}"))
+
+
 # --- FSDP (parallel=fsdp, trainer/fsdp.py) -------------------------------------------------------
 
 # The papers' micro-batch: 480 sequences on 8 GPUs with the official grad accumulation of 4
@@ -310,17 +318,16 @@ def fsdp_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0, gpus=
     """Markdown: for each optimizer (label -> config), parallel mode and GPU count, one rank's
     GiB for each GPT-2 size at the papers' micro-batch and the largest size that fits
     ``memory_gib`` (docs/fsdp.md). ``state_bytes(cfg, opt_cfg)``: the optimizer state's bytes
-    (``bench.memory.meta_state_bytes(...)[0]``, passed in: bench.memory imports this module).
+    (``bench.memory.meta_state_bytes(...)[0]``, passed in: the benchmark measures it, and the
+    trainer does not import the benchmarks).
 
         fsdp_table({"adamw": AdamWConfig()}, state_bytes=lambda c, o: meta_state_bytes(c, o)[0])
     """
-    from bench.harness import model_config
-
     sizes = list(PAPER_MICRO_BATCH)
     head = "| optimizer | parallel | GPUs | " + " | ".join(sizes) + " | largest that fits |"
     rows = [head, "|" + "---|" * (len(sizes) + 4)]
     for label, opt_cfg in optimizers.items():
-        cfgs = {s: model_config(s) for s in sizes}
+        cfgs = {s: preset(s) for s in sizes}
         states = {s: state_bytes(c, opt_cfg) for s, c in cfgs.items()}
         for parallel in ("ddp", "fsdp"):
             for n in gpus:
@@ -339,10 +346,8 @@ def fsdp_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0, gpus=
 def ladder() -> dict[str, tuple[GPTConfig, int]]:
     """The sizes ``largest_table`` tries, smallest first: each GPT-2 preset at the papers'
     micro-batch, then ``LARGER`` at XL's (name -> (config, micro-batch))."""
-    from bench.harness import model_config
-
-    sizes = {s: (model_config(s), PAPER_MICRO_BATCH[s]) for s in PAPER_MICRO_BATCH}
-    xl = model_config("gpt2-xl")
+    sizes = {s: (preset(s), PAPER_MICRO_BATCH[s]) for s in PAPER_MICRO_BATCH}
+    xl = preset("gpt2-xl")
     for name, (layers, width, heads) in LARGER.items():
         cfg = dataclasses.replace(xl, name=name, n_layer=layers, n_embd=width, n_head=heads)
         sizes[name] = (cfg, LARGER_MICRO_BATCH)
