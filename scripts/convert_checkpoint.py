@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import torch
-
-from runtime.files import atomic_open
 from trainer.checkpoint import check_checkpoint
+from trainer.checksums import save_checksummed
 from trainer.dcp_checkpoint import load_dcp
 
 
@@ -41,8 +39,7 @@ def main(argv: list[str] | None = None) -> Path:
         check_checkpoint(c, src)
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
-    with atomic_open(out, "wb") as f:
-        torch.save(c, f)
+    save_checksummed(c, out)  # with out.sha256 beside it, as train.py writes checkpoints
     print(f"wrote {out} (step {c['step']}) from {src}")
     return out
 

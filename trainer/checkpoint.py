@@ -10,7 +10,6 @@ A checkpoint may also be a DCP directory ``step_<N>/`` (``checkpoint_format=dcp`
 from __future__ import annotations
 
 import logging
-import pickle
 import re
 import shutil
 import time
@@ -23,8 +22,9 @@ import torch
 from model.gpt import tied_state_dict
 from runtime import runfiles
 from runtime.distributed import DistInfo, broadcast_object, gather_objects
-from runtime.files import atomic_open
-from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp
+from trainer import checksums
+from trainer.checksums import save_checksummed
+from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp, short_reason
 from trainer.fsdp import has_dtensors
 
 log = logging.getLogger(__name__)
@@ -100,8 +100,7 @@ def save_checkpoint(out_dir: str | Path, step: int, payload: dict[str, Any], kee
     try:
         d.mkdir(parents=True, exist_ok=True)
         remove_leftover_temp_files(d)
-        with atomic_open(path, "wb") as f:  # on failure the temporary file is removed
-            torch.save(payload, f)
+        save_checksummed(payload, path)  # on failure the temporary file is removed
     except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError
         raise CheckpointWriteError(path, exc) from exc
     if keep > 0:
@@ -116,6 +115,7 @@ def prune_checkpoints(out_dir: str | Path, keep: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
+            checksums.sidecar(old).unlink(missing_ok=True)
 
 
 class CheckpointWriteError(OSError):
@@ -143,6 +143,9 @@ def remove_leftover_temp_files(directory: Path) -> None:
     for tmp in directory.glob(".step_*.pt.*.tmp"):
         tmp.unlink(missing_ok=True)
         log.info("removed %s, left by an interrupted checkpoint write", tmp)
+    for side in directory.glob(f"step_*.pt{checksums.SUFFIX}"):  # a kill before the rename
+        if not side.with_suffix("").exists():
+            side.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -181,21 +184,10 @@ def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor], sou
 
 
 def _reason(exc: BaseException) -> str:
-    """What is wrong with an unreadable checkpoint and the fix, as the end of one line: the
-    loader's first sentence (torch's zip errors go on for lines), never cut mid-word."""
+    """What is wrong with an unreadable checkpoint and the fix, as the end of one line."""
     fix = ("resume=auto falls back to the previous checkpoint; or delete the file, or pick "
            "another with resume=PATH")  # fmt: skip
-    if isinstance(exc, pickle.UnpicklingError):
-        return (
-            f"it holds objects other than tensors and plain values, which are never loaded; {fix}"
-        )
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    first = first.split(". ")[0].rstrip(".")
-    if len(first) > 160:
-        first = first[:160].rsplit(" ", 1)[0] + " ..."
-    if "zip archive" in first or "central directory" in first or "Errno" in first:
-        first += " (cut short or damaged: a kill or a full disk while it was written)"
-    return f"{first}; {fix}"
+    return f"{short_reason(exc)}; {fix}"
 
 
 def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:
@@ -210,6 +202,8 @@ def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:
         with open(path, "rb") as f:
             if f.read(4) != _ZIP_MAGIC:
                 raise ValueError(f"{path} is not a checkpoint (not a PyTorch file); pick another")
+        if not mmap:  # a full load is checked first; a peek at the config (mmap) reads no weights
+            checksums.verify(path)
         try:
             c = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as exc:  # truncated, or objects that weights_only refuses

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import pickle
 import shutil
 import time
 import warnings
@@ -38,10 +39,13 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
 from runtime.files import atomic_open
+from trainer.checksums import verify, write_manifest
+from trainer.safe_metadata import SafeFileSystemReader, read_metadata
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +253,7 @@ class DcpCheckpointer:
             upload.result()  # every rank has written: DCP's coordinator wrote .metadata last
         if not self.is_main:
             return
+        write_manifest(partial)  # the checksums, in this writer (a thread when asynchronous)
         if final.exists():  # the same step saved again (a relaunch): the new one replaces it
             _remove(final)
         partial.rename(final)
@@ -282,23 +287,43 @@ def load_dcp(path: str | Path, *, parts: tuple[str, ...] = ("model", "optimizer"
             f"{path} is not a complete DCP checkpoint (it lacks {METADATA} or {TRAIN_STATE}: "
             "a save that did not finish?); pick another checkpoint"
         )
+    verify(path, None if parts else (TRAIN_STATE, METADATA))  # before anything is parsed
+    read_metadata(path / METADATA)  # a planted index is refused before anything else is read
     try:
         side = torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
         skeleton = side.pop("skeleton")
         missing = [p for p in parts if p not in skeleton]
         if missing:
             raise ValueError(f"no {missing} state in it")
-        reader = dcp.FileSystemReader(path)
+        reader = SafeFileSystemReader(path)  # never torch's plain pickle.load of the index
         meta = reader.read_metadata().state_dict_metadata
         tensors = {}  # the targets DCP reads into, shaped as its index says
         for key in {k for p in parts for k in _tensor_keys(skeleton[p])}:
             tensors[key] = torch.empty(meta[key].size, dtype=meta[key].properties.dtype)
         dcp.load(tensors, storage_reader=reader, no_dist=True)
-    except Exception as exc:  # truncated files, foreign data
-        raise ValueError(f"{path} is not a readable DCP checkpoint ({exc}); pick another") from exc
+    except (Exception, CheckpointException) as exc:  # truncated files, foreign data
+        raise ValueError(
+            f"{path} is not a readable DCP checkpoint ({short_reason(exc)}); pick another"
+        ) from None
     for part in parts:
         side[part] = join_tensors(skeleton[part], tensors)
     return side
+
+
+def short_reason(exc: BaseException) -> str:
+    """Why a checkpoint file could not be read, in one line: the loader's first sentence (torch's
+    zip and weights_only errors go on for lines), never cut mid-word."""
+    if isinstance(exc, CheckpointException) and exc.failures:  # DCP's: a traceback per rank
+        exc = next(iter(exc.failures.values()))[0]
+    if isinstance(exc, pickle.UnpicklingError):  # weights_only refused a class
+        return "it holds objects other than tensors and plain values, which are never loaded"
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    first = first.split(". ")[0].rstrip(".")
+    if len(first) > 160:
+        first = first[:160].rsplit(" ", 1)[0] + " ..."
+    if "zip archive" in first or "central directory" in first or "Errno" in first:
+        first += " (cut short or damaged: a kill or a full disk while it was written)"
+    return first
 
 
 def _tensor_keys(obj: Any) -> list[str]:
