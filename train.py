@@ -325,15 +325,6 @@ def cli() -> None:
             destroy(force=True)
 
 
-def __getattr__(name: str):
-    """``train.init_distributed`` and ``train.destroy``, imported when first asked for."""
-    if name in ("init_distributed", "destroy"):
-        import runtime.distributed
-
-        return getattr(runtime.distributed, name)
-    raise AttributeError(f"module 'train' has no attribute {name!r}")
-
-
 if __name__ == "__main__":
     from trainer.cli_checks import TRAIN_PATH_KEYS, quote_paths
 

@@ -9,7 +9,6 @@ import dataclasses
 import os
 import platform
 import re
-import statistics
 import time
 from collections.abc import Callable
 
@@ -71,10 +70,6 @@ def time_call(fn: Callable[[], object], device: torch.device) -> float:
 
 def best_time(fn: Callable[[], object], device: torch.device, steps: int) -> float:
     return min(time_call(fn, device) for _ in range(steps))
-
-
-def median_time(fn: Callable[[], object], device: torch.device, steps: int) -> float:
-    return statistics.median(time_call(fn, device) for _ in range(steps))
 
 
 def optimizer_variants(names: list[str], exact: bool) -> list[tuple[str, object]]:

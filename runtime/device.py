@@ -25,11 +25,6 @@ def version_tuple(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def torch_older_than(version: str) -> bool:
-    """Whether the installed torch is older than ``version`` (e.g. ``"2.8"``)."""
-    return version_tuple(torch.__version__) < version_tuple(version)
-
-
 def check_torch(minimum: str = MIN_TORCH) -> str:
     """Stop with one line naming the torch found and the one needed when it is older than
     ``minimum``; returns the version found (logged at start-up)."""

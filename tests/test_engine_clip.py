@@ -155,10 +155,10 @@ def test_a_training_run_with_the_fold_equals_one_with_clip_grad_norm_(tmp_path, 
     """The Trainer on the engine (exact MARS-AdamW: the reference pass folds too, the device
     decision): three steps, the second poisoned and skipped, the clip firing; the same weights,
     state and norms as the same run through ``clip_grad_norm_`` (float32: to its accuracy)."""
-    import train
     import trainer.trainer as trainer_mod
     from helpers import fast_config
     from optim.engine import launch
+    from runtime.distributed import destroy, init_distributed
 
     monkeypatch.setitem(launch.BLOCKS, "cpu", 1 << 16)  # a few programs per launch: fast
     real = trainer_mod.Trainer.clip_grads
@@ -174,7 +174,7 @@ def test_a_training_run_with_the_fold_equals_one_with_clip_grad_norm_(tmp_path, 
         typed, _ = fast_config(tmp_path / str(fold), sotu_dir, "max_steps=3", "grad_clip=0.1",
                                "optimizer=mars-adamw", "optimizer.mode=exact",
                                "nonfinite.decision=device", "optimizer.fused=true")  # fmt: skip
-        trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+        trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
         trainer.optimizer.fused = "engine"  # (the typed config takes true, false or null)
         if not fold:
             monkeypatch.setattr(trainer.optimizer, "fold_grad_clip", lambda *a: None)
@@ -185,7 +185,7 @@ def test_a_training_run_with_the_fold_equals_one_with_clip_grad_norm_(tmp_path, 
         if fold:
             assert trainer.optimizer.clip_fold_off_reason is None
         runs.append((norms, trainer))
-        train.destroy()
+        destroy()
     (norms, a), (ref_norms, b) = runs
     # torch's float32 norm on a CPU sums the 1.6M squares of the head naively: 1e-5 off the
     # float64 norm here, the fold's per-block sums 2e-8; the clip factors differ by as much

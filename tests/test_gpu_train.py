@@ -9,6 +9,7 @@ import torch
 import train
 from helpers import fast_config
 from model import GPT, GPTConfig
+from runtime.distributed import destroy, init_distributed
 from trainer.dcp_checkpoint import DcpCheckpointer
 
 pytestmark = [
@@ -74,7 +75,7 @@ def test_train_step_with_the_device_decision_makes_no_host_sync(tmp_path, sotu_d
 
     typed, _ = fast_config(tmp_path, sotu_dir, f"optimizer={optimizer}", "device=cuda",
                            "nonfinite.decision=device", "log_every=100")  # fmt: skip
-    trainer = trainer_mod.Trainer(typed, train.init_distributed("cuda"), out_dir=tmp_path)
+    trainer = trainer_mod.Trainer(typed, init_distributed("cuda"), out_dir=tmp_path)
     for _ in range(3):  # warm-up: compiles, state, the loader's prefetch
         trainer.train_step()
     torch.cuda.synchronize()
@@ -86,4 +87,4 @@ def test_train_step_with_the_device_decision_makes_no_host_sync(tmp_path, sotu_d
         torch.cuda.set_sync_debug_mode("default")
     trainer.guard.resolve()
     assert trainer.state.skipped_steps == 0
-    train.destroy()
+    destroy()

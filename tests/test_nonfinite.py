@@ -14,6 +14,7 @@ import torch
 import train
 import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, compose_config, fast_config
+from runtime.distributed import destroy, init_distributed
 from trainer.nonfinite import NonFiniteConfig
 
 OPTIMIZERS = ["adamw", "mars-adamw", "mars-adamw-exact", "muon", "mars-m"]
@@ -112,7 +113,7 @@ def test_skipped_step_touches_neither_weights_nor_optimizer_state(
     tmp_path, sotu_dir, inject, optimizer, kind
 ):
     typed, _ = fast_config(tmp_path, sotu_dir, f"optimizer={optimizer}", "max_steps=3")
-    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
     inject({2: kind})
     trainer.train_step()  # step 1: the optimizer state exists
     before = snapshot(trainer)
@@ -128,7 +129,7 @@ def test_skipped_step_touches_neither_weights_nor_optimizer_state(
     after = trainer.raw_model.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert any(not torch.equal(after[k], before[0][k]) for k in after)
-    train.destroy()
+    destroy()
 
 
 def test_skips_are_counted_in_metrics_summary_and_checkpoint(tmp_path, sotu_dir, inject):
@@ -238,7 +239,7 @@ def test_device_decision_skip_touches_nothing_and_is_read_a_step_late(
     tmp_path, sotu_dir, inject, case
 ):
     typed, _ = fast_config(tmp_path, sotu_dir, "max_steps=4", *DEVICE, *DEVICE_CASES[case])
-    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
     assert trainer.guard.on_device
     inject({2: "nan"})
     trainer.train_step()  # step 1: the optimizer state exists
@@ -255,14 +256,14 @@ def test_device_decision_skip_touches_nothing_and_is_read_a_step_late(
     after = trainer.raw_model.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert any(not torch.equal(after[k], before[0][k]) for k in after)
-    train.destroy()
+    destroy()
 
 
 def test_device_decision_reads_only_the_previous_steps_flags(tmp_path, sotu_dir, monkeypatch):
     """Within a step, the one host read is of the step before's flags (copied when that step's
     backward ended): the host never waits for the work it has just queued."""
     typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", "max_steps=4", *DEVICE)
-    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
     trainer.train_step()
     reads = []
     for name in ("tolist", "item", "__bool__"):
@@ -276,7 +277,7 @@ def test_device_decision_reads_only_the_previous_steps_flags(tmp_path, sotu_dir,
         trainer.train_step()
         assert len(reads) == 1 and reads[0] is previous
     monkeypatch.undo()
-    train.destroy()
+    destroy()
 
 
 def test_device_decision_counts_and_stops_like_the_host_one(tmp_path, sotu_dir, inject):
@@ -298,8 +299,8 @@ def test_device_decision_refuses_an_optimizer_that_cannot_mask(tmp_path, sotu_di
     typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", "optimizer.fused=false",
                            "nonfinite.decision=device")  # fmt: skip
     with pytest.raises(ValueError, match="nonfinite.decision=device: .*only with fused=True"):
-        trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
-    train.destroy()
+        trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
+    destroy()
 
 
 @pytest.mark.parametrize("case", ["muon", "mars-m-exact", "mars-adamw-exact"])

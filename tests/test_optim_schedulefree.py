@@ -12,6 +12,7 @@ import optim
 import train
 import trainer.trainer as trainer_mod
 from helpers import fast_config
+from runtime.distributed import destroy, init_distributed
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
 schedulefree = pytest.importorskip("schedulefree")
@@ -104,7 +105,7 @@ def test_other_optimizers_are_untouched():
 def test_trainer_evaluates_and_saves_at_x(tmp_path, sotu_dir):
     typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw-schedulefree", "max_steps=3",
                            "schedule=constant", "schedule.warmup_steps=2")  # fmt: skip
-    tr = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    tr = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
     tr.logger = type("Records", (list,), {"log": list.append})()  # the records, in a list
     for _ in range(3):
         tr.train_step()
@@ -124,7 +125,7 @@ def test_trainer_evaluates_and_saves_at_x(tmp_path, sotu_dir):
     assert opt.in_train_mode is False and tr.evaluate() == loss
     assert opt.in_train_mode is False
     opt.train()
-    train.destroy()
+    destroy()
 
 
 def test_resume_equals_uninterrupted(tmp_path, sotu_dir):

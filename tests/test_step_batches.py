@@ -5,15 +5,15 @@ as taking them one after another (exact MARS's reference pass included)."""
 import pytest
 import torch
 
-import train
 import trainer.trainer as trainer_mod
 from data import TokenLoader
 from helpers import fast_config
+from runtime.distributed import destroy, init_distributed
 
 
 def _trainer(tmp_path, sotu_dir, *overrides):
     typed, _ = fast_config(tmp_path, sotu_dir, "micro_batch_size=2", *overrides)  # accum 4
-    return trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=tmp_path)
+    return trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
 
 
 def _record(monkeypatch, trainer):
@@ -72,7 +72,7 @@ def test_step_fetches_inside_the_loop_the_same_batches(tmp_path, sotu_dir, monke
             nxt = expected[(s + 1) * accum : (s + 2) * accum]
             assert all(torch.equal(ahead[2 * i][1], nxt[i]) for i in range(accum))
     trainer.loader.close()
-    train.destroy()
+    destroy()
 
 
 def test_micro_batches_are_sized_and_lazy():

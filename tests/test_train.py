@@ -12,6 +12,7 @@ import yaml
 import train
 import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, fast_config
+from runtime.distributed import destroy, init_distributed
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
 
@@ -156,7 +157,7 @@ def test_exact_reference_is_the_next_batch_at_the_current_weights(tmp_path, sotu
     before = load_checkpoint(out / "checkpoints" / "step_0000002.pt")
     after = load_checkpoint(out / "checkpoints" / "step_0000003.pt")
     typed, _ = fast_config(out, sotu_dir, "optimizer=mars-adamw-exact")
-    trainer = trainer_mod.Trainer(typed, train.init_distributed("cpu"), out_dir=out)
+    trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=out)
     trainer.raw_model.load_state_dict(before["model"])  # x_2
     trainer.loader.load_state_dict(after["loader"])  # positioned at batch 3
     assert trainer.accum == 2
@@ -169,7 +170,7 @@ def test_exact_reference_is_the_next_batch_at_the_current_weights(tmp_path, sotu
         ref = trainer.optimizer.state[ordered[i]]["previous_grad"]
         torch.testing.assert_close(state[i]["last_grad"], ref, rtol=1e-5, atol=1e-7)
         assert ref.abs().sum() > 0
-    train.destroy()
+    destroy()
 
 
 def test_exact_mode_resume_equals_uninterrupted(tmp_path, sotu_dir):
