@@ -1,6 +1,6 @@
 """The typed rule of an optimizer: what the core (optim/core.py) does to a param group's tensors.
 
-A rule names the four pieces of the MARS design (DESIGN.md, "The optimizer core"):
+A rule names the four pieces of the MARS design (docs/design.md, "The optimizer core"):
 
 - ``variance_reduction``: the MARS correction ``c = g + gamma*beta1/(1-beta1) * (g - g_ref)`` and
   its clip, or None (``c = g``);

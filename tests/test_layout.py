@@ -1,6 +1,8 @@
-"""The layout's dependency rules (README "Where things are"), read from the import statements."""
+"""The layout's dependency rules (docs/design.md, README "Where things are"), read from the import
+statements."""
 
 import ast
+import re
 import sys
 
 import pytest
@@ -64,6 +66,23 @@ def test_parts_import_only_what_the_layout_allows(part):
             ok = any(name == a or name.startswith(a + ".") for a in allowed)
             parent_ok = any(a.startswith(name + ".") for a in allowed)  # from runtime import files
             assert ok or parent_ok, f"{path.relative_to(ROOT)} imports {name}"
+
+
+def design_page_rules() -> dict[str, set[str]]:
+    """docs/design.md's table of rooms: room -> the names (in backticks) of its "may import"
+    cell; ``nothing`` is the empty set."""
+    rules = {}
+    for line in (ROOT / "docs" / "design.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        room = re.fullmatch(r"`(\w+)/`", cells[0]) if len(cells) == 3 else None
+        if room:
+            rules[room.group(1)] = set(re.findall(r"`([\w.]+)`", cells[2]))
+    return rules
+
+
+def test_the_design_page_states_these_rules():
+    """docs/design.md says what each room may import: the same rules as ALLOWED, room by room."""
+    assert design_page_rules() == ALLOWED
 
 
 def test_runtime_files_is_a_standard_library_leaf():
