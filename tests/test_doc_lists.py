@@ -6,7 +6,7 @@ A list says what it lists with an HTML comment, invisible on the rendered page:
 
 - ``<!-- every KIND -->`` inside a paragraph, list or table covers the text from the previous
   marker of that block (or the block's start) up to itself: every member of KIND must be named
-  there in backticks;
+  there (as a whole word, in backticks or not: ``mars-m`` is not named by ``mars-m-efficient``);
 - the same comment alone as a block (blank lines around it) covers the whole next block, e.g. a
   table whose rows name one member each;
 - ``<!-- some KIND -->`` marks a deliberate subset (checked for nothing but being a subset's
@@ -30,7 +30,12 @@ PAGES = [
 ]
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 MARK = re.compile(r"<!--\s*(every|some)\s+([a-z ]+?)\s*-->")
-NAME = re.compile(r"`([^`\n]+)`")
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def marks_in(block: str) -> list[re.Match]:
+    """The marks of a block, outside code spans (a page may show a mark as an example)."""
+    return list(MARK.finditer(CODE_SPAN.sub(lambda m: " " * len(m.group(0)), block)))
 
 
 def _stems(group: str) -> set[str]:
@@ -84,15 +89,20 @@ def marked_lists(text: str) -> list[tuple[str, str, str]]:
             found.append((alone.group(1), alone.group(2), following))
             continue
         start = 0
-        for mark in MARK.finditer(block):
+        for mark in marks_in(block):
             found.append((mark.group(1), mark.group(2), block[start : mark.start()]))
             start = mark.end()
     return found
 
 
+def named(text: str, members: set[str]) -> set[str]:
+    """The members ``text`` names as whole words (a name's hyphens are part of the word)."""
+    return {m for m in members if re.search(rf"(?<![\w-]){re.escape(m)}(?![\w-])", text)}
+
+
 def missing(scope: str, members: set[str]) -> set[str]:
-    """The members a list does not name in backticks."""
-    return members - set(NAME.findall(scope))
+    """The members a list does not name."""
+    return members - named(scope, members)
 
 
 def unmarked_lists(text: str, kinds: dict[str, set[str]]) -> list[str]:
@@ -101,12 +111,14 @@ def unmarked_lists(text: str, kinds: dict[str, set[str]]) -> list[str]:
     bad = []
     parts = blocks(text)
     for i, block in enumerate(parts):
-        named = set(NAME.findall(block))
         above = MARK.fullmatch(parts[i - 1].strip()) if i else None
-        marks = {m.group(2) for m in MARK.finditer(block)} | ({above.group(2)} if above else set())
+        marks = {m.group(2) for m in marks_in(block)} | ({above.group(2)} if above else set())
         for kind, answers in WATCHED.items():
             members = kinds[kind]
-            if len(named & members) >= max(3, (len(members) + 1) // 2) and not marks & answers:
+            if (
+                len(named(block, members)) >= max(3, (len(members) + 1) // 2)
+                and not marks & answers
+            ):
                 bad.append(f"{kind}: {block.strip()[:70]!r}")
     return bad
 
@@ -118,7 +130,7 @@ def test_the_helpers_read_marks_blocks_and_scopes():
         "Models: `a`, `b`, `c` <!-- every model -->; optimizers `x`, `y`\n"
         "<!-- every optimizer -->.\n\n```\n`x` `y` `z` `w`\n```\n\n"
         "<!-- some dataset -->\n\n| d |\n|---|\n| `d1` |\n| `d2` |\n\n"
-        "Unmarked: `x`, `y`, `z`, `d1`.\n"
+        "Unmarked: `x`, `y`, `z`, `d1`, `<!-- every optimizer -->` shown.\n"
     )
     marks = marked_lists(text)
     assert [(m[0], m[1]) for m in marks] == [
@@ -127,7 +139,9 @@ def test_the_helpers_read_marks_blocks_and_scopes():
     assert missing(marks[0][2], kinds["model"]) == set()
     assert missing(marks[1][2], kinds["optimizer"]) == {"z", "w"}  # the code block is no list
     assert "`d2`" in marks[2][2]
-    assert unmarked_lists(text, kinds) == ["optimizer: 'Unmarked: `x`, `y`, `z`, `d1`.'"]
+    assert [u.split(":")[0] for u in unmarked_lists(text, kinds)] == ["optimizer"]
+    names = {"adamw", "mars-adamw", "mars-m", "mars-m-efficient"}
+    assert named("mars-m-efficient and `mars-adamw`", names) == {"mars-m-efficient", "mars-adamw"}
 
 
 def test_every_page_names_only_known_kinds():
