@@ -1,5 +1,5 @@
 """Lists that cannot go stale: every list of optimizers, models, datasets, schedules, data
-sources or experiments in README.md and docs/ (docs/study* aside: the study's own pages) is checked against the
+sources, experiments or preconditioners in README.md and docs/ (docs/study* aside: the study's own pages) is checked against the
 registry it copies.
 
 A list says what it lists with an HTML comment, invisible on the rendered page:
@@ -44,9 +44,10 @@ def _stems(group: str) -> set[str]:
 
 def registries() -> dict[str, set[str]]:
     """KIND -> its members: the config groups' files (what ``group=NAME`` takes), the optimizer
-    registry and the named sources of ``python -m data.prepare``."""
+    and preconditioner registries and the named sources of ``python -m data.prepare``."""
     import optim
     from data.catalog import SOURCES
+    from optim.preconditioners import PRECONDITIONERS
 
     experiments = ROOT / "configs" / "experiment"
     return {
@@ -56,6 +57,7 @@ def registries() -> dict[str, set[str]]:
         "dataset": _stems("data"),
         "schedule": _stems("schedule"),
         "source": set(SOURCES),
+        "preconditioner": set(PRECONDITIONERS),
         # configs/experiment/: its folders (``owt/``) and its files (``demo``)
         "experiment": {p.name + "/" for p in experiments.iterdir() if p.is_dir()}
         | _stems("experiment"),
