@@ -136,20 +136,32 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
+    from trainer.config import grad_accum_steps
+    from trainer.run import prepare_out_dir
+
+    grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
+    name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
+    out_dir, resume_path, lock = prepare_out_dir(name, cfg.resume, config_dict, dist)
+    try:  # one process per run directory, until the run ends (trainer/runlock.py)
+        return _run(cfg, {**config_dict, "out_dir": str(out_dir)}, dist, out_dir, resume_path)
+    finally:
+        lock.release()
+
+
+def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
+         resume_path: Path | None) -> dict:  # fmt: skip
+    """The run in ``out_dir``, which this job holds: data, the Trainer, the loop, the summary.
+    A run that diverges is recorded as such (a checkpoint and summary.json) before it stops."""
     from data import ensure_prepared
     from data.config import check_tokenizer
     from runtime.device import configure_backends
     from runtime.distributed import barrier
-    from trainer.config import grad_accum_steps
+    from trainer.nonfinite import Diverged
     from trainer.preemption import Preempted, resume_command
-    from trainer.run import finish_run, on_main, prepare_out_dir
+    from trainer.run import finish_run, on_main
     from trainer.shared_fs import check_shared_files
     from trainer.trainer import build_trainer
 
-    grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
-    name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
-    out_dir, resume_path = prepare_out_dir(name, cfg.resume, config_dict, dist)
-    config_dict = {**config_dict, "out_dir": str(out_dir)}
     on_main(
         dist,
         ensure_prepared,
@@ -172,6 +184,11 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     try:
         with trainer.preemption:  # the signal handlers, while the loop runs
             loop(trainer)
+    except Diverged as stop:  # a state, not only a message: a rerun is refused until told
+        trainer.record_divergence(stop)
+        finish_run(cfg, dist, trainer.state, out_dir, parameters=trainer.raw_model.num_params(),
+                   wall_seconds=time.perf_counter() - start, elapsed_s=trainer.elapsed())  # fmt: skip
+        raise
     finally:
         trainer.logger.close()
     if trainer.stopped_by:  # checkpoint written; train.py exits with REQUEUE_EXIT_CODE

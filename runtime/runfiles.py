@@ -7,7 +7,8 @@ A run directory (train.py's ``out_dir``) holds:
 - ``metrics.jsonl``: one record per logged step or evaluation (``step``, ``train_loss``,
   ``val_loss``, ``tokens``, ...), cut back to the checkpoint's step when a run resumes;
 - ``summary.json``: the run's summary (``steps``, ``final_val_loss``, ``best_val_loss``,
-  ``elapsed_s``, ...), written when a session ends;
+  ``elapsed_s``, ...), written when a session ends, or when a run stops for divergence
+  (``stopped: diverged``: never finished, with no final loss);
 - ``git.diff``, ``checkpoints/`` (trainer/checkpoint.py) and ``eval/`` (eval.py's results).
 
 The trainer writes them; the study, the report and the launchers read them here, so a file's name
@@ -33,6 +34,7 @@ SUMMARY = "summary.json"
 GIT_DIFF = "git.diff"
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
+DIVERGED = "diverged"  # summary.json's ``stopped`` of a run stopped by non-finite steps
 
 
 def cpu_name() -> str:
@@ -155,12 +157,19 @@ def read_meta(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def finished(run_dir: Path, max_steps: int | None = None) -> dict[str, Any] | None:
-    """The summary of a finished run (``reached``), else None; ``max_steps`` by default the
-    run's config's."""
+    """The summary of a run that is over: finished (``reached``), or stopped for divergence
+    (``diverged``: its ``final_val_loss`` is None, so a study counts it as diverged rather than
+    running it again); else None. ``max_steps`` by default the run's config's."""
     summary = read_summary(run_dir)
     if summary is not None and max_steps is None:
         max_steps = (read_config(run_dir) or {}).get("max_steps")
-    return summary if reached(summary, max_steps) else None
+    return summary if reached(summary, max_steps) or diverged(summary) else None
+
+
+def diverged(summary: dict[str, Any] | None) -> bool:
+    """Whether a run with this summary stopped for divergence (never finished: ``reached`` is
+    False for it however many steps it took)."""
+    return (summary or {}).get("stopped") == DIVERGED
 
 
 def reached(summary: dict[str, Any] | None, max_steps: int | float | None) -> bool:
@@ -168,6 +177,6 @@ def reached(summary: dict[str, Any] | None, max_steps: int | float | None) -> bo
     summary is written only when a session completes its steps, so with ``max_steps`` unknown
     (None) any summary that records its steps counts."""
     steps = (summary or {}).get("steps")
-    if not isinstance(steps, int | float) or isinstance(steps, bool):
+    if diverged(summary) or not isinstance(steps, int | float) or isinstance(steps, bool):
         return False
     return max_steps is None or steps >= max_steps

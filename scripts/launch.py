@@ -127,6 +127,8 @@ def run_state(out_dir: Path, max_steps: int | None = None) -> tuple[bool, str]:
     if not out_dir.exists():
         return False, "new"
     summary = runfiles.finished(out_dir, max_steps)
+    if runfiles.diverged(summary):  # over, not finished: running it again is refused
+        return True, f"diverged at step {summary['steps']} (nonfinite.resume_diverged=true goes on)"
     if summary is not None:
         done = max_steps or (runfiles.read_config(out_dir) or {}).get("max_steps")
         return True, f"finished: {summary['steps']}/{done} steps"

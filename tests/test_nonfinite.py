@@ -175,7 +175,8 @@ def test_stop_names_the_step_and_the_last_checkpoint(tmp_path, sotu_dir, inject,
     assert f"stopping at step {stop_at}: non-finite gradient norm (" in msg
     assert str(tmp_path / "checkpoints" / "step_0000002.pt") in msg
     assert "those of step 2" in msg
-    assert not (tmp_path / "summary.json").exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())  # recorded, never finished
+    assert summary["stopped"] == "diverged" and summary["final_val_loss"] is None
 
 
 def test_no_nan_run_is_identical_with_and_without_the_check(tmp_path, sotu_dir):

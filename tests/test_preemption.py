@@ -119,7 +119,10 @@ def _unwritable(tmp_path, sotu_dir, monkeypatch, inject) -> tuple[Path, str]:
         run(out, sotu_dir, "max_steps=6", "ckpt_every=2", "keep_checkpoints=1")
     monkeypatch.undo()
     d = out / "checkpoints"
-    assert sorted(p.name for p in d.iterdir()) == ["step_0000004.pt"]  # no temporary file left
+    assert sorted(p.name for p in d.iterdir()) == [
+        "step_0000004.pt",
+        "step_0000004.pt.sha256",
+    ]  # no temporary file left
     assert (d / "step_0000004.pt").read_bytes() == intact
     message = str(info.value.code)
     assert str(d / "step_0000005.pt") not in message and str(d / "step_0000006.pt") in message

@@ -263,6 +263,8 @@ def restore_training_state(
     state.last_val_loss, state.last_train_loss = c.get("last_val_loss"), c.get("last_train_loss")
     state.elapsed_s = c.get("elapsed_s", 0.0)
     state.skipped_steps = c.get("skipped_steps", 0)
+    state.nonfinite_in_a_row = c.get("nonfinite_in_a_row", 0)  # absent before it was kept
+    state.stopped, state.stop_message = c.get("stopped"), c.get("stop_message")
     if len(c["rng"]) == dist.world_size:
         set_rng_state(c["rng"][dist.rank], dist.device)
     else:
@@ -307,6 +309,9 @@ def save_training_state(
         "last_train_loss": state.last_train_loss,
         "elapsed_s": elapsed(),
         "skipped_steps": state.skipped_steps,
+        "nonfinite_in_a_row": state.nonfinite_in_a_row,  # a resumed run goes on counting
+        "stopped": state.stopped,  # "diverged": a rerun is refused (trainer/run.py)
+        "stop_message": state.stop_message,
     }
     if dcp_saver is not None:
         states = {"model": model_state(model), "optimizer": optimizer.state_dict()}

@@ -78,6 +78,9 @@ class NonFiniteConfig:
     policy: str = "skip"  # skip | stop | off
     max_consecutive: int = 5  # skip: stop at this many non-finite steps in a row
     decision: str = "auto"  # auto | host | device: where the skip is decided (module docstring)
+    # A run stopped for divergence is refused when started again (it would stop the same way);
+    # true continues it anyway, its count of non-finite steps in a row started afresh.
+    resume_diverged: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -116,6 +119,15 @@ def device_skip_reason(optimizer: Any) -> str | None:
     return reason()
 
 
+class Diverged(SystemExit):
+    """The run stops: too many non-finite steps in a row. train.py records it (checkpoint and
+    summary.json) before the process exits with its one line."""
+
+    def __init__(self, message: str, step: int) -> None:
+        super().__init__(message)
+        self.message, self.step = message, step
+
+
 @dataclass
 class _Pending:
     """A step whose flags are not yet read: its number, its tokens, the flags (a host copy)."""
@@ -137,7 +149,6 @@ class NonFiniteGuard:
     ) -> None:  # fmt: skip
         self.cfg, self.dist, self.state, self.out_dir = cfg, dist, state, Path(out_dir)
         self.batch_tokens = batch_tokens
-        self.consecutive = 0  # non-finite steps in a row, up to the last one read
         self.skipped = False  # whether the last step read was skipped
         self.pending: _Pending | None = None  # device decision: the step not yet read
         self.bind(optimizer)
@@ -165,6 +176,17 @@ class NonFiniteGuard:
         log.info("non-finite check: decided %s", "on the device, read one step late" if not
                  reason else f"on the host every step ({reason})")  # fmt: skip
         return not reason
+
+    @property
+    def consecutive(self) -> int:
+        """Non-finite steps in a row, up to the last one read: kept in the run's state, so it is
+        saved with every checkpoint and a resumed run goes on counting (a diverged run does not
+        get another ``max_consecutive`` steps each time it is started again)."""
+        return self.state.nonfinite_in_a_row
+
+    @consecutive.setter
+    def consecutive(self, value: int) -> None:
+        self.state.nonfinite_in_a_row = value
 
     @property
     def enabled(self) -> bool:
@@ -221,7 +243,7 @@ class NonFiniteGuard:
         limit = 1 if self.cfg.policy == "stop" else self.cfg.max_consecutive
         what = self._describe(counts)
         if self.consecutive >= limit:
-            raise SystemExit(self._stop_message(what, step))
+            raise Diverged(self._stop_message(what, step), step)
         self.skipped = True
         self.state.skipped_steps += 1
         self._report(what, logger, step, tokens)

@@ -19,8 +19,10 @@ from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
 from trainer.logs import MetricsLogger, init_wandb, truncate_metrics
 from trainer.rundir import check_run_dir, write_run_files
+from trainer.runlock import RunLock
 
 log = logging.getLogger(__name__)
+DIVERGED = runfiles.DIVERGED
 
 
 @dataclass
@@ -32,6 +34,9 @@ class RunState:
     last_train_loss: float | None = None
     elapsed_s: float = 0.0  # wall-clock seconds of the run's earlier sessions (restarts)
     skipped_steps: int = 0  # steps not applied: non-finite loss/gradient (trainer/nonfinite.py)
+    nonfinite_in_a_row: int = 0  # non-finite steps in a row up to ``step``: resumed runs count on
+    stopped: str | None = None  # why the run stopped short of max_steps: "diverged", or None
+    stop_message: str | None = None  # the one line it stopped with
 
 
 def on_main(dist: DistInfo, fn, *args) -> None:
@@ -49,15 +54,42 @@ def on_main(dist: DistInfo, fn, *args) -> None:
 
 def prepare_out_dir(
     name: str, resume: str, config_dict: dict, dist: DistInfo
-) -> tuple[Path, Path | None]:
-    """The run directory (rank 0's ``name``, shared by all) and the checkpoint to resume from;
-    rank 0 refuses a directory that holds another run (``check_run_dir``)."""
+) -> tuple[Path, Path | None, RunLock]:
+    """The run directory (rank 0's ``name``, shared by all), the checkpoint to resume from and
+    the directory's lock, held by rank 0 (``RunLock``; release it when the run ends). Rank 0
+    refuses a directory that holds another run (``check_run_dir``) or that another process holds,
+    before anything is written."""
     out_dir = Path(broadcast_object(name))
     resume_path = ckpt.resolve_resume(resume, out_dir)
     on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None, resume)
+    lock = RunLock(out_dir)
+    on_main(dist, lock.acquire)  # one process per run directory; only rank 0 of the job holds it
+    resume_path = ckpt.resolve_resume(resume, out_dir)  # again, now that no one else writes
     if resume_path is None and resume == "auto" and (out_dir / runfiles.METRICS).exists():
         log.warning("%s holds a run stopped before its first checkpoint: starting it over", out_dir)
-    return out_dir, resume_path
+    return out_dir, resume_path, lock
+
+
+def check_not_diverged(state: RunState, resume_diverged: bool, out_dir: Path, path: Path) -> None:
+    """A run whose checkpoint ``path`` records that it stopped for divergence is refused in one
+    line saying what to change, unless ``nonfinite.resume_diverged=true``: then it goes on with
+    its count of non-finite steps in a row started afresh."""
+    if state.stopped != DIVERGED:
+        return
+    if resume_diverged:
+        log.warning("%s stopped at step %d for divergence; going on from it as asked "
+                    "(nonfinite.resume_diverged=true)", out_dir, state.step)  # fmt: skip
+        state.stopped = state.stop_message = None
+        state.nonfinite_in_a_row = 0
+        return
+    earlier = [p for p in ckpt.list_checkpoints(out_dir) if p.name < path.name]
+    back = f"resume={earlier[-1]} (an earlier checkpoint)" if earlier else "resume=never"
+    raise SystemExit(
+        f"{out_dir} stopped at step {state.step}: it diverged ({state.nonfinite_in_a_row} "
+        f"non-finite steps in a row), and the same command would stop the same way. Change what "
+        f"diverged: a lower optimizer.lr (a new run), or {back}; to go on from step {state.step} "
+        "anyway: nonfinite.resume_diverged=true"
+    )
 
 
 def finished_summary(out_dir: Path, step: int, max_steps: int) -> dict | None:
@@ -94,11 +126,13 @@ def finish_run(
 ) -> dict[str, Any]:  # fmt: skip
     """The run's summary, written by rank 0 to ``summary.json``; ``wall_seconds`` is this
     session's, ``elapsed_s`` the run's over all its sessions."""
+    diverged = state.stopped == DIVERGED
     summary = {
         "steps": state.step,
         "tokens": state.tokens,
-        "final_train_loss": state.last_train_loss,
-        "final_val_loss": state.last_val_loss,
+        # a diverged run has no final loss (the study counts it as diverged, not as its last)
+        "final_train_loss": None if diverged else state.last_train_loss,
+        "final_val_loss": None if diverged else state.last_val_loss,
         "best_val_loss": state.best_val_loss,
         "parameters": parameters,
         "model": cfg.model.name,
@@ -107,8 +141,14 @@ def finish_run(
         "wall_seconds_this_session": round(wall_seconds, 1),
         "elapsed_s": elapsed_s,
         "skipped_steps": state.skipped_steps,
+        "nonfinite_in_a_row": state.nonfinite_in_a_row,
+        "stopped": state.stopped,  # "diverged": never finished (runtime/runfiles.py)
+        "stop_reason": state.stop_message,
         "out_dir": str(out_dir),
     }
+    if diverged:
+        summary["last_val_loss"] = state.last_val_loss  # the last finite ones, for a look
+        summary["last_train_loss"] = state.last_train_loss
     if dist.is_main:
         runfiles.write_summary(out_dir, summary)
     return summary

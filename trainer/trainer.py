@@ -38,11 +38,23 @@ from trainer.dcp_checkpoint import DcpCheckpointer
 from trainer.evaluation import validation_loss
 from trainer.logs import MetricsLogger
 from trainer.meter import log_val_loss
-from trainer.nonfinite import NonFiniteGuard
+from trainer.nonfinite import Diverged, NonFiniteGuard
 from trainer.preemption import PreemptionGuard
-from trainer.run import RunState, finished_summary, open_run
+from trainer.run import DIVERGED, RunState, check_not_diverged, finished_summary, open_run
 
 log = logging.getLogger("train")
+
+
+def no_checkpoint_line(exc: ValueError, path: Path, fell_back: bool) -> str:
+    """The one line of a resume whose checkpoint cannot be used: with resume=auto every
+    checkpoint of the run was tried (and said why), with resume=PATH the one asked for."""
+    if not fell_back:
+        return f"resume={path}: {exc}"
+    why = str(exc).split("; resume=auto falls back")[0]  # there is nothing left to fall back to
+    return (
+        f"no checkpoint of {path.parent.parent} can be used (the oldest: {why}); move "
+        f"{path.parent} away to start the run over, or resume=never with another name=NAME"
+    )
 
 
 class MicroBatches:
@@ -231,17 +243,35 @@ class Trainer:
         """Load ``path`` (resume=auto: or the newest readable older one); returns the one used."""
         parts = (self.raw_model, self.optimizer, self.loader)
         fall_back = self.cfg.resume == "auto"
-        used = ckpt.restore_training_state(path, *parts, self.state, self.dist, fall_back)
+        try:
+            used = ckpt.restore_training_state(path, *parts, self.state, self.dist, fall_back)
+        except ValueError as exc:  # every checkpoint unreadable, or resume=PATH's: one line
+            raise SystemExit(no_checkpoint_line(exc, path, fall_back)) from None
+        check_not_diverged(self.state, self.cfg.nonfinite.resume_diverged, self.out_dir, used)
         optim.train_weights(self.optimizer)  # saved at the evaluated weights (schedule-free x)
         return used
 
-    def save(self) -> None:
+    def save(self, prune: bool = True) -> None:
+        """Checkpoint the run; ``prune=False`` keeps every older checkpoint (a diverged run's
+        last one must not push out the good ones before it)."""
         self.guard.resolve(self.logger)  # a skip read late is counted before the state is saved
         parts = (self.raw_model, self.optimizer, self.loader)
+        keep = self.cfg.keep_checkpoints if prune else 0
         with optim.eval_weights(self.optimizer, exact=False):  # x on disk; y as a resume has it
             ckpt.save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
-                                     dist=self.dist, keep=self.cfg.keep_checkpoints,
-                                     elapsed=self.elapsed, dcp_saver=self.dcp_saver)  # fmt: skip
+                                     dist=self.dist, keep=keep, elapsed=self.elapsed,
+                                     dcp_saver=self.dcp_saver)  # fmt: skip
+
+    def record_divergence(self, stop: Diverged) -> None:
+        """The run stopped for divergence at ``stop.step``: its failed step counted as a skipped
+        one (its batch is consumed), the state saved as a checkpoint that says so (no older one
+        pruned) and in summary.json (trainer/run.py: finish_run) by the caller."""
+        self.state.tokens += (stop.step - self.state.step) * self.cfg.batch_tokens
+        self.state.step = max(self.state.step, stop.step)
+        self.state.stopped, self.state.stop_message = DIVERGED, stop.message
+        self.save(prune=False)
+        if self.dcp_saver is not None:
+            self.dcp_saver.close()
 
     def evaluate(self) -> float:
         cfg, dist = self.cfg, self.dist
