@@ -213,12 +213,16 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_reference()
+        skip = _skip_flag(getattr(self, "found_inf", None))
+        gscale = self._take_clip_fold()  # the trainer's clip, folded: optim/engine/clip.py
+        if engine_path.run_kept(self, skip, gscale):  # the last step's launches, kept
+            self.path_counts.update(self.last_paths)
+            self._reference_pending = False
+            return loss
         foreach = self._use_foreach()
         self.last_paths = []
-        skip = _skip_flag(getattr(self, "found_inf", None))
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
-        gscale = self._take_clip_fold()  # the trainer's clip, folded: optim/engine/clip.py
         buckets = engine_path.run(self, buckets, skip, gscale)  # the buckets it covers
         apply_clip([g for b in buckets for g in b.gs], gscale)  # the others: as torch clips
         buckets = [b for b in buckets if not self._try_fused(b, skip)]

@@ -32,6 +32,7 @@ from optim.engine.availability import (
 )
 
 __all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "run",
+           "run_kept",
            "unavailable_reason", "usable", "wanted"]  # fmt: skip
 
 
@@ -46,6 +47,16 @@ def run(opt, buckets: list, skip: torch.Tensor | None, gscale: torch.Tensor | No
     from optim.engine import dispatch
 
     return dispatch.run(opt, buckets, skip, device_type, gscale)
+
+
+def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> bool:
+    """Run the step from the launches kept from the last one (optim/engine/steady.py) if
+    nothing they depend on has changed; whether it did (else the full step runs)."""
+    if "_engine_program" not in opt.__dict__:
+        return False
+    from optim.engine import dispatch
+
+    return dispatch.run_kept(opt, skip, gscale)
 
 
 def covers(opt, p: torch.Tensor, view: dict) -> bool:

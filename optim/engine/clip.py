@@ -64,14 +64,21 @@ class ClipFoldMixin:
         (or ``store_reference_grad()``) to apply; None where it cannot fold (module docstring),
         the gradients then as they were, for ``clip_grad_norm_``."""
         params = self._clip_params(params)
+        ident = (tuple(id(p) for p in params), self.fused, self._engine_off, len(self.param_groups),
+                 tuple(-1 if p.grad is None else p.grad.data_ptr() for p in params))  # fmt: skip
+        kept = self.__dict__.get("_clip_fold_kept")
+        if kept is not None and kept[0] == ident:  # the same gradients: no check, no plan key
+            norm, self._clip_fold = _launch(kept[1], float(max_norm))
+            return norm
         reason = self._clip_fold_refusal(params)
         if reason is None:
             grads = [p.grad for p in params if p.grad is not None]
-            folded = _fold(self, grads, float(max_norm))
-            if folded is None:
+            plan = _fold(self, grads)
+            if plan is None:
                 reason = self._engine_off
             else:
-                norm, self._clip_fold = folded
+                self._clip_fold_kept = (ident, plan)
+                norm, self._clip_fold = _launch(plan, float(max_norm))
         if reason != self.__dict__.get("clip_fold_off_reason", "") and (
             reason is None or (params and engine_wanted(self.fused, params[0].device.type))
         ):  # said once, where the engine was asked for
@@ -132,33 +139,40 @@ def apply_to(grads: list[torch.Tensor], coef: torch.Tensor | None) -> None:
         torch._foreach_mul_(grads, coef)
 
 
-def _fold(opt, grads: list[torch.Tensor], max_norm: float):
-    """``(norm, coef)``, two launches over ``grads``; None where a kernel failed to compile
-    (the engine is then off for ``opt``: ``_engine_off``)."""
-    from optim.engine.availability import kernels_for
-    from optim.engine.launch import BLOCKS, CHUNK
-    from optim.engine.loader import Go, tl_dtype, warps
+def _fold(opt, grads: list[torch.Tensor]):
+    """The fold's plan over ``grads``, its kernels compiled; None where a kernel failed to
+    compile (the engine is then off for ``opt``: ``_engine_off``)."""
+    from optim.engine.launch import BLOCKS
 
     device, dtype = grads[0].device, grads[0].dtype
-    k, block, chunk = kernels_for(device.type), BLOCKS[device.type], CHUNK[device.type]
+    block = BLOCKS[device.type]
     cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
     cols = {L.C_G: grads}
     plan = cache.get(key(cols, block, ("clip",)), lambda: Plan(cols, block, norm=True))
-    out = torch.empty(2, dtype=dtype, device=device)  # new each step: a kept norm stays valid
     compiled = opt.__dict__.setdefault("_engine_compiled", set())
     variant = ("clip", dtype, plan.aligned)
-    for go in ([Go(dry=True)] if variant not in compiled else []) + [Go(dry=False)]:
+    if variant not in compiled:
         try:
-            go(k.norm_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.partial, 0.0,
-               plan.partial, DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block,
-               ALIGNED=plan.aligned, REDUCE=False, GSCALE=False, num_warps=warps(block))  # fmt: skip
-            go(k.finish_clip_kernel, (1,), plan.partial, plan.nblocks, out, max_norm, EPS,
-               CHUNK=chunk)  # fmt: skip
+            _launch(plan, 1.0, dry=True)
         except Exception as e:  # noqa: BLE001 (a compile failure: nothing written, fall back)
-            if not go.dry:
-                raise
             opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
             log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
             return None
         compiled.add(variant)
+    return plan
+
+
+def _launch(plan: Plan, max_norm: float, dry: bool = False):
+    """``(norm, coef)``: two launches over the plan's gradients (``dry``: compile only)."""
+    from optim.engine.availability import kernels_for
+    from optim.engine.launch import CHUNK
+    from optim.engine.loader import Go, tl_dtype, warps
+
+    device, dtype = plan.partial.device, plan.partial.dtype
+    k, chunk, block, go = kernels_for(device.type), CHUNK[device.type], plan.block, Go(dry=dry)
+    out = torch.empty(2, dtype=dtype, device=device)  # new each step: a kept norm stays valid
+    go(k.norm_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.partial, 0.0, plan.partial,
+       DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block, ALIGNED=plan.aligned,
+       REDUCE=False, GSCALE=False, num_warps=warps(block))  # fmt: skip
+    go(k.finish_clip_kernel, (1,), plan.partial, plan.nblocks, out, max_norm, EPS, CHUNK=chunk)
     return out[0], out[1]

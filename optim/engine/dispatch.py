@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
-from optim.engine import launch, rules
+from optim.engine import launch, rules, steady
 from optim.engine import layout as L
 from optim.engine.availability import kernels_for
 from optim.engine.tables import PlanCache
@@ -65,7 +65,7 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
     cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
     compiled = opt.__dict__.setdefault("_engine_compiled", set())
     try:
-        launch.step(items, skip, k, cache, device_type, compiled, gscale)
+        launches = launch.step(items, skip, k, cache, device_type, compiled, gscale)
     except launch.CompileFailed as e:  # nothing written: the other paths take over
         opt._engine_off = f"a kernel failed to compile ({e})"
         log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
@@ -73,7 +73,34 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
     for b, _ in items:
         opt.last_paths.append("engine")
         opt._swap_exact(b, skip)
+    keep(opt, items, launches, rest, steady.flags(skip, gscale))
     return rest
+
+
+def keep(opt, items: list, launches: list, rest: list, flags: tuple) -> None:
+    """Keep the step's launches for the next steps (optim/engine/steady.py) where it ran wholly
+    on the engine and not in exact mode (whose reference buffers swap every step)."""
+    exact = not opt.is_approx and any(b.view.get("variance_reduction") for b, _ in items)
+    if rest or exact or not opt.__dict__.get("_engine_keep", True):  # (False: bench, before)
+        opt.__dict__.pop("_engine_program", None)
+        return
+    from optim.core import route  # (the core imports the engine: imported when it runs)
+
+    opt._engine_program = steady.Program(opt, items, launches, route, flags)
+    opt._engine_programs_built = opt.__dict__.get("_engine_programs_built", 0) + 1
+
+
+def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> bool:
+    """Run the kept program if it still holds (steady.Program.matches); whether it ran."""
+    program = opt.__dict__.get("_engine_program")
+    if program is None or not program.matches(opt, steady.flags(skip, gscale)):
+        return False
+    program.prepare(opt, gscale)
+    device_type = program.launches[0].plan.table.device.type
+    cache = opt.__dict__["_engine_cache"]
+    launch.run(program.launches, skip, kernels_for(device_type), cache, device_type)
+    opt.last_paths = list(program.paths)
+    return True
 
 
 def covers_param(opt, p: torch.Tensor, view: dict) -> bool:

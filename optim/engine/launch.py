@@ -64,6 +64,7 @@ class Launch:
     def __init__(self, b, kind: Kind, t: int, idx: list[int], cache: PlanCache, block: int,
                  gscale: torch.Tensor | None = None):  # fmt: skip
         self.b, self.kind, self.t, self.gscale = b, kind, t, gscale
+        self.first = idx[0]  # a tensor of this count: where a kept launch reads the next one
         cols = {c: [ts[i] for i in idx] for c, ts in columns(b, kind).items()}
         self.dtype = cols[L.C_P][0].dtype
         self.stacks = None
@@ -82,16 +83,20 @@ class Launch:
         return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs), folded
 
 
+GO = Go(dry=False)
+
+
 class CompileFailed(RuntimeError):
     """A kernel of the step did not compile; nothing was written."""
 
 
 def step(items: list[tuple], skip: torch.Tensor | None, k, cache: PlanCache,
-         device_type: str, compiled: set, gscale: torch.Tensor | None = None) -> None:  # fmt: skip
+         device_type: str, compiled: set, gscale: torch.Tensor | None = None) -> list[Launch]:  # fmt: skip
     """Run the covered buckets ``items`` (``(bucket, kind)`` pairs) through the kernels ``k``.
     A kernel variant not in ``compiled`` is compiled first, all of the step's before any runs
     (``CompileFailed``: every tensor is as it was), and added to it. ``gscale``: the folded
-    global clip's factor (module docstring), or None."""
+    global clip's factor (module docstring), or None. Returns the launches (kept by
+    optim/engine/steady.py for the next steps: ``run``)."""
     block, chunk = BLOCKS[device_type], CHUNK[device_type]
     launches = [Launch(b, kind, t, idx, cache, block, gscale)
                 for b, kind in items for t, idx in by_step(b, kind)]  # fmt: skip
@@ -103,6 +108,13 @@ def step(items: list[tuple], skip: torch.Tensor | None, k, cache: PlanCache,
             raise CompileFailed(f"{type(e).__name__}: {e}") from e
         compiled |= new
     _run(launches, skip, k, cache, chunk, Go(dry=False))
+    return launches
+
+
+def run(launches: list[Launch], skip: torch.Tensor | None, k, cache: PlanCache,
+        device_type: str) -> None:  # fmt: skip
+    """Run kept launches (their variants compiled by the step that built them)."""
+    _run(launches, skip, k, cache, CHUNK[device_type], GO)
 
 
 def _run(launches: list[Launch], skip, k, cache: PlanCache, chunk: int, go: Go) -> None:

@@ -1,0 +1,84 @@
+"""A benchmark's raw record: one JSON file per measurement, the figures' source of truth.
+
+Every round of every variant is kept (not only a summary), with what it takes to read it later:
+the device, the versions, the command, the commit (and whether the tree was dirty), and per
+variant the min, median and max over its rounds. Docs tables are made from these files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def command() -> list[str]:
+    """The command as typed from the repository's root (``python -m bench.x ...``): no
+    machine's absolute path in a record."""
+    prog = Path(sys.argv[0]).resolve()
+    try:
+        module = ".".join(prog.relative_to(ROOT).with_suffix("").parts)
+    except ValueError:
+        return [prog.name, *sys.argv[1:]]
+    return ["python", "-m", module, *sys.argv[1:]]
+
+
+def versions() -> dict[str, str | None]:
+    """Python, torch, Triton (None where it is not importable)."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except Exception:  # noqa: BLE001 (absent or broken: recorded as None)
+        triton_version = None
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "triton": triton_version}  # fmt: skip
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """min, median and max of a variant's rounds."""
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def write(path: str | Path, *, device: str, rounds: dict[str, list[float]], unit: str,
+          extra: dict | None = None) -> Path:  # fmt: skip
+    """Write the record of ``rounds`` (variant -> one figure per round, in ``unit``) to ``path``
+    (a directory: a file named by the benchmark and the time is made in it)."""
+    path = Path(path)
+    if path.suffix != ".json":
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = path / f"{Path(sys.argv[0]).stem}-{stamp}.json"
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    record = {
+        "device": device,
+        "cpu_count": os.cpu_count(),
+        "versions": versions(),
+        "command": command(),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": None if status is None else bool(status),
+        "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "unit": unit,
+        "rounds": rounds,
+        "summary": {k: spread(v) for k, v in rounds.items() if v},
+        **(extra or {}),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
