@@ -70,11 +70,11 @@ class Step:
 def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> tuple[int, int]:
     """(micro-batch, gradient accumulation) that scripts/launch.py picks for ``experiment`` on
     ``gpus`` GPUs of ``memory_gib``: the largest divisor of the per-rank sequences that the
-    launcher's own estimate (bench.memory.experiment_estimator: the Trainer's DDP settings) fits,
-    so the check measures what a paper run would run."""
-    from bench.memory import experiment_estimator
+    launcher's own estimate (trainer.memory_plan.experiment_estimator: the Trainer's DDP
+    settings) fits, so the check measures what a paper run would run."""
     from runtime.config_files import load_config
     from trainer.memory_model import fitting_micro_batch
+    from trainer.memory_plan import experiment_estimator
 
     cfg = load_config(f"experiment/{experiment}")
     per_rank = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"]) // gpus

@@ -7,80 +7,30 @@
     python -m bench.memory --largest 78 --optimizers adamw mars-adamw muon  # per GPU count, DDP/FSDP
     python -m bench.memory --models tiny gpt2-small --micro-batch 1 --seq-len 256 --ddp
 
-State bytes per parameter are measured, not estimated: each optimizer takes one step on the model
-built on the meta device (shapes only, no memory), and its state tensors are summed (each tensor
-once); tests/test_memory.py checks this equals the state of a real step. The rest of the peak is
-trainer/memory_model.py's model; its activation term is checked against the bytes autograd saves
-(``saved_activation_bytes``, saved-tensor hooks on the CPU) and bench/train.py prints the real
-peak (torch.cuda.max_memory_allocated) beside the estimate on a GPU.
+State bytes per parameter are measured, not estimated (trainer/memory_plan.py: each optimizer
+takes one step on the model built on the meta device, shapes only, and its state tensors are
+summed, each tensor once); tests/test_memory.py checks this equals the state of a real step. The
+rest of the peak is trainer/memory_model.py's model; its activation term is checked against the
+bytes autograd saves (``saved_activation_bytes``, saved-tensor hooks on the CPU) and
+bench/train.py prints the real peak (torch.cuda.max_memory_allocated) beside the estimate on a
+GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 from collections.abc import Callable
 
 import torch
 
 import optim
 from bench.harness import GPU_MODELS, model_config, optimizer_variants, paper_micro_batch
-from bench.optim import state_bytes
-from model import GPTConfig, build_model
+from model import GPTConfig
 from trainer.config import TrainConfig
 from trainer.memory_model import GIB, describe, estimate_memory, largest_table
+from trainer.memory_plan import meta_state_bytes
 
 PER_RANK = 60  # 480 sequences per step over 8 GPUs: the launcher's default candidates
-
-
-def state_bytes_after_step(model: torch.nn.Module, opt_cfg) -> int:
-    """Bytes of optimizer state after one step with gradients of the parameters' shapes."""
-    for p in model.parameters():
-        p.grad = torch.zeros_like(p)
-    opt = optim.build_optimizer(model, opt_cfg)
-    if getattr(opt, "needs_reference_grad", False):
-        opt.store_reference_grad()
-    opt.step()
-    return state_bytes(opt)
-
-
-def meta_state_bytes(cfg: GPTConfig, opt_cfg) -> tuple[int, int]:
-    """(state bytes, parameter count) of one step on ``cfg``'s model built on the meta device."""
-    with torch.device("meta"):
-        model = build_model(cfg)
-    return state_bytes_after_step(model, opt_cfg), model.num_params()
-
-
-@functools.cache
-def experiment_state_bytes(experiment: str) -> int:
-    """The optimizer state of configs/experiment/<experiment>.yaml, measured on the meta device."""
-    import dataclasses
-
-    from runtime.config_files import load_config
-
-    exp = load_config(f"experiment/{experiment}")
-    opt = dict(exp["optimizer"])
-    cls = optim.get_spec(opt.pop("name")).config_cls
-    fields = {f.name for f in dataclasses.fields(cls)}
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in opt.items() if k in fields}
-    return meta_state_bytes(model_config(exp["model"]["name"]), cls(**kw))[0]
-
-
-def experiment_estimator(experiments: list[str], world: int) -> Callable[[int], object]:
-    """micro-batch -> MemoryEstimate of these experiments (one model size; the largest optimizer
-    state) on ``world`` ranks, with the Trainer's DDP settings: what scripts/launch.py picks the
-    micro-batch by, and the GPU check with it."""
-    from runtime.config_files import load_config
-    from trainer.trainer import GRADIENT_AS_BUCKET_VIEW
-
-    cfg = load_config(f"experiment/{experiments[0]}")
-    kw = dict(state_bytes=max(experiment_state_bytes(e) for e in experiments),
-              seq_len=cfg.get("seq_len"), ddp=world > 1,
-              gradient_as_bucket_view=GRADIENT_AS_BUCKET_VIEW,
-              loss_chunk_tokens=cfg.get("loss_chunk_tokens", TrainConfig.loss_chunk_tokens),
-              activation_checkpointing=cfg.get("activation_checkpointing", False))  # fmt: skip
-    model = model_config(cfg["model"]["name"])
-    return lambda b: estimate_memory(model, micro_batch=b, **kw)
 
 
 def saved_activation_bytes(fn: Callable[[], object], params) -> int:

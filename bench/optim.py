@@ -24,16 +24,7 @@ import optim
 from bench.harness import model_config
 from model import build_model
 from runtime.distributed import pick_device
-
-
-def state_bytes(opt: torch.optim.Optimizer) -> int:
-    seen, total = set(), 0
-    for state in opt.state.values():
-        for v in state.values():
-            if torch.is_tensor(v) and id(v) not in seen:
-                seen.add(id(v))
-                total += v.numel() * v.element_size()
-    return total
+from trainer.memory_plan import state_bytes
 
 
 def time_steps(model, opt, device, steps: int, warmup: int) -> float:

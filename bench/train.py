@@ -259,7 +259,7 @@ def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
 
 def estimate_bytes(case: dict, device: torch.device) -> int:
     """trainer.memory_model's allocated peak for the case (one process: no DDP buckets)."""
-    from bench.memory import meta_state_bytes
+    from trainer.memory_plan import meta_state_bytes
 
     cfg = case["cfg"]
     state, _ = meta_state_bytes(cfg.model, cfg.optimizer)

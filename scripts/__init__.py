@@ -10,6 +10,6 @@
 The Python ones run from the repository root as modules, which puts the root on the import path
 without any editing of ``sys.path``. ``python -m scripts.launch`` (behind the ``paper_*.sh``
 wrappers) reads its runs and sizes from configs/ through ``runtime.config_files`` and
-``trainer.memory_model``. The report is ``python -m report`` (``report/``), the benchmarks
+``trainer.memory_plan``. The report is ``python -m report`` (``report/``), the benchmarks
 ``python -m bench.NAME`` (``bench/``).
 """

@@ -127,7 +127,7 @@ def divisors(n: int) -> list[int]:
 
 def estimator(runs: list[TableRun], world: int):
     """micro-batch -> MemoryEstimate for these runs of one size (the largest optimizer state):
-    bench.memory.experiment_estimator, which the GPU check shares."""
-    from bench.memory import experiment_estimator
+    trainer.memory_plan.experiment_estimator, which the GPU check shares."""
+    from trainer.memory_plan import experiment_estimator
 
     return experiment_estimator([r.experiment for r in runs], world)

@@ -1,6 +1,6 @@
 """Lists that cannot go stale: every list of optimizers, models, datasets, schedules, data
-sources, experiments or preconditioners in README.md and docs/ (docs/study* aside: the study's own pages) is checked against the
-registry it copies.
+sources, experiments or preconditioners in README.md and docs/ (docs/study* aside: the study's
+own pages) is checked against the registry it copies.
 
 A list says what it lists with an HTML comment, invisible on the rendered page:
 

@@ -24,9 +24,8 @@ ALLOWED = {
     "evals": {"data", "model", "runtime", "trainer.checkpoint", "trainer.dcp_checkpoint"},
     "report": {"evals.tasks", "runtime.runfiles"},  # run directories read through runfiles
     "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
-    # the launcher plans micro-batches with trainer.memory_model (a plan, not a benchmark); of
-    # bench/ it reads only the optimizer state measured on the meta device (bench.memory)
-    "scripts": {"bench.memory", "data", "model", "optim", "runtime", "trainer", "evals"},
+    # no benchmarks: the launcher plans micro-batches with trainer.memory_plan (a plan of a run)
+    "scripts": {"data", "model", "optim", "runtime", "trainer", "evals"},
     # launches train.py (runtime.commands), reads run directories (runtime.runfiles) and
     # configs/ (runtime.config_files)
     "study": {

@@ -6,7 +6,7 @@ import torch
 
 import optim
 from bench.harness import model_config, optimizer_variants
-from bench.memory import meta_state_bytes, saved_activation_bytes, state_bytes_after_step
+from bench.memory import saved_activation_bytes
 from model import GPT, GPTConfig
 from model.gpt import Block
 from trainer.memory_model import (
@@ -19,6 +19,7 @@ from trainer.memory_model import (
     loss_bytes,
     parameter_counts,
 )
+from trainer.memory_plan import meta_state_bytes, state_bytes_after_step
 from trainer.trainer import ddp_bucket_cap_mb
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)

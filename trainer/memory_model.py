@@ -11,7 +11,7 @@ printout shows where the memory goes:
     ddp_buckets        DDP's flat gradient buckets, 4 B/param with several ranks and
                        gradient_as_bucket_view=False (torch's default); 0 with True (the .grad
                        tensors are then views into the buckets) or one process
-    optimizer_state    the optimizer's state, measured on the meta device (bench.memory)
+    optimizer_state    the optimizer's state, measured on the meta device (trainer/memory_plan.py)
     bf16_weights       autocast's low-precision copies of the matmul weights, 2 B per matrix
                        parameter, kept for the backward pass
     activations        the tensors autograd saves, per token per block (below); with activation
@@ -177,7 +177,7 @@ def estimate_memory(
     """Peak memory of one rank training ``cfg`` (GPT-2 or LLaMA) with ``micro_batch`` sequences
     of ``seq_len``.
 
-    ``state_bytes`` is the optimizer's state (``bench.memory.meta_state_bytes``);
+    ``state_bytes`` is the optimizer's state (``trainer.memory_plan.meta_state_bytes``);
     ``low_precision`` is bf16/fp16 autocast; ``ddp`` means several ranks (DDP buckets exist);
     ``cuda`` adds the CUDA context and the allocator margin.
     """
@@ -318,8 +318,8 @@ def fsdp_table(optimizers: dict, *, state_bytes, memory_gib: float = 80.0, gpus=
     """Markdown: for each optimizer (label -> config), parallel mode and GPU count, one rank's
     GiB for each GPT-2 size at the papers' micro-batch and the largest size that fits
     ``memory_gib`` (docs/fsdp.md). ``state_bytes(cfg, opt_cfg)``: the optimizer state's bytes
-    (``bench.memory.meta_state_bytes(...)[0]``, passed in: the benchmark measures it, and the
-    trainer does not import the benchmarks).
+    (``trainer.memory_plan.meta_state_bytes(...)[0]``, passed in: memory_plan imports this
+    module).
 
         fsdp_table({"adamw": AdamWConfig()}, state_bytes=lambda c, o: meta_state_bytes(c, o)[0])
     """
