@@ -35,6 +35,10 @@ ALLOWED = {
         "runtime.commands",
         "runtime.config_files",
         "runtime.runfiles",
+        # its gradient instruments (study/vr_probe.py, study/predict.py) replay a recorded run
+        # through the trainer, composed as train.py composes it
+        "train",
+        "trainer",
     },
 }
 
@@ -82,6 +86,13 @@ def design_page_rules() -> dict[str, set[str]]:
 def test_the_design_page_states_these_rules():
     """docs/design.md says what each room may import: the same rules as ALLOWED, room by room."""
     assert design_page_rules() == ALLOWED
+
+
+def test_the_entry_points_import_no_tool():
+    """train.py and eval.py stand on the rooms below them, never on a tool that uses them."""
+    for entry in ("train.py", "eval.py"):
+        tops = {name.split(".")[0] for name in imports(ROOT / entry)}
+        assert not tops & {"bench", "scripts", "study", "report"}, (entry, tops)
 
 
 def test_runtime_files_is_a_standard_library_leaf():
