@@ -24,9 +24,16 @@ merged stacks took GPT-2 small's Muon step from 5.14 to 4.68 ms: docs/optim-engi
 
 The stacks are allocated once per set of matrices (cached as plans are, optim/engine/tables.py)
 and kept; under a device skip flag the pre-pass writes nothing, NS runs on the last step's stack
-and the update pass writes nothing. Split over DDP ranks (``ns_distributed`` with a world above
-1) and the per-matrix reference (``ns_batched=False``) stay on the eager path
-(optim/engine/rules.py).
+and the update pass writes nothing. The per-matrix reference (``ns_batched=False``) stays on the
+eager path (optim/engine/rules.py).
+
+Split over DDP ranks (``ns_distributed`` with a world of W > 1; every rank holds the same
+averaged gradients): every rank runs the pre-pass over every matrix (element-wise, cheap), each
+matrix has an owner by Newton-Schulz FLOPs (optim/newton_schulz.py ``assign``, the foreach
+path's), and a stack holds rank r's matrices in its slots ``[r * k, r * k + count_r)``; each
+rank orthogonalises its own slots only and one all-gather per stack (in the NS dtype, started
+before the next stack's NS) brings every rank's results into the buffer the update pass reads.
+Every rank then applies every matrix's result, bit for bit the same bytes on every rank.
 """
 
 from __future__ import annotations
@@ -38,43 +45,67 @@ from optim.engine.loader import tl_dtype, warps
 from optim.engine.rules import ns_dtype
 from optim.engine.tables import Plan, PlanCache, key
 from optim.functional import newton_schulz
+from optim.newton_schulz import assign, split_world
 
 
 class Stack:
-    """One persistent stack ``(k, a, b)`` and the update pass's plan over its matrices.
+    """One persistent stack ``(rows, a, b)`` and the update pass's plan over its matrices.
 
-    ``flip``: NS leaves the result transposed (a tall stack: ``(k, b, a)`` in memory);
+    ``flip``: NS leaves the result transposed (a tall stack: ``(rows, b, a)`` in memory);
     ``read``: the matrix shape of the result as it lies in memory; a matrix of that shape is
-    read straight, one of its transpose read transposed (the plan's ``C_TCOLS``)."""
+    read straight, one of its transpose read transposed (the plan's ``C_TCOLS``).
+    Split over ranks (``world`` > 1): ``rows = world * k``, rank r's matrices in the slots
+    ``[r * k, r * k + count_r)``; a slot no rank fills is a row of the update's plan with no
+    element (its ``None`` in ``params``); this rank orthogonalises its slots into ``local``
+    and all-gathers every rank's into ``gathered``, which the update pass reads."""
 
-    def __init__(self, stack: torch.Tensor, params: list, block: int) -> None:
+    def __init__(self, stack: torch.Tensor, params: list, block: int, share=(0, 0, 1)) -> None:
         a, b = stack.shape[1:]
         self.stack, self.flip = stack, a > b
         self.read = (b, a) if self.flip else (a, b)
-        tcols = [0 if tuple(p.shape) == self.read else p.shape[1] for p in params]
-        self.plan = Plan({L.C_P: params}, block, tcols=tcols)
+        empty = stack.new_empty(0, dtype=next(p for p in params if p is not None).dtype)
+        rows = [empty if p is None else p for p in params]
+        tcols = [0 if p is None or tuple(p.shape) == self.read else p.shape[1] for p in params]
+        self.plan = Plan({L.C_P: rows}, block, tcols=tcols)
+        self.start, self.count, self.world = share
+        if self.world > 1:
+            k = stack.shape[0] // self.world
+            self.local = stack.new_zeros((k, *self.read))
+            self.gathered = stack.new_zeros((stack.shape[0], *self.read))
 
 
 class Stacks:
     """A Newton-Schulz bucket's persistent stacks, one per shape, or with ``merge`` one per
     shape up to transposition (a tall matrix in its transpose's stack, written transposed);
-    kept per set of parameters (not per gradient tensors)."""
+    kept per set of parameters (not per gradient tensors). ``(rank, world)``: split over DDP
+    ranks, each matrix's owner by optim/newton_schulz.py ``assign`` (as the foreach path's)."""
 
-    def __init__(self, params: list, dtype: torch.dtype, block: int, merge: bool) -> None:
+    def __init__(self, params: list, dtype: torch.dtype, block: int, merge: bool,
+                 rank: int = 0, world: int = 1) -> None:  # fmt: skip
         by_shape: dict[tuple, list[int]] = {}
         for i, p in enumerate(params):
             m, n = p.shape
             by_shape.setdefault((n, m) if merge and m > n else (m, n), []).append(i)
+        own = assign([tuple(p.shape) for p in params], world)
         self.out: list = [None] * len(params)  # each matrix's slice of its stack
         self.tcols = [0] * len(params)  # the pre-pass's C_TCOLS: its columns where transposed
         self.stacks: list[Stack] = []
         for shape, idx in by_shape.items():
-            stack = torch.zeros((len(idx), *shape), dtype=dtype, device=params[0].device)
-            for j, i in enumerate(idx):
+            slots = [[i for i in idx if own[i] == r] for r in range(world)]
+            k = max(len(s) for s in slots)
+            rows: list = [None] * (world * k)  # the matrix in each slot (None: an empty one)
+            for r, mine in enumerate(slots):
+                rows[r * k : r * k + len(mine)] = mine
+            stack = torch.zeros((len(rows), *shape), dtype=dtype, device=params[0].device)
+            for j, i in enumerate(rows):
+                if i is None:
+                    continue
                 self.out[i] = stack[j]
                 if tuple(params[i].shape) != shape:
                     self.tcols[i] = params[i].shape[1]
-            self.stacks.append(Stack(stack, [params[i] for i in idx], block))
+            share = (rank * k, len(slots[rank]), world)
+            self.stacks.append(Stack(stack, [None if i is None else params[i] for i in rows],
+                                     block, share))  # fmt: skip
         self.dtype = dtype
 
 
@@ -89,38 +120,72 @@ def plan(b, cols: dict, cache: PlanCache, block: int) -> tuple[Plan, Stacks]:
     """The pre-pass's plan (the stacks' slices in its ``C_OUT`` column) and the stacks."""
     dtype, params = ns_dtype(b), cols[L.C_P]
     merge = merged(b, params[0].device)
-    stacks = cache.get(key({L.C_P: params}, block, ("ns-stacks", dtype, merge)),
-                       lambda: Stacks(params, dtype, block, merge))  # fmt: skip
+    rank, world = split_world(b.preconditioner.distributed)
+    stacks = cache.get(key({L.C_P: params}, block, ("ns-stacks", dtype, merge, rank, world)),
+                       lambda: Stacks(params, dtype, block, merge, rank, world))  # fmt: skip
     cols = {**cols, L.C_OUT: stacks.out}
     norm = b.view.get("variance_reduction", False) and b.view.get("clip") == "tensor"
-    return cache.get(key(cols, block, ("ns", norm, merge)),
+    return cache.get(key(cols, block, ("ns", norm, merge, world)),
                      lambda: Plan(cols, block, norm=norm, tcols=stacks.tcols)), stacks  # fmt: skip
 
 
 def run(go, k, ln, divisors, flag, update) -> None:
-    """The pre-pass (``update``: optim/engine/launch.py), NS per stack, the update per stack
-    (``go``: launch, or with ``go.dry`` compile only: NS is then not computed)."""
-    plan, stacks, pre, view = ln.plan, ln.stacks, ln.b.preconditioner, ln.b.view
+    """The pre-pass (``update``: optim/engine/launch.py), NS per stack (split: this rank's
+    slots, then one all-gather per stack, each started before the next stack's NS), the
+    update per stack (``go``: launch, or with ``go.dry`` compile only: NS is then not
+    computed and nothing is gathered)."""
+    plan, stacks, pre = ln.plan, ln.stacks, ln.b.preconditioner
     if plan.nblocks:
         update(go, k, ln, divisors, flag, out_dtype=stacks.dtype)
     fused = merged(ln.b, plan.table.device)
-    lr, keep = view["lr"], 1 - view["lr"] * view["weight_decay"]
+    results = []
     for s in stacks.stacks:
-        sub = s.plan
-        if not sub.nblocks:
+        if not s.plan.nblocks:
+            continue
+        if s.world > 1:
+            results.append((s, *_split(go, s, pre, stacks.dtype, fused)))
             continue
         if go.dry:  # the layout NS leaves a tall stack's result in, without computing it
             res = s.stack.mT.contiguous().mT if s.flip else s.stack
         else:
             res = newton_schulz(s.stack, pre.steps, pre.eps, stacks.dtype, fused=fused)
         base = res.mT if s.flip else res
-        if not base.is_contiguous():  # not the layout expected: made so (a copy)
-            base = base.contiguous()
-        shape, other = s.read, s.read[::-1]
-        go(
-            k.apply_kernel, (sub.nblocks,), sub.table, sub.blocks, base,
-            sub.blocks if flag is None else flag, keep, -(lr * pre.scale(shape)),
-            -(lr * pre.scale(other)), DT=tl_dtype(ln.dtype), SRC_DT=tl_dtype(stacks.dtype),
-            BLOCK=sub.block, STRIDED=sub.strided, HAS_SKIP=flag is not None, ALIGNED=sub.aligned,
-            TILE=L.tile_rows(sub.block), num_warps=warps(sub.block),
-        )  # fmt: skip
+        results.append((s, base if base.is_contiguous() else base.contiguous(), None))
+    for s, base, work in results:
+        if work is not None:
+            work.wait()  # (NCCL: orders the streams, not the host)
+        _apply(go, k, ln, s, base, flag)
+
+
+def _split(go, s: Stack, pre, dtype: torch.dtype, fused: bool) -> tuple:
+    """This rank's slots of stack ``s`` orthogonalised into ``s.local`` and every rank's
+    all-gathered into ``s.gathered`` (the work returned: waited on before the update)."""
+    if go.dry:
+        return s.gathered, None
+    if s.count:
+        res = newton_schulz(s.stack[s.start : s.start + s.count], pre.steps, pre.eps, dtype,
+                            fused=fused)  # fmt: skip
+        s.local[: s.count].copy_(res.mT if s.flip else res)  # the layout the update reads
+    return s.gathered, gather_ns(s.gathered, s.local)
+
+
+def _apply(go, k, ln, s: Stack, base: torch.Tensor, flag) -> None:
+    """``p = p * (1 - lr * wd) - lr * scale(shape) * O`` over stack ``s``'s matrices."""
+    view, pre, sub = ln.b.view, ln.b.preconditioner, s.plan
+    lr, keep = view["lr"], 1 - view["lr"] * view["weight_decay"]
+    shape, other = s.read, s.read[::-1]
+    go(
+        k.apply_kernel, (sub.nblocks,), sub.table, sub.blocks, base,
+        sub.blocks if flag is None else flag, keep, -(lr * pre.scale(shape)),
+        -(lr * pre.scale(other)), DT=tl_dtype(ln.dtype), SRC_DT=tl_dtype(s.stack.dtype),
+        BLOCK=sub.block, STRIDED=sub.strided, HAS_SKIP=flag is not None, ALIGNED=sub.aligned,
+        TILE=L.tile_rows(sub.block), num_warps=warps(sub.block),
+    )  # fmt: skip
+
+
+def gather_ns(out: torch.Tensor, local: torch.Tensor):
+    """Start every rank's ``local`` gathering into ``out`` (optim/newton_schulz.py's gather:
+    a test counts it); the work handle."""
+    from optim import newton_schulz as ns
+
+    return ns._all_gather(out, local)

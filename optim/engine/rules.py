@@ -11,7 +11,7 @@ Covered (``kind_of``; everything else stays on the compiled / foreach / loop pat
 - preconditioners ``adam`` (both eps placements, amsgrad, either second moment, the bias-scaled
   decay), ``sign``, ``ademamix``, ``soap`` on its unrotated tensors (1-D ones with the default
   ``precondition_1d=False``, without ``normalize_grads``), and ``newton-schulz`` (exactly that
-  class; batched, not split over ranks): the element-wise passes around it (optim/engine/ns.py).
+  class; batched, split over DDP ranks or not): the element-wise passes around it (optim/engine/ns.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from optim import momentum as forms
 from optim.ademamix import AdEMAMix, alpha_at, beta3_at
 from optim.engine import layout as L
 from optim.functional import mars_correct, mars_kappa, resolve_dtype
-from optim.newton_schulz import split_world
 from optim.preconditioners import Adam, NewtonSchulz, Sign
 from optim.soap import Soap, preconditioned, work_shape
 
@@ -93,7 +92,7 @@ def _direction(b) -> int | None:
         return L.ADEMAMIX
     if type(pre) is Soap and not pre.options.normalize_grads:
         return L.SOAP_ADAM
-    if type(pre) is NewtonSchulz and pre.batched and split_world(pre.distributed)[1] == 1:
+    if type(pre) is NewtonSchulz and pre.batched:  # split over DDP ranks too (engine/ns.py)
         return L.NS_OUT
     return None
 

@@ -1,0 +1,114 @@
+"""The engine with Newton-Schulz split over DDP ranks (optim/engine/ns.py), 2 gloo processes on
+the CPU through Triton's interpreter.
+
+Every rank holds the same (averaged) gradients, as after DDP's all-reduce. Muon and MARS-M on the
+engine, the trainer's clip folded, each rank orthogonalising the matrices it owns and gathering
+the rest: the same parameters as the foreach path's split with ``clip_grad_norm_`` (float64,
+1e-12), bit for bit the same on both ranks, one all-gather per stack a step, the clip folded and
+the non-finite decision on the device (a flagged step writes nothing). Skipped without triton.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytest.importorskip("triton")
+
+import optim.newton_schulz as ns  # noqa: E402
+from helpers import free_port  # noqa: E402
+from optim import MARS_M, Muon  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# wide, tall (its transpose's shape), square, a lone tall one: counts 3, 2, 1, 1
+SHAPES = [(4, 6), (6, 4), (4, 6), (5, 5), (4, 6), (7, 3), (6, 4), (9,)]
+LRS, SCALES, MAX_NORM = [1e-2, 3e-3, 2e-2, 5e-3], [0.05, 3.0, 0.3, 2.0], 3.0
+MAKE = {
+    "muon": lambda mats, rest, f: Muon(mats, adamw_params=rest, ns_dtype="float64", fused=f),
+    "mars-m": lambda mats, rest, f: MARS_M(
+        muon_params=mats, adamw_params=rest, lr=1e-2, ns_dtype="float64", fused=f
+    ),  # fmt: skip
+}
+
+
+def params() -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in SHAPES]
+
+
+def trainer_steps(opt, ps, n: int, fold: bool, flagged: int = -1) -> None:
+    """The trainer's steps (a new lr, the clip, the step); step ``flagged`` is skipped on the
+    device (``found_inf``) after its gradients were made."""
+    for t in range(n):
+        gen = torch.Generator().manual_seed(100 + t)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype) * SCALES[t % 4]
+        for group in opt.param_groups:
+            group["lr"] = LRS[t % 4]
+        if fold:
+            assert opt.fold_grad_clip(MAX_NORM, ps) is not None, opt.clip_fold_off_reason
+        else:
+            torch.nn.utils.clip_grad_norm_(ps, MAX_NORM)
+        opt.found_inf = torch.tensor(1.0 if t == flagged else 0.0, dtype=torch.float64)
+        opt.step()
+        if t == flagged:
+            opt.uncount_last_step()
+
+
+def run(name: str, fused, flagged: int = -1) -> tuple[list, object]:
+    ps = params()
+    opt = MAKE[name]([p for p in ps if p.ndim == 2], [p for p in ps if p.ndim != 2], fused)
+    trainer_steps(opt, ps, 4, fused == "engine", flagged)
+    return [p.detach().clone() for p in ps], opt
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    from optim.engine import launch
+
+    launch.BLOCKS["cpu"], launch.CHUNK["cpu"] = 16, 2  # several blocks a tensor, as test_engine
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    calls = []
+    gather = ns._all_gather
+    ns._all_gather = lambda out, local: (calls.append(tuple(out.shape)), gather(out, local))[1]
+    try:
+        out = {}
+        for name in MAKE:
+            eng, opt = run(name, "engine")
+            gathers, calls[:] = list(calls), []
+            ref, _ = run(name, False)
+            ref_gathers, calls[:] = len(calls), []
+            skipped, _ = run(name, "engine", flagged=2)
+            calls[:] = []
+            out[name] = dict(engine=eng, ref=ref, gathers=gathers, ref_gathers=ref_gathers,
+                             paths=dict(opt.path_counts), skipped=skipped,
+                             device_skip=opt.device_skip_cost(), fold=opt.can_fold_clip())  # fmt: skip
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_engine_splits_newton_schulz_over_two_gloo_ranks(tmp_path):
+    world = 2
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for name in MAKE:
+        one, _ = run(name, False)  # one process, no split: the reference of both
+        for rank in range(world):
+            r = results[rank][name]
+            assert r["paths"] == {"engine": 8}, (name, r["paths"])  # 2 buckets x 4 steps
+            assert r["fold"] and r["device_skip"] is None  # the clip folds; found_inf on device
+            for a, b, c in zip(r["engine"], r["ref"], one):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
+                torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-14)
+            # CPU ns_fused off: one stack per shape, (4, 6), (6, 4), (5, 5), (7, 3): 4 a step
+            assert len(r["gathers"]) == 4 * 4 and r["ref_gathers"] == 4 * 4, r["gathers"]
+            assert (2, 5, 5) in r["gathers"]  # the lone square: one slot per rank, one empty
+        for a, b in zip(results[0][name]["engine"], results[1][name]["engine"]):
+            assert torch.equal(a, b), (name, "the ranks differ")
+        for a, b in zip(results[0][name]["skipped"], results[1][name]["skipped"]):
+            assert torch.equal(a, b), (name, "the ranks differ after a skipped step")
+        skipped_ref, _ = run(name, False, flagged=2)
+        for a, b in zip(results[0][name]["skipped"], skipped_ref):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
