@@ -53,6 +53,7 @@ from trainer.cli_checks import (  # noqa: E402
     from_parsed,
     group_options,
     override_args,
+    stray_words,
 )
 
 # The training code (torch and everything above it) is imported where it is used: a command
@@ -136,10 +137,16 @@ def train(cfg: TrainConfig, config_dict: dict) -> dict:
 
 
 def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
+    from data import ensure_prepared
+    from runtime.distributed import barrier
     from trainer.config import grad_accum_steps
-    from trainer.run import prepare_out_dir
+    from trainer.run import on_main, prepare_out_dir
 
     grad_accum_steps(cfg, dist.world_size)  # fail on a bad batch before touching any file
+    data = cfg.data  # prepared (the embedded corpus) and checked before the run directory
+    on_main(dist, ensure_prepared, data.name, data.dir, data.tokenizer, data.val_fraction)
+    barrier()
+    on_main(dist, check_data, cfg)
     name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
     out_dir, resume_path, lock = prepare_out_dir(name, cfg.resume, config_dict, dist)
     try:  # one process per run directory, until the run ends (trainer/runlock.py)
@@ -148,32 +155,27 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
         lock.release()
 
 
+def check_data(cfg: TrainConfig) -> None:
+    """One line for shards that cannot feed the model (cut short, another format or tokenizer,
+    tokens outside the vocabulary: data.config.check_shards), before any file of the run."""
+    from data.config import check_shards
+
+    if why := check_shards(cfg.model.vocab_size, cfg.data):
+        raise SystemExit(f"data error: {why}")
+
+
 def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
          resume_path: Path | None) -> dict:  # fmt: skip
     """The run in ``out_dir``, which this job holds: data, the Trainer, the loop, the summary.
     A run that diverges is recorded as such (a checkpoint and summary.json) before it stops."""
-    from data import ensure_prepared
-    from data.config import check_tokenizer
     from runtime.device import configure_backends
-    from runtime.distributed import barrier
     from trainer.nonfinite import Diverged
     from trainer.preemption import Preempted, resume_command
-    from trainer.run import finish_run, on_main
+    from trainer.run import finish_run
     from trainer.shared_fs import check_shared_files
     from trainer.trainer import build_trainer
 
-    on_main(
-        dist,
-        ensure_prepared,
-        cfg.data.name,
-        cfg.data.dir,
-        cfg.data.tokenizer,
-        cfg.data.val_fraction,
-    )
-    barrier()
     check_shared_files(dist, out_dir, cfg.data)  # several nodes: an error, not a hang
-    if why := check_tokenizer(cfg.model.vocab_size, cfg.data):
-        raise SystemExit(f"data error: {why}")
     configure_backends(dist.device)
     trainer = build_trainer(cfg, config_dict, dist, out_dir, resume_path)
     if trainer.finished is not None:  # a relaunched table or sweep: change nothing
@@ -262,6 +264,8 @@ def check_command_line(args: list[str]) -> list[Override]:
     """The overrides of ``args``, each naming a real key, group and option; otherwise exit with
     one line (``config error: unknown config key max_step (did you mean max_steps?)``). Made
     before torch is imported, so that a typo is refused in about a second."""
+    if stray := stray_words(args):
+        raise SystemExit(f"config error: {stray}")
     try:
         overrides = from_parsed(OverridesParser.create().parse_overrides(override_args(args)))
         check_train_overrides(overrides)

@@ -124,3 +124,26 @@ def check_tokenizer(model_vocab: int, cfg: DataConfig) -> str | None:
     train, val = shard_files(cfg)
     ids = {str(p): read_tokenizer_id(p) for p in (train[0], val[0])}
     return mismatch(model_vocab, cfg.tokenizer, ids)
+
+
+def check_shards(model_vocab: int, cfg: DataConfig, sample_tokens: int = 1 << 20) -> str | None:
+    """Why the shards of ``cfg`` cannot feed a model of ``model_vocab`` tokens, or None: every
+    shard's header (cut short, another format), ``check_tokenizer``, and the first
+    ``sample_tokens`` of the first train and validation shards against the vocabulary (a shard
+    made by another tokenizer fails there, before the run directory is touched, not as an
+    embedding's index error at the first step). Reads headers and a few MB only."""
+    from data.shards import ShardError, load_shard, read_header
+
+    try:
+        train, val = shard_files(cfg)
+        for path in (*train, *val):
+            read_header(path)
+        if why := check_tokenizer(model_vocab, cfg):
+            return why
+        for path in (train[0], val[0]):
+            tokens = load_shard(path)[:sample_tokens]
+            if tokens.size and int(tokens.max()) >= model_vocab:
+                load_shard(path, validate_vocab=model_vocab)  # names the first bad token
+    except ShardError as exc:
+        return str(exc)
+    return None

@@ -19,6 +19,7 @@ library and yaml only, so every part may import it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -67,9 +68,18 @@ def write_config(run_dir: Path, config: dict[str, Any]) -> None:
 
 
 def append_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    """One more line of ``meta.jsonl`` (a session: a start or a restart)."""
-    with open(run_dir / META, "a", encoding="utf-8") as f:
-        f.write(json.dumps(meta) + "\n")
+    """One more line of ``meta.jsonl`` (a session: a start or a restart), whole or not at all:
+    a failed write (a full disk) cuts the file back and raises OSError naming it."""
+    path = run_dir / META
+    with open(path, "ab", buffering=0) as f:  # unbuffered: no second failure on close
+        start, data = f.tell(), memoryview((json.dumps(meta) + "\n").encode("utf-8"))
+        try:
+            while data:
+                data = data[f.write(data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # never leave half a line behind
+                f.truncate(start)
+            raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from None
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:

@@ -9,7 +9,9 @@ A checkpoint may also be a DCP directory ``step_<N>/`` (``checkpoint_format=dcp`
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 import shutil
 import time
@@ -125,7 +127,9 @@ class CheckpointWriteError(OSError):
     def __init__(self, path: Path, exc: BaseException) -> None:
         older = [p.name for p in list_checkpoints(path.parent.parent) if p != path]
         kept = f"the newest intact one is {older[-1]}" if older else "there is no older one"
-        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        what = (
+            exc.strerror if isinstance(exc, OSError) and exc.strerror else write_failure(exc, path)
+        )
         super().__init__(
             getattr(exc, "errno", None),
             f"could not write checkpoint {path}: {what}. Nothing was replaced ({kept}). "
@@ -135,6 +139,18 @@ class CheckpointWriteError(OSError):
 
     def __str__(self) -> str:
         return self.strerror
+
+
+def write_failure(exc: BaseException, path: Path) -> str:
+    """What a failed ``torch.save`` means, in words: torch reports a full disk as a RuntimeError
+    (``enforce fail at inline_container.cc ... file write failed``), so a disk with less than
+    64 MiB free is named as full; anything else by its first line."""
+    try:
+        if shutil.disk_usage(path.parent).free < 64 << 20:
+            return os.strerror(errno.ENOSPC)
+    except OSError:
+        pass
+    return short_reason(exc)
 
 
 def remove_leftover_temp_files(directory: Path) -> None:

@@ -94,12 +94,20 @@ def _floats(values: Any, prefix: str = ""):
         yield prefix[:-1], values
 
 
+MAX_LR = 100.0  # no optimizer here trains above it; 1e308 passed the finite check and overflowed
+
+
 def check_values(cfg: Any, values: dict) -> None:
     """Cross-field and environment checks of the typed config ``cfg`` (a TrainConfig) and its
     plain dict ``values``; raise ValueError naming the first bad value."""
     for key, value in _floats(values):
         if not math.isfinite(value):
             raise ValueError(f"{key} must be a finite number, got {value}")
+        last = key.rsplit(".", 1)[-1]
+        if key.startswith("optimizer.") and (last == "lr" or last.endswith("_lr")
+                                             or last.startswith("lr_")) and value > MAX_LR:  # fmt: skip
+            raise ValueError(f"{key} must be at most {MAX_LR:g} (a step that large overflows the "
+                             f"weights at once), got {value:g}")  # fmt: skip
     lr = getattr(cfg.optimizer, "lr", None)  # its value: the optimizer's config (optim/options.py)
     sched = cfg.schedule
     if lr is not None and sched.min_lr > lr:

@@ -34,6 +34,22 @@ class Override(NamedTuple):
     swept: bool = False  # a --multirun sweep over several values
 
 
+def stray_words(args: list[str]) -> str | None:
+    """The one line for a word that is neither ``key=value`` nor a flag (nor a flag's value):
+    most often the rest of a path with a space that the shell split (``out_dir=my runs/x``)."""
+    for i, arg in enumerate(args):
+        if "=" in arg or arg.startswith(("-", "~", "+")):
+            continue
+        if i and args[i - 1].startswith("-") and "=" not in args[i - 1]:
+            continue  # a flag's value: --cfg job, -cn config
+        before = args[i - 1] if i else ""
+        hint = f" (the rest of {before}?)" if "=" in before else ""
+        key = before.partition("=")[0] if "=" in before else "out_dir"
+        return (f"{arg!r} is not key=value{hint}: quote a value that holds spaces, e.g. "
+                f"{key}='my runs/x'")  # fmt: skip
+    return None
+
+
 def override_args(args: list[str]) -> list[str]:
     """The overrides among command-line ``args`` (``key=value``, ``~key``), without the flags."""
     return [a for a in args if ("=" in a or a.startswith("~")) and not a.startswith("-")]
@@ -278,13 +294,13 @@ EVAL_PATH_KEYS = ("checkpoint", "out", "val_data_dir", "data_dir")
 
 def quote_paths(args: list[str], keys: tuple[str, ...], sweepable: tuple[str, ...] = ()
                 ) -> list[str]:  # fmt: skip
-    """``args`` with each ``key=value`` of ``keys`` whose value holds ``=`` (or ``,``, unless the
-    key is in ``sweepable``: there a comma means a sweep) quoted for Hydra, so that
+    """``args`` with each ``key=value`` of ``keys`` whose value holds ``=`` or a space (or ``,``,
+    unless the key is in ``sweepable``: there a comma means a sweep) quoted for Hydra, so that
     ``checkpoint=runs/x_optimizer.lr=0.003/seed=1337`` names that directory."""
     out = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        special = "=" in value or ("," in value and key not in sweepable)
+        special = "=" in value or " " in value or ("," in value and key not in sweepable)
         if sep and key in keys and special and value[:1] not in "'\"" and "'" not in value:
             arg = f"{key}='{value}'"
         out.append(arg)

@@ -119,10 +119,30 @@ class TrainConfig:
                 f"seq_len={self.seq_len} must be between 1 and model.block_size "
                 f"({self.model.block_size})"
             )
+        self._check_ranges()
 
     @property
     def sequence_length(self) -> int:
         return self.seq_len or self.model.block_size
+
+    def _check_ranges(self) -> None:
+        """Upper bounds that a typo crosses (a count that overflows the int64 of a tensor or
+        a step counter, a micro-batch larger than the whole batch), each with its fix."""
+        for key in ("max_steps", "batch_tokens"):
+            if getattr(self, key) > MAX_COUNT:
+                raise ValueError(f"{key} must be at most {MAX_COUNT:,} (10^12), got "
+                                 f"{getattr(self, key)}")  # fmt: skip
+        per_micro = self.micro_batch_size * self.sequence_length
+        if per_micro > self.batch_tokens:
+            most = max(1, self.batch_tokens // self.sequence_length)
+            raise ValueError(
+                f"micro_batch_size={self.micro_batch_size} sequences of {self.sequence_length} "
+                f"tokens is more than the whole batch (batch_tokens={self.batch_tokens}): lower "
+                f"micro_batch_size to at most {most}"
+            )
+
+
+MAX_COUNT = 10**12  # steps or tokens: far beyond any run, far below int64
 
 
 # Keys that may change between a run and its continuation without making it a different run.

@@ -5,6 +5,7 @@ Every metrics record is one JSON object per line with at least ``step`` and ``to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -42,15 +43,15 @@ class MetricsLogger:
         self.path = Path(out_dir) / runfiles.METRICS
         self.enabled = enabled
         self.wandb_run = wandb_run
-        self._file = open(self.path, "a", encoding="utf-8") if enabled else None
+        # unbuffered: a failed write fails here, not again when the file is closed
+        self._file = open(self.path, "ab", buffering=0) if enabled else None
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         assert "step" in record and "tokens" in record, record
         record = {k: _clean(v) for k, v in record.items() if v is not None}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        append_line(self._file, self.path, json.dumps(record))
         if self.wandb_run is not None:
             self.wandb_run.log(record, step=record["step"])
 
@@ -63,14 +64,49 @@ class MetricsLogger:
             self.wandb_run = None
 
 
+def disk_error(path: Path, exc: OSError) -> SystemExit:
+    """The one line of a run file that could not be written (a full disk, most often)."""
+    what = exc.strerror or str(exc)
+    return SystemExit(
+        f"could not write {path}: {what}; the record was not kept and the file is whole up to "
+        f"its previous line. Free disk space or fix the permissions of {path.parent}, then run "
+        "the same command again: resume=auto continues from the newest checkpoint"
+    )
+
+
+def append_line(f: Any, path: Path, line: str) -> None:
+    """Append ``line`` to the open unbuffered file ``f`` whole or not at all: on a failed write (a
+    full disk) the file is cut back to where it was, and the run stops with one line."""
+    start, data = f.tell(), memoryview((line + "\n").encode("utf-8"))
+    try:
+        while data:  # an unbuffered write may take part of it
+            data = data[f.write(data) :]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            f.truncate(start)  # never leave half a line behind
+        raise disk_error(path, exc) from None
+
+
 def truncate_metrics(out_dir: str | Path, step: int) -> None:
     """Drop records past ``step`` (logged after the checkpoint a resumed run starts from)."""
     path = Path(out_dir) / runfiles.METRICS
     if not path.exists():
+        if step > 0:  # resumed, and the history is gone: said, and marked in the file
+            mark_metrics_gap(path, step)
         return
     kept = [ln for ln in path.read_text().splitlines() if _step_of(ln) <= step]
     with atomic_open(path, "w") as f:  # a kill meanwhile leaves the old file whole
         f.write("".join(ln + "\n" for ln in kept))
+
+
+def mark_metrics_gap(path: Path, step: int) -> None:
+    """A resumed run whose ``metrics.jsonl`` is gone: the checkpoint holds no per-step history
+    to rebuild it from, so the gap is said and marked by a first record ``{"step": N, "gap":
+    ...}`` (readers that plot losses skip it: it has none)."""
+    gap = f"{path.name} was missing when the run resumed at step {step}: steps 1-{step} not kept"
+    log.warning("%s: %s", path.parent, gap)
+    with atomic_open(path, "w") as f:
+        f.write(json.dumps({"step": step, "tokens": None, "gap": gap}) + "\n")
 
 
 def _step_of(line: str) -> float:

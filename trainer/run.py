@@ -105,19 +105,29 @@ def open_run(
     """Rank 0 writes the config and run metadata (``sdpa``: the attention kernel and why,
     runtime/attention.py), cuts ``metrics.jsonl`` back to ``step`` (the
     checkpoint's) and starts wandb; every rank gets the logger (it writes on rank 0 only)."""
-    wandb_run = None
-    if dist.is_main:
-        meta = {
-            "world_size": dist.world_size,
-            "device": str(dist.device),
-            "resume_from": str(resume_path) if resume_path else None,
-        }
-        if sdpa is not None:
-            meta["sdpa"] = sdpa
-        write_run_files(out_dir, config_dict, meta)
-        truncate_metrics(out_dir, step if resume_path else -1)  # a fresh start keeps nothing
-        wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name)
+    meta = {
+        "world_size": dist.world_size,
+        "device": str(dist.device),
+        "resume_from": str(resume_path) if resume_path else None,
+    }
+    if sdpa is not None:
+        meta["sdpa"] = sdpa
+    on_main(dist, _start_files, out_dir, config_dict, meta, step if resume_path else -1)
+    wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name) if dist.is_main else None
     return MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)
+
+
+def _start_files(out_dir: Path, config_dict: dict, meta: dict, step: int) -> None:
+    """Rank 0's first writes of a session: config, meta.jsonl, metrics.jsonl cut back to
+    ``step`` (-1: a fresh start keeps nothing); a full disk stops every rank with one line."""
+    try:
+        write_run_files(out_dir, config_dict, meta)
+        truncate_metrics(out_dir, step)
+    except OSError as exc:
+        what = exc.strerror or str(exc)
+        what = what if str(out_dir) in what else f"could not write to {out_dir}: {what}"
+        raise SystemExit(f"{what}. Free disk space or fix the permissions of {out_dir}, then run "
+                         "the same command again") from None  # fmt: skip
 
 
 def finish_run(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from runtime import runfiles
 from trainer.checks import redact
@@ -81,7 +82,7 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
                 "choose another out_dir or move those files away"
             )
         return
-    old = runfiles.load_config(out_dir) or {}
+    old = _existing_config(out_dir)
     diffs = config_differences(old, config)
     if diffs:
         raise SystemExit(
@@ -95,6 +96,26 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
             f"{out_dir} already holds a run and resume=never: for a fresh run give it another "
             f"name=NAME (or out_dir=DIR), or delete {out_dir}; resume=auto continues it"
         )
+
+
+def _existing_config(out_dir: Path) -> dict:
+    """The config of the run in ``out_dir``; one line when it cannot be read as one (it was
+    edited, or is not this codebase's)."""
+    path = out_dir / runfiles.CONFIG
+    try:
+        old = runfiles.load_config(out_dir)
+    except (OSError, yaml.YAMLError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SystemExit(f"{path} is not a readable config ({first}); not touching {out_dir}: "
+                         "restore that file, or give this run another name=NAME or "
+                         "out_dir=DIR") from None  # fmt: skip
+    if old is None:
+        return {}
+    if not isinstance(old, dict):
+        raise SystemExit(f"{path} holds a {type(old).__name__}, not a config mapping; not "
+                         f"touching {out_dir}: restore that file, or give this run another "
+                         "name=NAME or out_dir=DIR")  # fmt: skip
+    return old
 
 
 # An untracked file up to this size is copied into git.diff (a new optimizer, a config); a

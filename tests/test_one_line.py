@@ -1,0 +1,170 @@
+"""One line for every failure found by the adversarial test of issue 51 that belongs to training
+(docs/failures.md, docs/input-checks.md): values out of range, a broken config.yaml, unusable
+shards, no usable checkpoint, a full disk under meta.jsonl, metrics.jsonl or a checkpoint, and a
+missing metrics.jsonl on resume. Where the failure is found before training, the run directory
+is left untouched."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_bad_input import refused, snapshot
+from test_preemption import run
+
+from data.config import check_shards
+from data.shards import HEADER_BYTES, write_shard
+from runtime import runfiles
+from trainer import checkpoint as ckpt
+from trainer.cli_checks import quote_paths, stray_words
+from trainer.logs import MetricsLogger
+from trainer.rundir import check_run_dir
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("optimizer.lr=1e308", "optimizer.lr must be at most 100 (a step that large overflows the "
+                               "weights at once), got 1e+308"),
+        ("max_steps=99999999999999999999", "max_steps must be at most 1,000,000,000,000"),
+        ("micro_batch_size=99999999999", "lower micro_batch_size to at most 16"),
+    ],
+)  # fmt: skip
+def test_out_of_range_values_are_refused(override, expected):
+    assert expected in refused(override)
+
+
+def test_a_path_split_by_the_shell_is_named_and_spaces_are_quoted():
+    line = stray_words(["out_dir=my", "runs/x", "max_steps=3"])
+    assert line == ("'runs/x' is not key=value (the rest of out_dir=my?): quote a value that "
+                    "holds spaces, e.g. out_dir='my runs/x'")  # fmt: skip
+    assert stray_words(["--cfg", "job", "max_steps=3", "-m"]) is None
+    assert quote_paths(["out_dir=my runs/x"], ("out_dir",)) == ["out_dir='my runs/x'"]
+
+
+@pytest.mark.parametrize("text", ["a: [unclosed\n", "- a list\n- of things\n"])
+def test_a_broken_config_yaml_is_one_line_and_left_alone(tmp_path, text):
+    (tmp_path / runfiles.CONFIG).write_text(text)
+    before = snapshot(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        check_run_dir(tmp_path, {"max_steps": 1}, resuming=False)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{tmp_path / runfiles.CONFIG} ")
+    assert "another name=NAME or out_dir=DIR" in message
+    assert snapshot(tmp_path) == before
+
+
+def shards_copy(sotu_dir: Path, tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(sotu_dir, data)
+    return data
+
+
+def data_config(data_dir):
+    from helpers import fast_config
+
+    typed, _ = fast_config(Path("/nonexistent-out"), data_dir)
+    return typed
+
+
+@pytest.mark.parametrize("damage", ["truncated", "magic", "vocabulary"])
+def test_unusable_shards_are_one_line_before_the_run_directory(tmp_path, sotu_dir, damage):
+    data = shards_copy(sotu_dir, tmp_path)
+    shard = sorted(data.glob("*_train_*.bin"))[0]
+    if damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[: HEADER_BYTES + 100])
+    elif damage == "magic":
+        shard.write_bytes(b"\0\0\0\0" + shard.read_bytes()[4:])
+    else:  # made by a tokenizer with more tokens than the model has
+        header_id = int.from_bytes(shard.read_bytes()[12:16], "little")
+        write_shard(shard, [60000] * 5000, tokenizer_id=header_id)
+    typed = data_config(data)
+    why = check_shards(typed.model.vocab_size, typed.data)
+    expected = {"truncated": "is truncated or corrupt", "magic": "is not a token shard (magic 0",
+                "vocabulary": "holds tokens outside the vocabulary"}[damage]  # fmt: skip
+    assert why is not None and expected in why and "\n" not in why
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=f"data error: .*{expected[:20]}"):
+        run(out, data, "max_steps=1")
+    assert not out.exists()
+
+
+def test_no_usable_checkpoint_is_one_line_that_falls_back_to_nothing(tmp_path, sotu_dir):
+    out = tmp_path / "run"
+    run(out, sotu_dir, "max_steps=4", "ckpt_every=2", "keep_checkpoints=0", "eval_every=0")
+    for p in ckpt.list_checkpoints(out):
+        p.write_bytes(p.read_bytes()[:1000])
+    with pytest.raises(SystemExit) as info:
+        run(out, sotu_dir, "max_steps=6", "ckpt_every=2", "keep_checkpoints=0", "eval_every=0")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"no checkpoint of {out} can be used")
+    assert "falls back" not in message and "move" in message
+
+
+class FullDisk:
+    """A file that takes half of a write, then reports a full disk."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def write(self, data):
+        self.f.write(bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_under_metrics_jsonl_is_one_line_and_no_half_line(tmp_path):
+    logger = MetricsLogger(tmp_path, enabled=True)
+    logger.log({"step": 1, "tokens": 10, "train_loss": 3.0})
+    logger._file = FullDisk(logger._file)
+    with pytest.raises(SystemExit) as info:
+        logger.log({"step": 2, "tokens": 20, "train_loss": 2.9})
+    message = str(info.value)
+    assert "\n" not in message and "No space left on device" in message
+    assert message.startswith(f"could not write {tmp_path / runfiles.METRICS}: ")
+    logger._file = logger._file.f
+    logger.close()
+    assert runfiles.read_jsonl(tmp_path / runfiles.METRICS) == [
+        {"step": 1, "tokens": 10, "train_loss": 3.0}
+    ]
+    assert (tmp_path / runfiles.METRICS).read_text().endswith("}\n")
+
+
+def test_a_full_disk_under_meta_jsonl_is_one_line(tmp_path, sotu_dir):
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / runfiles.META).symlink_to("/dev/full")
+    with pytest.raises(SystemExit) as info:
+        run(out, sotu_dir, "max_steps=1")
+    message = str(info.value)
+    assert "\n" not in message and f"could not write {out / runfiles.META}: No space" in message
+
+
+def test_a_full_disk_at_a_checkpoint_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10, 10, 0))
+    exc = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 4416 vs 4310")
+    assert ckpt.write_failure(exc, tmp_path / "step_1.pt") == "No space left on device"
+    message = str(ckpt.CheckpointWriteError(tmp_path / "checkpoints" / "step_1.pt", exc))
+    assert "No space left on device" in message and "inline_container" not in message
+
+
+def test_a_missing_metrics_jsonl_on_resume_is_said_and_marked(tmp_path, sotu_dir, capsys):
+    out = tmp_path / "run"
+    run(out, sotu_dir, "max_steps=2", "eval_every=0")
+    (out / runfiles.METRICS).unlink()
+    capsys.readouterr()
+    run(out, sotu_dir, "max_steps=4", "eval_every=0")
+    gap = "metrics.jsonl was missing when the run resumed at step 2: steps 1-2 not kept"
+    assert gap in capsys.readouterr().out  # the log (stdout)
+    records = runfiles.read_jsonl(out / runfiles.METRICS)
+    assert records[0] == {"step": 2, "tokens": None, "gap": gap}
+    assert [r["step"] for r in records[1:] if "train_loss" in r] == [3, 4]
+    assert json.loads((out / runfiles.SUMMARY).read_text())["steps"] == 4
