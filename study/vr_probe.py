@@ -1,6 +1,6 @@
 """How much MARS's approximate correction inflates the gradient it preconditions, by batch size.
 
-    python -m bench.vr_probe RUN_DIR [RUN_DIR ...] [--fixed 2048 8192 32768 131072]
+    python -m study.vr_probe RUN_DIR [RUN_DIR ...] [--fixed 2048 8192 32768 131072]
                              [--kappa K] [--threads 1] [--json FILE]
 
 The approximate correction (official MARS, ``mode: approx``) preconditions ``c_t = g_t + kappa
@@ -38,9 +38,20 @@ from pathlib import Path
 
 import torch
 
-from bench.harness import device_line
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def device_line(device: torch.device | str = "cpu") -> str:
+    """The device the probe ran on, its CPU (or GPU) kind, threads and torch, for the record."""
+    import os
+    import platform
+
+    from runtime.runfiles import cpu_name
+
+    device = torch.device(device)
+    kind = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return (f"device: {device} ({kind}), {os.cpu_count()} cores, {torch.get_num_threads()} "
+            f"threads, Python {platform.python_version()}, torch {torch.__version__}")  # fmt: skip
 
 
 def kappa_of(cfg) -> float:  # noqa: ANN001
@@ -53,7 +64,7 @@ def kappa_of(cfg) -> float:  # noqa: ANN001
     betas, momentum = getattr(opt, "betas", None), getattr(opt, "momentum", None)
     beta1 = float(betas[0]) if betas else float(momentum) if momentum is not None else None
     if beta1 is None:
-        raise SystemExit(f"bench.vr_probe: {opt.name} has gamma but neither betas nor momentum; "
+        raise SystemExit(f"study.vr_probe: {opt.name} has gamma but neither betas nor momentum; "
                          "give the correction's --kappa")  # fmt: skip
     return gamma * beta1 / (1.0 - beta1)
 
@@ -79,27 +90,34 @@ def recorded_overrides(run_dir: Path) -> list[str]:
         or not str(argv[0]).endswith("train.py")
         or not (run_dir / "metrics.jsonl").is_file()
     ):
-        raise SystemExit(f"bench.vr_probe: {run_dir} is not a finished train.py run (its "
+        raise SystemExit(f"study.vr_probe: {run_dir} is not a finished train.py run (its "
                          "meta.jsonl records the command, metrics.jsonl the losses)")  # fmt: skip
     if int(metas[0].get("world_size") or 1) != 1:
-        raise SystemExit(f"bench.vr_probe: {run_dir} ran on several processes; the probe "
+        raise SystemExit(f"study.vr_probe: {run_dir} ran on several processes; the probe "
                          "replays one-process runs")  # fmt: skip
     return [a for a in argv[1:] if not a.startswith("out_dir=")]
 
 
 def build(run_dir: Path):  # noqa: ANN201
     """(Trainer, typed config, recorded overrides) of a finished run, ready to step."""
+    overrides = recorded_overrides(run_dir)
+    trainer, cfg = build_from(overrides)
+    return trainer, cfg, overrides
+
+
+def build_from(overrides: list[str]):  # noqa: ANN201
+    """(Trainer, typed config) of the run ``overrides`` describe (no out_dir: nothing is
+    written), ready to step from its first step."""
     import train
     from data import ensure_prepared
     from runtime.distributed import DistInfo
     from trainer.trainer import Trainer
 
-    overrides = recorded_overrides(run_dir)
     cfg, _ = train.compose_typed(overrides)
     ensure_prepared(cfg.data.name, cfg.data.dir, cfg.data.tokenizer, cfg.data.val_fraction)
     trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")))
     trainer.wrap()
-    return trainer, cfg, overrides
+    return trainer, cfg
 
 
 def logged_losses(run_dir: Path) -> dict[int, float]:
@@ -117,7 +135,7 @@ def replay(run_dir: Path, kappa: float | None = None) -> dict:
     replaces the run's own (an AdamW run: what the correction would do on its trajectory)."""
     trainer, cfg, overrides = build(run_dir)
     if getattr(trainer.optimizer, "needs_reference_grad", False):
-        raise SystemExit(f"bench.vr_probe: {run_dir} runs exact MARS; the probe measures the "
+        raise SystemExit(f"study.vr_probe: {run_dir} runs exact MARS; the probe measures the "
                          "approximate correction (mode: approx)")  # fmt: skip
     kappa = kappa_of(cfg) if kappa is None else kappa
     blocks = block_matrices(trainer.raw_model)
@@ -175,7 +193,7 @@ def fixed_weights(trainer, sizes: list[int], kappa: float) -> list[dict]:  # noq
     rows = []
     for size in sizes:
         if size % per_micro:
-            raise SystemExit(f"bench.vr_probe: --fixed {size} is not a multiple of a micro-batch "
+            raise SystemExit(f"study.vr_probe: --fixed {size} is not a multiple of a micro-batch "
                              f"({per_micro} tokens)")  # fmt: skip
         count = size // per_micro
         grads = []
@@ -196,7 +214,7 @@ def fixed_weights(trainer, sizes: list[int], kappa: float) -> list[dict]:  # noq
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.vr_probe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study.vr_probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     ap.add_argument("--fixed", nargs="*", type=int, default=[2048, 8192, 32768, 131072],

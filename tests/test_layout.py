@@ -34,6 +34,7 @@ ALLOWED = {
         "optim",
         "runtime.commands",
         "runtime.config_files",
+        "runtime.distributed",
         "runtime.runfiles",
         # its gradient instruments (study/vr_probe.py, study/predict.py) replay a recorded run
         # through the trainer, composed as train.py composes it

@@ -1,4 +1,4 @@
-"""bench.vr_probe: the correction's inflation, on paper and replayed from a finished run."""
+"""study.vr_probe: the correction's inflation, on paper and replayed from a finished run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import vr_probe
+from study import vr_probe
 from tests.helpers import FAST, compose_config
 
 

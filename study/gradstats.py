@@ -1,0 +1,182 @@
+"""Gradient statistics that predict where approximate MARS's correction can pay (docs/study.md,
+"The batch crossover").
+
+Approximate MARS preconditions ``c_t = g_t + kappa (g_t - g_{t-1})`` with ``g_t``, ``g_{t-1}``
+minibatch gradients of B tokens on *different* batches at consecutive weights. Its noise part
+``kappa (noise_t - noise_{t-1})`` has variance ``2 kappa^2 tr(Sigma) / B`` (Sigma the covariance
+of one token's gradient); its only signal is ``kappa dG``, ``dG = grad F(x_t) - grad F(x_{t-1})``,
+the change of the full gradient over one step. So the correction's signal-to-noise ratio is
+
+    SNR(B) = |kappa dG|^2 / (2 kappa^2 tr(Sigma) / B) = B |dG(B)|^2 / (2 tr(Sigma)),
+
+kappa cancelling, and it can pay only where SNR > 1 *and* consecutive gradients agree (their
+cosine clearly positive: near an oscillation the change alternates in sign and the extrapolation
+undoes the momentum's damping). ``dG(B)`` depends on B through the steps the optimizer takes at
+that batch, so it is measured along the run at each B.
+
+The estimators, each unbiased:
+
+- the noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training",
+  appendix A): with ``E|g_b|^2 = |G|^2 + tr(Sigma)/b`` at two batch sizes ``b < kb`` (k small
+  batches and their mean), ``|G|^2 = (k|g_kb|^2 - |g_b|^2) / (k - 1)`` and ``tr(Sigma) =
+  b k (|g_b|^2 - |g_kb|^2) / (k - 1)``; ``B_simple = tr(Sigma) / |G|^2`` (ratio of the means
+  over rounds);
+- ``|dG|^2`` as the inner product of the change measured on two independent common batches
+  (``<g(x_t; A) - g(x_{t-1}; A), g(x_t; C) - g(x_{t-1}; C)>``: the batches' noise is independent,
+  so it drops out of the mean);
+- the cosine of consecutive minibatch gradients, per pair of steps.
+
+Everything here works on flat float64 vectors and callables, so a test can plant a model with a
+known answer (tests/test_crossover.py); study/predict.py feeds it a real run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+Vector = torch.Tensor  # a flat float64 gradient
+
+
+def flat(tensors: Sequence[torch.Tensor]) -> Vector:
+    """The tensors as one flat float64 vector (a copy)."""
+    return torch.cat([t.detach().reshape(-1).double() for t in tensors])
+
+
+def cosine(a: Vector, b: Vector) -> float:
+    den = float(a.norm() * b.norm())
+    return float(a @ b) / den if den > 0 else math.nan
+
+
+@dataclass
+class NoiseScale:
+    """``tr(Sigma)`` per token and ``|G|^2`` (block gradients), and ``B_simple`` in tokens."""
+
+    trace: float
+    g2: float
+    small: int  # tokens in a small batch
+    k: int  # small batches per large one
+    rounds: int
+
+    @property
+    def b_simple(self) -> float:
+        return self.trace / self.g2 if self.g2 > 0 else math.inf
+
+
+def noise_scale(sample: Callable[[], Vector], *, small: int, k: int, rounds: int) -> NoiseScale:
+    """Estimate the noise scale from ``rounds`` x ``k`` independent gradients of ``small``
+    tokens each (``sample()`` returns one, at fixed weights): each round's mean is a gradient of
+    ``k * small`` tokens."""
+    if k < 2 or rounds < 1 or small < 1:
+        raise ValueError(f"noise_scale: k {k} >= 2, rounds {rounds} >= 1, small {small} >= 1")
+    s_small = s_big = 0.0
+    for _ in range(rounds):
+        grads = [sample() for _ in range(k)]
+        s_small += sum(float(g @ g) for g in grads) / k
+        mean = torch.stack(grads).mean(0)
+        s_big += float(mean @ mean)
+    s_small, s_big = s_small / rounds, s_big / rounds
+    g2 = (k * s_big - s_small) / (k - 1)
+    trace = small * k * (s_small - s_big) / (k - 1)
+    return NoiseScale(trace=trace, g2=g2, small=small, k=k, rounds=rounds)
+
+
+@dataclass
+class AlongRun:
+    """At one batch, after ``warm`` steps: the cosines of consecutive minibatch gradients and
+    the ``|dG|^2`` estimates of the same pairs."""
+
+    batch: int
+    cosines: list[float] = field(default_factory=list)
+    dg2: list[float] = field(default_factory=list)
+
+    @staticmethod
+    def _mean_se(xs: list[float]) -> tuple[float, float]:
+        n = len(xs)
+        if n == 0:
+            return math.nan, math.nan
+        m = sum(xs) / n
+        if n < 2:
+            return m, math.nan
+        return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+    @property
+    def cosine(self) -> tuple[float, float]:
+        """Mean cosine and its standard error."""
+        return self._mean_se(self.cosines)
+
+    @property
+    def dg2_mean(self) -> float:
+        return self._mean_se(self.dg2)[0]
+
+    def snr(self, trace: float) -> float:
+        """``B |dG|^2 / (2 tr(Sigma))`` (module docstring); 0 where the estimate of ``|dG|^2``
+        came out negative (the change is below what the common batches resolve)."""
+        return max(0.0, self.batch * self.dg2_mean / (2.0 * trace)) if trace > 0 else math.inf
+
+
+def along_run(batch: int, step: Callable[[], Vector], common: Callable[[int], Vector], *,
+              warm: int, pairs: int) -> AlongRun:  # fmt: skip
+    """Step ``warm`` times at ``batch`` (``step()`` takes one optimizer step on a fresh batch and
+    returns the minibatch gradient it stepped with), then ``pairs + 1`` more, reading before each
+    of those the gradient on the two common batches (``common(0)``, ``common(1)``, at the current
+    weights): each consecutive pair's cosine and ``|dG|^2``."""
+    if pairs < 1 or warm < 0:
+        raise ValueError(f"along_run: pairs {pairs} >= 1 and warm {warm} >= 0")
+    for _ in range(warm):
+        step()
+    out = AlongRun(batch)
+    prev_g = prev_a = prev_c = None
+    for _ in range(pairs + 1):
+        a, c = common(0), common(1)
+        g = step()
+        if prev_g is not None:
+            out.cosines.append(cosine(g, prev_g))
+            out.dg2.append(float((a - prev_a) @ (c - prev_c)))
+        prev_g, prev_a, prev_c = g, a, c
+    return out
+
+
+def crossing(batches: Sequence[int], snrs: Sequence[float]) -> float:
+    """The batch where SNR passes 1, interpolated in log-log between the ladder's points
+    (``inf``: it stays below 1 on the ladder; the smallest batch's own value where it is
+    above 1 there already, extrapolated along SNR proportional to B)."""
+    pts = [(b, s) for b, s in zip(batches, snrs) if math.isfinite(s)]
+    if not pts:
+        return math.nan
+    b0, s0 = pts[0]
+    if s0 >= 1:
+        return b0 / s0 if s0 > 0 else math.nan
+    for (b1, s1), (b2, s2) in zip(pts, pts[1:]):
+        if s1 < 1 <= s2:
+            if s1 <= 0:
+                return float(b2) / s2
+            t = math.log(1 / s1) / math.log(s2 / s1)
+            return math.exp(math.log(b1) + t * math.log(b2 / b1))
+    return math.inf
+
+
+def positive_from(rows: Sequence[AlongRun], z: float = 1.645) -> float:
+    """The smallest batch from which every larger one's mean cosine is clearly positive (mean
+    minus ``z`` standard errors above 0); ``inf`` if the largest is not."""
+    first = math.inf
+    for r in sorted(rows, key=lambda r: r.batch, reverse=True):
+        m, se = r.cosine
+        if not (math.isfinite(m) and m - z * (se if math.isfinite(se) else math.inf) > 0):
+            break
+        first = r.batch
+    return first
+
+
+def predicted_crossover(rows: Sequence[AlongRun], trace: float) -> dict:
+    """Where SNR passes 1, where the cosine turns clearly positive, and the predicted
+    crossover: the larger of the two (``inf``: beyond the ladder)."""
+    rows = sorted(rows, key=lambda r: r.batch)
+    snr_at = crossing([r.batch for r in rows], [r.snr(trace) for r in rows])
+    cos_at = positive_from(rows)
+    both = [x for x in (snr_at, cos_at) if not math.isnan(x)]
+    return {"snr_passes_1": snr_at, "cosine_positive_from": cos_at,
+            "crossover": max(both) if both else math.nan}  # fmt: skip

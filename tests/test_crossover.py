@@ -1,0 +1,149 @@
+"""The batch crossover's estimators (study/gradstats.py) on planted problems with known answers,
+and the fixed-step sweep's cells (study/crossover.py)."""
+
+import math
+
+import pytest
+import torch
+
+from study import gradstats
+from study.crossover import budget_of, study_args
+from study.plan import block_params, budget_steps
+
+
+class NoisyQuadratic:
+    """F(x) = 1/2 sum h_i x_i^2; a gradient on b tokens is ``H x + sigma z / sqrt(b)`` (z
+    standard normal): tr(Sigma) = sigma^2 d per token, |G|^2 = |H x|^2. Two common batches are
+    two fixed noise draws (the same batch read at different weights)."""
+
+    def __init__(self, d=200, sigma=1.0, seed=0):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.h = torch.linspace(0.5, 2.0, d, dtype=torch.float64)
+        self.x = torch.randn(d, generator=self.gen, dtype=torch.float64)
+        self.sigma, self.d = sigma, d
+        self.common_noise = [self.noise(4096) for _ in range(2)]
+
+    def noise(self, b):
+        return self.sigma * torch.randn(self.d, generator=self.gen, dtype=torch.float64) / b**0.5
+
+    def grad(self, b):
+        return self.h * self.x + self.noise(b)
+
+    def common(self, j):
+        return self.h * self.x + self.common_noise[j]
+
+
+def test_noise_scale_recovers_the_planted_trace_and_gradient():
+    q = NoisyQuadratic()
+    ns = gradstats.noise_scale(lambda: q.grad(64), small=64, k=16, rounds=200)
+    trace, g2 = q.sigma**2 * q.d, float((q.h * q.x) @ (q.h * q.x))
+    assert ns.trace == pytest.approx(trace, rel=0.05)
+    assert ns.g2 == pytest.approx(g2, rel=0.05)
+    assert ns.b_simple == pytest.approx(trace / g2, rel=0.08)
+
+
+def test_crossover_of_a_steady_drift_is_the_analytic_one():
+    """Steps of a fixed length along a fixed direction u: dG = -eta H u exactly, so SNR(B) =
+    B eta^2 |H u|^2 / (2 sigma^2 d) and the crossover is 2 sigma^2 d / (eta^2 |H u|^2)."""
+    q = NoisyQuadratic()
+    u = torch.ones(q.d, dtype=torch.float64) / q.d**0.5
+    eta = 0.1
+    rows = []
+    for b in (256, 1024, 4096, 16384, 65536):
+
+        def step(b=b):
+            g = q.grad(b)
+            q.x -= eta * u
+            return g
+
+        rows.append(gradstats.along_run(b, step, q.common, warm=1, pairs=6))
+    analytic = 2 * q.sigma**2 * q.d / (eta**2 * float((q.h * u) @ (q.h * u)))
+    for r in rows:  # the common batches' noise cancels: |dG|^2 exact up to rounding
+        assert r.dg2_mean == pytest.approx(eta**2 * float((q.h * u) @ (q.h * u)), rel=1e-6)
+    pred = gradstats.predicted_crossover(rows, q.sigma**2 * q.d)
+    assert pred["snr_passes_1"] == pytest.approx(analytic, rel=1e-6)
+    assert 256 < analytic < 65536
+    assert pred["crossover"] >= pred["snr_passes_1"]
+
+
+def test_a_planted_oscillation_has_negative_cosines_and_no_crossover():
+    """Each step flips the weights (x -> -x, Adam's edge-of-stability caricature): consecutive
+    gradients point apart at every batch large enough to see it."""
+    q = NoisyQuadratic()
+
+    def flip_step(b):
+        g = q.grad(b)
+        q.x.neg_()
+        return g
+
+    rows = [gradstats.along_run(b, lambda b=b: flip_step(b), q.common, warm=0, pairs=5)
+            for b in (1024, 16384, 262144)]  # fmt: skip
+    assert rows[-1].cosine[0] < -0.9
+    assert all(r.cosine[0] < 0 for r in rows)
+    pred = gradstats.predicted_crossover(rows, q.sigma**2 * q.d)
+    assert pred["cosine_positive_from"] == math.inf
+    assert pred["crossover"] == math.inf  # the SNR is large, but the change alternates
+
+
+def test_crossing_interpolates_in_log_log_and_censors():
+    assert gradstats.crossing([1, 4], [0.5, 2.0]) == pytest.approx(2.0)
+    assert gradstats.crossing([1, 4, 16], [0.1, 0.2, 0.5]) == math.inf
+    assert gradstats.crossing([8, 32], [2.0, 8.0]) == pytest.approx(4.0)  # below the ladder
+
+
+def test_bad_estimator_arguments_are_refused():
+    with pytest.raises(ValueError, match="k 1 >= 2"):
+        gradstats.noise_scale(lambda: torch.zeros(3), small=1, k=1, rounds=1)
+    with pytest.raises(ValueError, match="pairs 0 >= 1"):
+        gradstats.along_run(8, lambda: torch.zeros(3), lambda j: torch.zeros(3), warm=0, pairs=0)
+
+
+def test_every_batch_of_the_sweep_runs_the_headlines_steps():
+    n = block_params("proxy-100k")
+    for b in (2048, 8192, 32768, 131072, 524288):
+        assert budget_steps(n, budget_of(b), b) == 966
+    with pytest.raises(ValueError, match="multiple of 2048"):
+        budget_of(3000)
+
+
+def test_the_sweep_tunes_only_the_lr_and_checkpoints(tmp_path):
+    from study.crossover import parse
+
+    args = parse(["run", "--out", str(tmp_path)])
+    argv = study_args(32768, tmp_path / "b32768", args)
+    assert argv[argv.index("--knobs") + 1 : argv.index("--center-from")] == ["lr"]
+    assert argv[argv.index("--budgets") + 1] == "16"
+    assert "mars-adamw:gamma=0" in argv and argv[-1] == "ckpt_every=100"
+
+
+def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, capsys):
+    """study.predict on a few steps of the proxy: a figure per phase, and the probe restores the
+    run after each phase (the replay's final weights equal a plain replay's)."""
+    from study import predict
+    from study.vr_probe import build_from
+
+    overrides = ["experiment=study", "optimizer=mars-adamw", "max_steps=4", "batch_tokens=2048"]
+    out = tmp_path / "p.json"
+    predict.main(["--at", "0.5", "1", "--ladder", "2048", "4096", "--warm", "1", "--pairs", "2",
+                  "--common", "1", "--noise-k", "2", "--noise-rounds", "1", "--json", str(out),
+                  "--figure", str(tmp_path / "p.png"), "--", *overrides])  # fmt: skip
+    import json
+
+    rec = json.loads(out.read_text())
+    phases = rec["runs"][0]["phases"]
+    assert [p["step"] for p in phases] == [2, 4]
+    assert [r["batch"] for r in phases[0]["ladder"]] == [2048, 4096]
+    assert (tmp_path / "p.png").is_file() and "predicted crossover" in capsys.readouterr().out
+    plain, cfg = build_from(overrides)
+    while plain.state.step < cfg.max_steps:
+        plain.train_step()
+    probed, _ = build_from(overrides)
+    probe = predict.Probe(probed, cfg)
+    while probed.state.step < cfg.max_steps:
+        probed.train_step()
+        if probed.state.step == 2:
+            predict.probe_phase(probe, predict.parse(["--ladder", "2048", "--warm", "1",
+                                "--pairs", "1", "--common", "1", "--noise-k", "2",
+                                "--noise-rounds", "1", "--", "x"])[0])  # fmt: skip
+    for a, b in zip(plain.raw_model.parameters(), probed.raw_model.parameters()):
+        assert torch.equal(a, b)
