@@ -1,7 +1,7 @@
 """Evaluate a checkpoint: validation loss and the MARS paper's zero-shot downstream tasks.
 
     python -m scripts.get_eval_data                            # once: cache the tasks' data
-    python eval.py checkpoint=runs/NAME                        # val loss + HellaSwag
+    python eval.py checkpoint=runs/NAME limit=200              # val loss + 200 HellaSwag rows
     python eval.py checkpoint=runs/NAME tasks=[all] limit=500  # every task, 500 examples each
     python eval.py checkpoint=out/hf-gpt2 tasks=[hellaswag]    # a Hugging Face GPT-2 directory
     torchrun --nproc_per_node=8 eval.py checkpoint=runs/NAME tasks=[all]
@@ -11,7 +11,8 @@
 equals the ``val_loss`` that training logged for that checkpoint (``val_tokens=0``: the whole
 split). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
 ``evals/scoring.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
-of the paper's table.
+of the paper's table. Before it starts it says how many rows each task scores and about how
+long that takes here (``evals/estimate.py``); Ctrl-C keeps the tasks finished, written as partial.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ if __name__ == "__main__":  # before the slow imports below: a misspelt key is r
 from data import ensure_prepared, find_shards, num_val_windows, val_batches  # noqa: E402
 from evals.config import EvalConfig  # noqa: E402
 from evals.data import load_rows  # noqa: E402
-from evals.loading import LoadedModel, load_model  # noqa: E402
+from evals.estimate import plan_lines, seconds_per_token, task_tokens  # noqa: E402
+from evals.loading import LoadedModel, bad_checkpoint_line, load_model  # noqa: E402
 from evals.scoring import evaluate_examples  # noqa: E402
 from evals.tasks import TASKS, Example, build_examples, table  # noqa: E402
+from runtime import runfiles  # noqa: E402
 from runtime.device import resolve_dtype, tune_host_allocator  # noqa: E402
 from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed  # noqa: E402
 from trainer import checks  # noqa: E402
@@ -195,19 +198,52 @@ def evaluate(cfg: EvalConfig) -> dict:
         destroy()
 
 
+def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInfo, dtype) -> None:
+    """Say, before any task runs, how many rows each will score and about how long that takes
+    here (evals/estimate.py), and what ``limit=`` makes of a long one."""
+    block = loaded.model.config.block_size
+    rows, tokens = {}, {}
+    for name in cfg.tasks:
+        if name == "val":
+            run = loaded.run_config
+            seq_len = run.get("seq_len") or block
+            budget = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
+            try:
+                files = _val_files(loaded, cfg, dist)
+            except SystemExit:
+                continue  # said again, with its fix, when the task runs
+            tokens[name] = num_val_windows(files, seq_len=seq_len, max_tokens=budget) * seq_len
+            rows[name] = tokens[name] // seq_len
+        else:
+            rows[name] = len(examples[name])
+            tokens[name] = task_tokens(examples[name], block)[1]
+    if not rows:
+        return
+    mean = max(1, sum(tokens.values()) // max(1, sum(rows.values())))
+    per_token = seconds_per_token(loaded.model, dist.device, dtype, min(mean, block))
+    device = runfiles.cpu_name() if dist.device.type == "cpu" else str(dist.device)
+    for line in plan_lines(rows, tokens, per_token / dist.world_size, device, cfg.limit):
+        log.info("%s", line)
+
+
 def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
     try:
         examples = load_examples(cfg)
         loaded = load_model(cfg.checkpoint, dist.device)
     except (FileNotFoundError, ValueError) as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit(f"error: {bad_checkpoint_line(exc, cfg.checkpoint)}") from None
     dtype = resolve_dtype(cfg.dtype, dist.device)
     if dist.device.type == "cpu":
         tune_host_allocator()  # large logits tensors: see runtime/device.py
-    results = {}
+    if dist.is_main:
+        announce(cfg, examples, loaded, dist, dtype)
+    results, interrupted = {}, None
     for name in cfg.tasks:
         try:
             results[name] = run_task(name, examples.get(name), loaded, cfg, dist, dtype)
+        except KeyboardInterrupt:  # Ctrl-C: keep what is done, written as partial
+            interrupted = name
+            break
         except (FileNotFoundError, ValueError) as exc:
             raise SystemExit(f"error in task {name}: {exc}") from None
     header = {
@@ -219,15 +255,33 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
         "device": str(dist.device),
         "dtype": str(dtype).removeprefix("torch."),
         "updated": datetime.datetime.now().isoformat(timespec="seconds"),
+        # Ctrl-C: the tasks done are kept; the one interrupted, and those after it, are not
+        "partial": interrupted is not None,
+        "interrupted": interrupted,
     }
     record = {**header, "results": results}
+    path = Path(cfg.out) if cfg.out else loaded.default_results_path()
+    if interrupted is not None:
+        raise SystemExit(stop_partial(dist, path, header, results, interrupted))
     if dist.is_main:
-        path = Path(cfg.out) if cfg.out else loaded.default_results_path()
         record = write_results(path, header, results)
         log.info("results: %s", path)
         if any(t in record["results"] for t in TASKS):
             print(table(record["results"], cfg.name or default_label(loaded)))
     return broadcast_object(record)
+
+
+def stop_partial(dist: DistInfo, path: Path, header: dict, results: dict, task: str) -> int:
+    """Ctrl-C during ``task``: rank 0 writes the tasks done (marked partial) and says so in one
+    line; the exit status is 130, the shell's for Ctrl-C."""
+    if dist.is_main:
+        kept = "nothing was finished, nothing written"
+        if results:
+            write_results(path, header, results)
+            kept = f"{', '.join(results)} written to {path} (marked partial)"
+        sys.stderr.write(f"interrupted (Ctrl-C) during {task}: {kept}; run the same command again "
+                         f"for the rest (tasks=[{task}] scores only it, limit=N fewer rows)\n")  # fmt: skip
+    return 130
 
 
 def register_schemas() -> None:
@@ -248,7 +302,11 @@ register_schemas()
 
 @hydra.main(version_base=None, config_path="configs", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    evaluate(to_typed(cfg))
+    try:
+        evaluate(to_typed(cfg))
+    except KeyboardInterrupt:  # before the tasks (loading, set-up): nothing to keep
+        sys.stderr.write("interrupted (Ctrl-C) before any task finished; nothing was written\n")
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -72,6 +72,25 @@ def resolve_checkpoint(path: str | Path) -> tuple[Path, str]:
     )
 
 
+TRAIN_ADVICE = "; resume=auto falls back to the previous checkpoint"  # train.py's, not ours
+
+
+def bad_checkpoint_line(exc: BaseException, asked: str | Path) -> str:
+    """eval.py's one line for a checkpoint it cannot use: the reason, and eval's own way out
+    (another ``checkpoint=``: the next older one of the same run, if there is one), never
+    train.py's ``resume=`` advice."""
+    why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    why = why.split(TRAIN_ADVICE)[0]
+    for tail in ("; pick another checkpoint", "; pick another"):
+        why = why.removesuffix(tail)
+    path = Path(asked)
+    run = path if ckpt.checkpoint_dir(path).is_dir() else path.parent.parent
+    bad = ckpt.latest_checkpoint(run) if run == path else path  # the one load_model tried
+    older = [p for p in ckpt.list_checkpoints(run) if bad is None or p.name < bad.name]
+    other = f"checkpoint={older[-1]} (the next older one)" if older else "another checkpoint="
+    return f"{why}; evaluate {other}, a run directory or a Hugging Face directory"
+
+
 def looks_like_dcp(path: Path) -> bool:
     """A DCP checkpoint directory, complete or not (``load_dcp`` says what an incomplete lacks)."""
     return (path / METADATA).is_file() or (path / TRAIN_STATE).is_file()
