@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
+from optim import sharded
 from optim.engine import launch, rules, steady
 from optim.engine import layout as L
 from optim.engine.availability import kernels_for
@@ -31,7 +32,7 @@ def subset(b, idx: list[int]):
 def split(opt, b) -> tuple[tuple | None, object | None]:
     """``((part, kind), rest)``: the part of bucket ``b`` the engine takes and the rest."""
     kind = rules.kind_of(b, is_approx=opt.is_approx, correction=opt.correction)
-    if kind is None or any(s is not None for s in b.shards):
+    if kind is None or not rules.shards_fit(kind, [s is not None for s in b.shards]):
         return None, b
     idx = [i for i in range(len(b.params)) if rules.takes(b, i)]
     if not idx:
@@ -41,6 +42,10 @@ def split(opt, b) -> tuple[tuple | None, object | None]:
         return None, b
     others = [i for i in range(len(b.params)) if i not in set(idx)]
     return (part, kind), (subset(b, others) if others else None)
+
+
+def _sharded(b) -> bool:
+    return b.shards[0] is not None
 
 
 def _global(b) -> bool:
@@ -56,8 +61,10 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
         item, left = split(opt, b)
         items += [item] if item else []
         rest += [left] if left is not None else []
-    if any(_global(b) for b in rest):  # a global clip spans its buckets: all here or none
-        rest += [b for b, kind in items if kind.clip == L.CLIP_GLOBAL]
+    glob = [b for b, kind in items if kind.clip == L.CLIP_GLOBAL]
+    # a global clip spans its buckets: all here or none, and all sharded (FSDP2) or none
+    if any(_global(b) for b in rest) or len({_sharded(b) for b in glob}) > 1:
+        rest += glob
         items = [(b, kind) for b, kind in items if kind.clip != L.CLIP_GLOBAL]
     if not items:
         return rest
@@ -81,7 +88,12 @@ def keep(opt, items: list, launches: list, rest: list, flags: tuple) -> None:
     """Keep the step's launches for the next steps (optim/engine/steady.py) where it ran wholly
     on the engine and not in exact mode (whose reference buffers swap every step)."""
     exact = not opt.is_approx and any(b.view.get("variance_reduction") for b, _ in items)
-    if rest or exact or not opt.__dict__.get("_engine_keep", True):  # (False: bench, before)
+    if (
+        rest
+        or exact
+        or any(_sharded(b) for b, _ in items)
+        or not opt.__dict__.get("_engine_keep", True)
+    ):  # (False: bench, before)
         opt.__dict__.pop("_engine_program", None)
         return
     from optim.core import route  # (the core imports the engine: imported when it runs)
@@ -111,4 +123,6 @@ def covers_param(opt, p: torch.Tensor, view: dict) -> bool:
     b = SimpleNamespace(view=view, momentum=MOMENTA[view["momentum_form"]], params=[p],
                         preconditioner=PRECONDITIONERS[view["preconditioner"]](view))  # fmt: skip
     kind = rules.kind_of(b, is_approx=opt.is_approx, correction=opt.correction)
-    return kind is not None and rules.takes(b, 0) and rules.tensors_fit([p])
+    if kind is None or not rules.shards_fit(kind, [sharded.is_sharded(p)]):
+        return False
+    return rules.takes(b, 0) and rules.tensors_fit([sharded.local(p)])

@@ -20,7 +20,9 @@ gradient multiplies it by on load.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
+from optim import sharded
 from optim.engine import layout as L
 from optim.engine import ns as ns_pass
 from optim.engine.loader import Go, tl_dtype, warps
@@ -64,6 +66,8 @@ class Launch:
     def __init__(self, b, kind: Kind, t: int, idx: list[int], cache: PlanCache, block: int,
                  gscale: torch.Tensor | None = None):  # fmt: skip
         self.b, self.kind, self.t, self.gscale = b, kind, t, gscale
+        # FSDP2: the local blocks' norms are all-reduced over the shards' group (``_finish``)
+        self.group = sharded.group_of(b.shards) if b.shards and b.shards[0] is not None else None
         self.first = idx[0]  # a tensor of this count: where a kept launch reads the next one
         cols = {c: [ts[i] for i in idx] for c, ts in columns(b, kind).items()}
         self.dtype = cols[L.C_P][0].dtype
@@ -122,10 +126,15 @@ def _run(launches: list[Launch], skip, k, cache: PlanCache, chunk: int, go: Go) 
     for ln in launches:
         if ln.kind.clip == L.CLIP_TENSOR and ln.plan.nblocks:
             _norm(go, k, ln, ln.plan.partial)
-            go(k.finish_tensor_kernel, (ln.plan.n,), ln.plan.table, ln.plan.partial,
-               ln.plan.divisors, CHUNK=chunk)  # fmt: skip
-    total = _global_clip(go, k, [ln for ln in launches if ln.kind.clip == L.CLIP_GLOBAL], cache,
-                         chunk)  # fmt: skip
+            if ln.group is None:  # (sharded: finished after the all-reduce, below)
+                go(k.finish_tensor_kernel, (ln.plan.n,), ln.plan.table, ln.plan.partial,
+                   ln.plan.divisors, CHUNK=chunk)  # fmt: skip
+    glob = [ln for ln in launches if ln.kind.clip == L.CLIP_GLOBAL]
+    shards = bool(glob) and glob[0].group is not None  # (all sharded or none: dispatch.py)
+    total = _global_clip(go, k, glob, cache, chunk, finish=not shards)
+    if not go.dry:
+        _finish_sharded([ln for ln in launches if ln.group is not None and
+                         ln.kind.clip == L.CLIP_TENSOR], glob if shards else [], cache)  # fmt: skip
     for ln in launches:
         divisors = total if ln.kind.clip == L.CLIP_GLOBAL else ln.plan.divisors
         if ln.kind.direction == L.NS_OUT:
@@ -147,27 +156,67 @@ def _or(tensor: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
     return dummy if tensor is None else tensor
 
 
-def _global_clip(go: Go, k, launches: list[Launch], cache: PlanCache, chunk: int):
+def _global_clip(go: Go, k, launches: list[Launch], cache: PlanCache, chunk: int,
+                 finish: bool = True):  # fmt: skip
     """One ``max(1, ||c||)`` over every tensor of ``launches``: their norm passes write into one
-    buffer (cached by the plans it spans), one program sums it."""
+    buffer (cached by the plans it spans), one program sums it (``finish``; sharded: the sum is
+    all-reduced first, ``_finish_sharded``)."""
     if not launches:
         return None
+    buf = _global_buffer(launches, cache)
+    for ln, part in zip(launches, buf.parts):
+        if ln.plan.nblocks:
+            _norm(go, k, ln, part)
+    if finish:
+        go(k.finish_global_kernel, (1,), buf.partial, buf.count, buf.divisors, CHUNK=chunk)
+    return buf.divisors
+
+
+def _global_buffer(launches: list[Launch], cache: PlanCache) -> _GlobalBuffer:
     sizes = [ln.plan.nblocks for ln in launches]
     first = launches[0]
     device = first.plan.table.device
     ident = ("global", tuple(sizes), first.dtype, device)  # the buffer depends on these only
-    buf = cache.get(ident, lambda: _GlobalBuffer(sizes, first.dtype, device))
-    for ln, part in zip(launches, buf.parts):
-        if ln.plan.nblocks:
-            _norm(go, k, ln, part)
-    go(k.finish_global_kernel, (1,), buf.partial, sum(sizes), buf.divisors, CHUNK=chunk)
-    return buf.divisors
+    return cache.get(ident, lambda: _GlobalBuffer(sizes, first.dtype, device))
+
+
+def _finish_sharded(tensor: list[Launch], glob: list[Launch], cache: PlanCache) -> None:
+    """The clips of FSDP2 shards: each tensor's sum of ``c*c`` over its local blocks (per
+    tensor, and the global clip's one sum) all-reduced over the shards' group in one call, then
+    ``1 / max(1, ||c||)`` per tensor and ``max(1, ||c||)`` for the global clip, as the finish
+    kernels compute them. A few small device ops; no host read."""
+    if not tensor and not glob:
+        return
+    sums = [_tensor_sums(ln) for ln in tensor]
+    buf = _global_buffer(glob, cache) if glob else None
+    if buf is not None:
+        sums.append(buf.partial[: buf.count].sum().reshape(1))
+    flat = torch.cat(sums)
+    dist.all_reduce(flat, group=(tensor or glob)[0].group)
+    at = 0
+    for ln in tensor:
+        n = ln.plan.n
+        ln.plan.divisors[:n].copy_(flat[at : at + n].sqrt().clamp_min(1.0).reciprocal())
+        at += n
+    if buf is not None:
+        buf.divisors.copy_(flat[at:].sqrt().clamp_min(1.0))
+
+
+def _tensor_sums(ln: Launch) -> torch.Tensor:
+    """Per tensor of the launch, the sum of its blocks' partial sums (0 for an empty block)."""
+    plan = ln.plan
+    which = getattr(plan, "which", None)
+    if which is None:  # each program's tensor, kept on the plan (a device copy, once)
+        which = plan.which = plan.blocks[:, 0].long()
+    sums = torch.zeros(plan.n, dtype=plan.partial.dtype, device=plan.partial.device)
+    return sums.index_add_(0, which, plan.partial[: plan.nblocks])
 
 
 class _GlobalBuffer:
     """The partial sums of a global clip's norm passes, one slice per launch."""
 
     def __init__(self, sizes: list[int], dtype: torch.dtype, device: torch.device) -> None:
+        self.count = sum(sizes)
         self.partial = torch.empty(max(sum(sizes), 1), dtype=dtype, device=device)
         self.divisors = torch.empty(1, dtype=dtype, device=device)
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]

@@ -126,12 +126,23 @@ def takes(b, index: int) -> bool:
 
 
 def tensors_fit(tensors: list) -> bool:
-    """One device and dtype (float32 or float64), contiguous, plain tensors (not DTensors)."""
+    """One device and dtype (float32 or float64), contiguous, plain tensors (not DTensors: a
+    sharded bucket's tensors are its local blocks)."""
     first = tensors[0]
     return first.dtype in DTYPES and all(
         t.device == first.device and t.dtype == first.dtype and t.is_contiguous()
         and not hasattr(t, "placements") for t in tensors
     )  # fmt: skip
+
+
+def shards_fit(kind: Kind, shards: list[bool]) -> bool:
+    """Whether the engine takes a bucket whose tensors are FSDP2 shards where ``shards`` says:
+    none, or all of them for an element-wise rule (run on the local blocks, the clip's norms
+    all-reduced: optim/engine/launch.py); Newton-Schulz needs whole matrices (the owners' path,
+    optim/sharded.py)."""
+    if not any(shards):
+        return True
+    return all(shards) and kind.direction != L.NS_OUT
 
 
 def ns_dtype(b) -> torch.dtype:

@@ -1,0 +1,91 @@
+"""The engine on FSDP2 shards (optim/engine/launch.py ``_finish_sharded``), 2 gloo processes on
+the CPU through Triton's interpreter, float64.
+
+tests/test_optim_fsdp.py's small model (uneven row blocks; one matrix of which rank 1 holds no
+row) trained with ``fully_shard`` and with DDP, every optimizer on the engine (``fused="engine"``):
+the element-wise buckets run on each rank's local blocks, the MARS clip's per-tensor and global
+norms finished by one small all-reduce a step; FSDP equals DDP (1e-12), both ranks end with the
+same whole parameters, and the buckets that took the engine are the element-wise ones (MARS-M's
+Newton-Schulz stays on the owners' path). Skipped without triton.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytest.importorskip("triton")
+
+from test_optim_fsdp import Tiny, ddp, forward_backward, fsdp  # noqa: E402
+
+import optim  # noqa: E402
+from helpers import free_port  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+STEPS = 4
+CASES = {  # case -> (registry name, config overrides)
+    "mars-adamw": ("mars-adamw", {}),
+    "mars-adamw:global": ("mars-adamw", {"clip": "global"}),
+    "mars-lion": ("mars-lion", {}),
+    "lion": ("lion", {}),
+    "mars-m": ("mars-m", {"ns_dtype": "float64"}),
+}
+
+
+def train(case: str, wrap) -> tuple[dict, dict, int]:
+    """STEPS steps of ``case`` on the engine; the whole parameters, the paths taken, and the
+    all-reduces of the step's clips (counted by a wrapper of ``dist.all_reduce``)."""
+    from optim.engine import launch
+
+    torch.manual_seed(0)
+    model = Tiny().double()
+    run = wrap(model)
+    name, overrides = CASES[case]
+    opt = optim.build_optimizer(model, optim.get_spec(name).config_cls(fused="engine", **overrides))
+    reduces, real = [], launch.dist.all_reduce
+    launch.dist.all_reduce = lambda t, **kw: (reduces.append(t.numel()), real(t, **kw))[1]
+    try:
+        for t in range(STEPS):
+            forward_backward(run, t)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    finally:
+        launch.dist.all_reduce = real
+    whole = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+             for n, p in model.named_parameters()}  # fmt: skip
+    return whole, dict(opt.path_counts), len(reduces)
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    from optim.engine import launch
+
+    launch.BLOCKS["cpu"], launch.CHUNK["cpu"] = 16, 2
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)  # fmt: skip
+    try:
+        out = {case: {"fsdp": train(case, fsdp), "ddp": train(case, ddp)} for case in CASES}
+        torch.save(out, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_engine_on_fsdp_shards_equals_ddp_on_two_gloo_ranks(tmp_path):
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for case in CASES:
+        for rank in range(2):
+            (f, paths, reduces), (d, ddp_paths, _) = results[rank][case]["fsdp"], \
+                results[rank][case]["ddp"]  # fmt: skip
+            for n in d:
+                torch.testing.assert_close(f[n], d[n], rtol=1e-12, atol=1e-14, msg=(case, n))
+                assert torch.equal(f[n], results[0][case]["fsdp"][0][n]), (case, n, "ranks")
+            assert paths.get("engine", 0) >= STEPS, (case, paths)
+            if case == "mars-m":  # its matrices on the owners' path, its Adam part on the engine
+                eager = set(paths) - {"engine"}  # (the CPU's default: the loop)
+                assert paths["engine"] == STEPS and eager <= {"foreach", "loop"}, paths
+            else:
+                assert set(paths) == {"engine"} and set(ddp_paths) == {"engine"}, paths
+            # one all-reduce a step for the MARS clip's norms (mars-m: the owners' path's), none
+            # for Lion
+            assert reduces == (STEPS if case.startswith("mars-") else 0), (case, reduces)
