@@ -15,6 +15,10 @@ Tensors at different step counts (a parameter without a gradient on some steps) 
 apart, one launch per count; usually there is one. ``gscale`` (the trainer's global gradient
 clip folded into the step, optim/engine/clip.py): a 0-d device tensor every kernel that reads a
 gradient multiplies it by on load.
+
+FSDP2 shards (a bucket's local blocks): the clips' per-block sums are finished after one
+all-reduce of the per-tensor sums (and the global clip's) over the shards' group a step
+(``_finish_sharded``), not by the finish kernels.
 """
 
 from __future__ import annotations
