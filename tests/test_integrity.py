@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -187,3 +188,27 @@ def test_conversion_writes_a_checksum_and_pruning_removes_it(tmp_path):
     left = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert left == ["step_0000003.pt", "step_0000003.pt.sha256"]
     shutil.rmtree(tmp_path / "run")
+
+
+def test_the_asynchronous_save_writes_its_checksums_in_its_writer(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    side = torch.load(fake_checkpoint(tmp_path / "side.pt"), weights_only=True)
+    saver = DcpCheckpointer(asynchronous=True)
+    path = saver.save(tmp_path / "checkpoints", 3, {"model": model.state_dict(), "optimizer": {}},
+                      side, lambda _: None)  # fmt: skip
+    saver.close()  # waits for the writer, which hashes and commits
+    assert checksums.verify(path) and load_dcp(path, parts=("model",))["step"] == 1
+
+
+def test_no_code_reads_a_dcp_index_but_the_allow_list():
+    """torch's FileSystemReader unpickles the index: only SafeFileSystemReader may be used."""
+    from helpers import ROOT
+
+    found = []
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "tests") or any(p.startswith(".") for p in rel.parts):
+            continue
+        text = path.read_text()
+        found += [f"{rel}" for _ in re.finditer(r"(?<!Safe)FileSystemReader\(", text)]
+    assert not found
