@@ -247,9 +247,14 @@ def write_report(
     out = study.plan.out
     floors: dict = {}
     first = next(iter(sorted(out.glob(f"runs/*/*/*/*/*/{runfiles.CONFIG}"))), None)
-    if first is not None:
+    data = (runfiles.read_config(first.parent) or {})["data"] if first is not None else None
+    if data is None and study.ledger.rows:  # every run in the ledger: the study's own data
+        from runtime.config_files import load_config
+
+        data = load_config("experiment/study")["data"]
+    if data is not None:
         try:  # the floors read the shards: a moved or deleted data dir says how to prepare it
-            floors = ngram_losses(DataConfig(**(runfiles.read_config(first.parent) or {})["data"]))
+            floors = ngram_losses(DataConfig(**data))
         except FileNotFoundError as exc:
             raise SystemExit(
                 f"study report: the collapse floor needs the runs' data: {exc}"

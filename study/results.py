@@ -100,19 +100,43 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     return row
 
 
+def _ledger_row(study: Study, cell, run_id: str, state) -> dict:  # noqa: ANN001
+    """The ledger's row of a run whose directory is gone, as it was written, its ``chosen`` and
+    ``grid`` read anew from the cell's state."""
+    keys = study.plan.keys(cell)
+    typed = study.ledger.rows[run_id]
+    row = {k: v for k, v in study.ledger.raw[run_id].items() if v != ""}
+    row["chosen"] = int(all(math.isclose(float(typed.get(k, math.nan)),
+                                         state.chosen.get(k, math.nan)) for k in keys))  # fmt: skip
+    row["grid"] = ";".join(f"{k}:{state.flags.get(k, 'open')}" for k in keys) + (
+        ";passes:capped" if state.flags.get("passes") == "capped" else ""
+    )
+    return row
+
+
 def collect(study: Study, floor: float | None = None) -> tuple[list[dict], dict[str, list]]:
     """Every finished run of the plan's cells (their states up to date), selection and
-    evaluation, and their curves (``{run_dir: records}``)."""
+    evaluation, and their curves (``{run_dir: records}``): from the run directories, and from
+    the study's ledger for the runs whose directories are gone (study/ledger.py)."""
     rows, curves = [], {}
     for cell in study.plan.cells():
         state = study.states.get(cell) or study.update(cell)
         for role in ("select", "eval"):
-            for cfg_file in sorted((study.plan.cell_dir(cell) / role).glob(f"*/{runfiles.CONFIG}")):
+            role_dir = study.plan.cell_dir(cell) / role
+            found: dict[str, dict] = {}
+            for cfg_file in sorted(role_dir.glob(f"*/{runfiles.CONFIG}")):
                 curve = run_curves(cfg_file.parent)
                 row = _row(study, cell, role, cfg_file.parent, state, floor, curve)
                 if row is not None:
-                    rows.append(row)
+                    found[row["run_dir"]] = row
                     curves[row["run_dir"]] = curve
+            prefix = study.run_id(role_dir) + "/"
+            for run_id in study.ledger.rows:
+                rest = run_id[len(prefix) :]
+                if run_id.startswith(prefix) and "/" not in rest and run_id not in found:
+                    found[run_id] = _ledger_row(study, cell, run_id, state)
+                    curves[run_id] = study.ledger.curves.get(run_id, [])
+            rows += [found[k] for k in sorted(found)]
     return rows, curves
 
 

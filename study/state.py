@@ -1,4 +1,5 @@
-"""Where each cell of the study stands, read from its run directories (so the study resumes):
+"""Where each cell of the study stands, read from its run directories and its ledger (so the
+study resumes, on a fresh clone too: study/ledger.py):
 the tuning (study/tuner.py: coordinate descent to the joint optimum, chosen by the mean over the
 selection seeds), then the evaluation seeds at the chosen values, and, for the main budgets, the
 final lr line's finalists on the evaluation seeds too (the swap that measures selection error).
@@ -13,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from study import ledger
 from study.knobs import overrides as knob_overrides
 from study.plan import FIXED, Cell, Plan, block_params, budget_steps, split_variant
 from study.runner import Run, result
@@ -58,6 +60,19 @@ class Study:
         self.plan = plan
         self.params = {m: block_params(m) for m in plan.models}
         self.states: dict[Cell, CellState] = {}
+        self.ledger = ledger.load(plan.out)
+
+    def loss(self, run: Run) -> float | None:
+        """A run's end-of-run loss (inf: diverged; None: not finished), from its directory or,
+        where that is gone, from the study's ledger."""
+        loss = finished_loss(run.out_dir, run.max_steps)
+        if loss is None:
+            loss = self.ledger.loss(self.run_id(run.out_dir), run.max_steps)
+        return loss
+
+    def run_id(self, run_dir: Path) -> str:
+        """The run's id in the ledger: its directory relative to the study's folder."""
+        return run_dir.relative_to(self.plan.out).as_posix()
 
     def steps(self, cell: Cell) -> int:
         return budget_steps(self.params[cell.model], cell.budget, self.batch_tokens(cell))
@@ -118,7 +133,7 @@ class Study:
         keys = plan.keys(cell)
 
         def loss_of(values: dict, seed: int) -> float | None:
-            return finished_loss(self.run(cell, "select", values, seed).out_dir, state.max_steps)
+            return self.loss(self.run(cell, "select", values, seed))
 
         if cell.optimizer in plan.untuned:  # an ablation at given values: no selection runs
             state.chosen, state.flags = dict(start), dict.fromkeys(keys, "fixed")
@@ -145,12 +160,12 @@ class Study:
                 for v in state.swap_values:
                     for seed in plan.select_seeds:
                         r = self.run(cell, "select", {**state.chosen, "lr": v}, seed)
-                        if finished_loss(r.out_dir, state.max_steps) is None:
+                        if self.loss(r) is None:
                             state.pending.append(r)
         for values in points:
             for seed in plan.eval_seeds:
                 r = self.run(cell, "eval", values, seed)
-                if finished_loss(r.out_dir, state.max_steps) is None:
+                if self.loss(r) is None:
                     state.pending.append(r)
         state.done = not state.pending
         return state

@@ -1,0 +1,55 @@
+"""A study's ledger: its results.csv (one row per finished run, every value it ran with) and
+curves.csv.gz, read back so that a study continues from them where its run directories are gone
+(a fresh clone, another machine): a run the ledger holds is finished, and the report keeps its
+row and curves.
+
+A run's id is its directory relative to the study's folder (the ``run_dir`` column, e.g.
+``runs/proxy-100k/4x/adamw/select/lr-0.004_seed-0``); rows merged from other studies
+(``--merge``: an id with ``FILE:`` in front) are not this study's runs and are left out.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from study.curves import read_curves
+
+RESULTS, CURVES = "results.csv", "curves.csv.gz"
+
+
+@dataclass
+class Ledger:
+    rows: dict[str, dict] = field(default_factory=dict)  # run id -> results.csv row, typed
+    raw: dict[str, dict] = field(default_factory=dict)  # the same rows as written (strings)
+    curves: dict[str, list[dict]] = field(default_factory=dict)  # run id -> curve records
+
+    def loss(self, run_id: str, max_steps: int) -> float | None:
+        """The ledger's end-of-run loss of ``run_id`` (inf: diverged); None when it has no
+        finished run of that id and length."""
+        row = self.rows.get(run_id)
+        if row is None or row.get("max_steps") != float(max_steps):
+            return None
+        loss = row.get("final_val_loss")
+        if row.get("diverged") == 1.0 or not isinstance(loss, float) or not math.isfinite(loss):
+            return math.inf
+        return loss
+
+
+def load(out: Path) -> Ledger:
+    """The ledger in the study folder ``out`` (empty where it has none)."""
+    from study.results import read_csv
+
+    ledger = Ledger()
+    if (out / RESULTS).is_file():
+        with open(out / RESULTS, newline="") as f:
+            raw = list(csv.DictReader(f))
+        for row, typed in zip(raw, read_csv(out / RESULTS)):
+            run_id = row.get("run_dir") or ""
+            if run_id.startswith("runs/"):  # merged rows are FILE:runs/...
+                ledger.rows[run_id], ledger.raw[run_id] = typed, row
+    if (out / CURVES).is_file():
+        ledger.curves = {k: v for k, v in read_curves(out / CURVES).items() if k in ledger.rows}
+    return ledger
