@@ -139,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
 
         write(args.results, args.batches)
         return 0
+    from study.crossover_report import write
+
     for batch in args.batches:
         rc = run_batch(batch, args, report_only=args.command == "publish")
+        write(args.results, args.batches)  # the crossover's table, after each batch
         if rc:
             return rc
     return 0

@@ -147,3 +147,40 @@ def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, cap
                                 "--noise-rounds", "1", "--", "x"])[0])  # fmt: skip
     for a, b in zip(plain.raw_model.parameters(), probed.raw_model.parameters()):
         assert torch.equal(a, b)
+
+
+def _ledger(path, arms):
+    """A fake batch ledger: the chosen evaluation runs of each arm, ``{arm: {seed: loss}}``."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["optimizer", "model", "budget", "seed", "role",
+                                          "final_val_loss", "chosen"])  # fmt: skip
+        w.writeheader()
+        for arm, seeds in arms.items():
+            for s, loss in seeds.items():
+                w.writerow({"optimizer": arm, "model": "proxy-100k", "budget": 4, "seed": s,
+                            "role": "eval", "final_val_loss": loss, "chosen": 1})  # fmt: skip
+
+
+def test_delta_gamma_on_a_fake_cell_is_the_paired_mean_with_holm_over_batches(tmp_path):
+    from study import crossover_report as cr
+
+    base = {s: 2.0 + 0.01 * s for s in range(1, 6)}
+    _ledger(tmp_path / "b8192" / "results.csv", {
+        "adamw": base, "mars-adamw": {s: v + 0.10 for s, v in base.items()},
+        "mars-adamw:gamma=0": {s: v + 0.05 + 0.001 * s for s, v in base.items()}})  # fmt: skip
+    _ledger(tmp_path / "b32768" / "results.csv", {"adamw": base, "mars-adamw": base})
+    rows = cr.effects(cr.batch_losses(tmp_path, [8192, 32768]))
+    dg = [r for r in rows if r["comparison"].startswith("Delta_gamma")]
+    assert len(dg) == 1 and dg[0]["batch"] == 8192  # 32768 lacks the gamma = 0 arm
+    assert dg[0]["mean"] == pytest.approx(0.05 - 0.003)  # 0.10 - (0.05 + 0.001 s), s = 1..5
+    assert dg[0]["lo"] < dg[0]["mean"] < dg[0]["hi"] and dg[0]["holm_p"] == dg[0]["p"]
+    vs = [r for r in rows if r["comparison"].startswith("MARS-AdamW - AdamW")]
+    assert [r["batch"] for r in vs] == [8192, 32768]
+    assert vs[0]["mean"] == pytest.approx(0.10) and vs[1]["mean"] == pytest.approx(0.0)
+    assert vs[0]["holm_p"] == pytest.approx(min(1.0, 2 * vs[0]["p"]))  # two batches in the family
+    report = cr.write(tmp_path, [8192, 32768, 131072])
+    text = report.read_text()
+    assert "| 131,072 | 0 | 0 | 0 | no |" in text and (tmp_path / "crossover.png").is_file()

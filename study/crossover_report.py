@@ -1,0 +1,149 @@
+"""The batch crossover's report (study/crossover.py): per batch, the correction's effect
+``Delta_gamma(B) = L(MARS-AdamW) - L(MARS-AdamW, gamma = 0)`` and MARS-AdamW minus AdamW, each
+the mean over the evaluation seeds of the paired per-seed differences with its 90% t-interval,
+Holm-adjusted over the batches measured (one family per comparison), beside the crossover that
+the gradient statistics predict (study/predict.py's records, ``predict*.json``).
+
+    python -m study.crossover report      # RESULTS/report.md and RESULTS/crossover.png
+
+Reads only the published files: each batch's ledger (``RESULTS/b<B>/results.csv``: the chosen
+evaluation runs of each arm) and the prediction records. A batch whose three arms have not all
+finished their evaluation seeds is listed as running, with what it holds so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from study.results import read_csv
+from study.stats import LEVEL, holm, paired_interval, paired_p_value
+from study.tables import eval_losses
+
+MARS, OFF, ADAMW = "mars-adamw", "mars-adamw:gamma=0", "adamw"
+COMPARISONS = [("Delta_gamma: MARS-AdamW - (gamma = 0)", OFF, MARS),
+               ("MARS-AdamW - AdamW", ADAMW, MARS)]  # fmt: skip
+
+
+def batch_losses(results: Path, batches: list[int]) -> dict[int, dict[str, dict[int, float]]]:
+    """``{batch: {arm: {seed: loss}}}`` of the chosen evaluation runs each ledger holds."""
+    out = {}
+    for b in sorted(batches):
+        path = results / f"b{b}" / "results.csv"
+        if not path.is_file():
+            continue
+        losses = eval_losses(read_csv(path))
+        out[b] = {opt: seeds for (opt, _m, _budget), seeds in losses.items()}
+    return out
+
+
+def effects(losses: dict, n_seeds: int = 5) -> list[dict]:
+    """Every comparison at every batch where both arms have all ``n_seeds`` evaluation seeds:
+    the paired interval, the p-value, and the Holm-adjusted p over that comparison's batches."""
+    rows = []
+    for name, base, other in COMPARISONS:
+        family = []
+        for b, arms in sorted(losses.items()):
+            a, o = arms.get(base, {}), arms.get(other, {})
+            if len(set(a) & set(o)) < n_seeds:
+                continue
+            iv = paired_interval(a, o)
+            family.append({"comparison": name, "batch": b, "mean": iv.mean, "lo": iv.lo,
+                           "hi": iv.hi, "n": iv.n, "p": paired_p_value(a, o)})  # fmt: skip
+        for row, adj in zip(family, holm([r["p"] for r in family])):
+            row["holm_p"] = adj
+        rows += family
+    return rows
+
+
+def predictions(results: Path) -> list[dict]:
+    """``[{label, step, crossover, snr_passes_1, cosine_positive_from, b_simple}]`` of every
+    prediction record in ``results``."""
+    out = []
+    for path in sorted(results.glob("predict*.json")):
+        rec = json.loads(path.read_text())
+        for run in rec.get("runs", []):
+            for ph in run.get("phases", []):
+                out.append({"file": path.name, "label": run.get("label") or run.get("run", ""),
+                            "step": ph["step"], "steps": run["steps"],
+                            "b_simple": ph["b_simple"], **ph["prediction"]})  # fmt: skip
+    return out
+
+
+def _b(x: float) -> str:
+    return "> ladder" if x == math.inf else "-" if math.isnan(x) else f"{x:,.0f}"
+
+
+def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[int]) -> str:
+    pct = f"{LEVEL:.0%}"
+    lines = ["# The batch crossover (study/crossover.py)", "",
+             "proxy-100k, 966 steps at every batch; per batch, each arm's lr tuned on its own line "
+             "(selection seeds 0, 6, 7), the other knobs carried from the batch part; evaluation "
+             "seeds 1-5. Differences are paired per seed; Holm over the batches of each "
+             "comparison.", "", "## Measured", "",
+             f"| comparison | batch (bytes) | mean [{pct} t-interval] | p | Holm p |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['comparison']} | {r['batch']:,} | {r['mean']:+.4f} [{r['lo']:+.4f}, "
+                     f"{r['hi']:+.4f}] | {r['p']:.2g} | {r['holm_p']:.2g} |")  # fmt: skip
+    done = {r["batch"] for r in rows}
+    lines += ["", "Evaluation seeds finished per arm (a batch without all three arms' five is "
+              "still running: the same `python -m study.crossover run` continues it):", "",
+              "| batch | " + " | ".join(a for _, a, _ in [("", ADAMW, 0), ("", MARS, 0),
+                                                          ("", OFF, 0)]) + " | complete |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for b in sorted(batches):
+        arms = losses.get(b, {})
+        cells = [str(len(arms.get(a, {}))) for a in (ADAMW, MARS, OFF)]
+        lines.append(f"| {b:,} | " + " | ".join(cells) + f" | {'yes' if b in done else 'no'} |")
+    lines += ["", "## Predicted (python -m study.predict)", ""]
+    if not preds:
+        lines.append("No prediction record yet (`python -m study.predict RUN_DIR --json "
+                     "results/crossover/predict-NAME.json`).")  # fmt: skip
+    else:
+        lines += ["| record | run | step | B_simple (tokens) | SNR passes 1 | cosine clearly "
+                  "positive from | predicted crossover |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p in preds:
+            lines.append(f"| {p['file']} | {p['label']} | {p['step']}/{p['steps']} | "
+                         f"{p['b_simple']:,.0f} | {_b(p['snr_passes_1'])} | "
+                         f"{_b(p['cosine_positive_from'])} | {_b(p['crossover'])} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
+    """The measured effects against the batch, with the predicted crossovers marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for (name, _base, _other), colour in zip(COMPARISONS, ("#1f77b4", "#d62728")):
+        rs = [r for r in rows if r["comparison"] == name]
+        if rs:
+            xs = [r["batch"] for r in rs]
+            ax.errorbar(xs, [r["mean"] for r in rs], marker="o", color=colour, label=name,
+                        yerr=[[r["mean"] - r["lo"] for r in rs], [r["hi"] - r["mean"] for r in rs]])  # fmt: skip
+    finite = [p["crossover"] for p in preds if math.isfinite(p["crossover"])]
+    for x in sorted(set(finite)):
+        ax.axvline(x, color="grey", ls=":", lw=0.8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (bytes), 966 steps at each")
+    ax.set_ylabel("final validation loss difference")
+    ax.set_title("below 0: the first arm is better (dotted: predicted crossovers)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(results: Path, batches: list[int]) -> Path:
+    """RESULTS/report.md and RESULTS/crossover.png from the published files."""
+    results.mkdir(parents=True, exist_ok=True)
+    losses = batch_losses(results, batches)
+    rows, preds = effects(losses), predictions(results)
+    (results / "report.md").write_text(markdown(losses, rows, preds, batches))
+    figure(rows, preds, results / "crossover.png")
+    return results / "report.md"
