@@ -16,22 +16,22 @@
 #                                       # every part run (or of the parts named: headline,
 #                                       # factorial, ladder, ladder-up, widthinit, batch)
 #   scripts/study_referee.sh compare    # the published parts side by side (python -m study.compare):
-#                                       # docs/study/referee/compare/{budget,init,sizes,batch}.md
+#                                       # results/referee/compare/{budget,init,sizes,batch}.md
 #                                       # (and .png): does each pair's order hold across them?
-#   scripts/study_referee.sh publish [PART ...]  # report, then the headline's files into docs/study/referee/
-#                                       # and each other part's into docs/study/referee/<part>/,
-#                                       # with every finished run's config, meta, metrics and
-#                                       # summary (runs/ beside them: a fresh clone continues from
-#                                       # them, since every mode first restores them into OUT)
+#   scripts/study_referee.sh publish [PART ...]  # report, then each part's files into
+#                                       # results/referee/<part>/ (the headline's: headline/): its
+#                                       # ledger, curves, report and figures (every mode first
+#                                       # restores the ledgers into OUT: a fresh clone continues)
 #
 # OUT (default runs/referee) holds the run directories (OUT-factorial, OUT-ladder, OUT-ladder-up,
-# OUT-widthinit, OUT-batch beside it); docs/study/referee/ the committed files.
+# OUT-widthinit, OUT-batch beside it); results/referee/<part>/ the committed files: each part's
+# ledger (results.csv, curves.csv.gz) from which a fresh clone continues it, its report and figures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/referee}
 JOBS=${JOBS:-2}
 OPTS=(adamw mars-adamw muon mars-m moonlight)
-# Where each search starts: the earlier 1x study's choices (docs/study/1x), on the lattices;
+# Where each search starts: the earlier 1x study's choices (results/superseded/1x), on the lattices;
 # the searches move as far as they must.
 CENTERS=(
   --center adamw:lr=0.008 --center adamw:aux_lr=0.256
@@ -40,29 +40,20 @@ CENTERS=(
   --center mars-m:lr=0.032 --center mars-m:aux_lr=0.032
   --center moonlight:lr=0.032 --center moonlight:aux_lr=0.032
 )
-DOCS=docs/study/referee  # the committed files: the headline's here, each other part in DOCS/<part>/
+DOCS=results/referee  # the committed files: each part in DOCS/<part>/, the headline's in DOCS/headline/
 PARTS=(factorial ladder ladder-up widthinit batch)  # run directories OUT-<part>, files DOCS/<part>/
-restore_from() {  # committed finished runs ($1) back into a run tree ($2), never over a run there
+restore_from() {  # a part's committed ledger ($1) into its study folder ($2), never over one there:
+  # the study then knows every run the ledger holds as finished (study/ledger.py)
+  local f
   [ -d "$1" ] || return 0
-  # and the study's first start (its wall time counts from it), unless the tree has its own
-  [ ! -f "$1/../started.txt" ] || [ -f "$2/../started.txt" ] \
-    || { mkdir -p "$2/.." && cp "$1/../started.txt" "$2/../started.txt"; }
-  (cd "$1" && find . -name summary.json -printf '%h\n') | while read -r d; do
-    [ -e "$2/$d/summary.json" ] || { mkdir -p "$2/$d" && cp "$1/$d"/* "$2/$d/"; }
-  done
-}
-keep_into() {  # every finished run of a run tree ($1) into $2 (its four small files; no checkpoints)
-  [ -d "$1" ] || return 0
-  (cd "$1" && find . -name summary.json -printf '%h\n') | while read -r d; do
-    mkdir -p "$2/$d"
-    for f in config.yaml meta.jsonl metrics.jsonl summary.json; do
-      [ -f "$1/$d/$f" ] && cp "$1/$d/$f" "$2/$d/"
-    done
+  mkdir -p "$2"
+  for f in results.csv curves.csv.gz started.txt; do
+    [ ! -f "$1/$f" ] || [ -f "$2/$f" ] || cp "$1/$f" "$2/$f"
   done
 }
 restore() {
-  restore_from "$DOCS/runs" "$OUT/runs"
-  for part in "${PARTS[@]}"; do restore_from "$DOCS/$part/runs" "$OUT-$part/runs"; done
+  restore_from "$DOCS/headline" "$OUT"
+  for part in "${PARTS[@]}"; do restore_from "$DOCS/$part" "$OUT-$part"; done
 }
 # Each study of the script, with the options that follow (--jobs, or --report-only).
 headline() {
@@ -93,10 +84,11 @@ batch() {
   # bytes in a quarter of the steps): the factorial's untuned batch switch left this open. The
   # searches start from the headline's choices (committed), and move as far as they must.
   python -m study --out "$OUT-batch" --optimizers adamw mars-adamw --models proxy-100k \
-    --budgets 1 --reference-budgets --batch-tokens 8192 --center-from "$DOCS/results.csv" \
+    --budgets 1 --reference-budgets --batch-tokens 8192 --center-from "$DOCS/headline/results.csv" \
     --center-cell proxy-100k:1 "$@"
 }
 RUN=(--jobs "$JOBS" --threads 1)
+ran() { [ -f "$1/results.csv" ] || [ -d "$1/runs" ]; }  # a part's ledger or its run directories
 compare() {  # from the published files (DOCS), the comparisons whose parts have results
   local dst=$DOCS/compare
   mkdir -p "$dst"
@@ -105,11 +97,11 @@ compare() {  # from the published files (DOCS), the comparisons whose parts have
     for src in "$@"; do src=${src#*=}; [ -f "${src%@*}" ] || return 0; done
     python -m study.compare "$@" --out "$dst/$name.md" --figure "$dst/$name.png"
   }
-  one budget 0.25x="$DOCS/ladder/results.csv@proxy-100k:0.25" 1x="$DOCS/results.csv@proxy-100k:1"
+  one budget 0.25x="$DOCS/ladder/results.csv@proxy-100k:0.25" 1x="$DOCS/headline/results.csv@proxy-100k:1"
   one init default="$DOCS/ladder/results.csv@proxy-100k:0.25" \
     width-aware="$DOCS/widthinit/results.csv@proxy-100k:0.25"
   one sizes ladder="$DOCS/ladder-up/results.csv"
-  one batch 2048="$DOCS/results.csv@proxy-100k:1" 8192="$DOCS/batch/results.csv@proxy-100k:1"
+  one batch 2048="$DOCS/headline/results.csv@proxy-100k:1" 8192="$DOCS/batch/results.csv@proxy-100k:1"
 }
 case "${1:-headline}" in publish|compare) ;; *) restore ;; esac
 case "${1:-headline}" in
@@ -131,27 +123,26 @@ case "${1:-headline}" in
     for part in "${parts[@]}"; do
       case $part in
         headline) headline --report-only ;;
-        factorial) [ ! -f "$OUT-factorial/results.csv" ] || factorial --report-only ;;
-        ladder) [ ! -d "$OUT-ladder/runs" ] || ladder --report-only ;;
-        ladder-up) [ ! -d "$OUT-ladder-up/runs" ] || ladder_up --report-only ;;
-        widthinit) [ ! -d "$OUT-widthinit/runs" ] || widthinit --report-only ;;
-        batch) [ ! -d "$OUT-batch/runs" ] || batch --report-only ;;
+        factorial) ! ran "$OUT-factorial" || factorial --report-only ;;
+        ladder) ! ran "$OUT-ladder" || ladder --report-only ;;
+        ladder-up) ! ran "$OUT-ladder-up" || ladder_up --report-only ;;
+        widthinit) ! ran "$OUT-widthinit" || widthinit --report-only ;;
+        batch) ! ran "$OUT-batch" || batch --report-only ;;
         *) echo "$0: no part $part (headline ${PARTS[*]})" >&2; exit 2 ;;
       esac
     done ;;
-  publish)  # report, then each part's files and finished runs into DOCS; the parts named only
-    # (a run tree that ran some parts publishes those, never an older copy of the others)
+  publish)  # report, then each part's ledger, curves, report and figures into DOCS/<part>/ (the
+    # parts named only: a run tree that ran some parts publishes those, never an older copy)
     shift; parts=("$@"); [ ${#parts[@]} -gt 0 ] || parts=(headline "${PARTS[@]}")
     "$0" report "${parts[@]}"
     for part in "${parts[@]}"; do
-      [ "$part" != headline ] || part=
-      src=$OUT${part:+-$part} dst=$DOCS${part:+/$part}
-      [ -d "$src/runs" ] || continue
+      src=$OUT dst=$DOCS/headline
+      [ "$part" = headline ] || { src=$OUT-$part; dst=$DOCS/$part; }
+      [ -f "$src/results.csv" ] || continue
       mkdir -p "$dst"
       for f in results.csv curves.csv.gz report.md factorial.md curves.png study.png started.txt; do
         [ ! -f "$src/$f" ] || cp "$src/$f" "$dst/"
       done
-      keep_into "$src/runs" "$dst/runs"
     done ;;
   compare) compare ;;
   *) echo "usage: $0 headline|factorial|ladder|ladder-base|ladder-up|widthinit|batch|all|report|publish|compare" >&2

@@ -12,7 +12,7 @@ arms: AdamW, MARS-AdamW, and MARS-AdamW with gamma = 0 (the correction switched 
 other value equal), so ``Delta_gamma(B) = L(gamma) - L(gamma = 0)`` isolates the correction at
 batch B. Each arm's lr is tuned on its own line at every batch (bracketed, selection seeds 0, 6,
 7, chosen by their mean); every other knob is carried from the batch part's choices (both tuned
-anew at 8,192 bytes: results/referee/batch, or docs/study/referee/batch before the move); the
+anew at 8,192 bytes: results/referee/batch, or results/referee/headline/batch before the move); the
 gamma = 0 arm carries MARS-AdamW's. Evaluation seeds 1-5.
 
 Each batch is one ``python -m study`` cell set in ``OUT/b<B>`` (its run directories, ignored by
@@ -38,7 +38,7 @@ MODEL = "proxy-100k"
 STEPS_AT = {2048: 1.0}  # the budget at which the headline ran 966 steps: 1x at 2,048 bytes
 BATCHES = [8192, 2048, 32768, 131072]  # the order they run in: the cheap cells first
 ARMS = ["adamw", "mars-adamw", "mars-adamw:gamma=0"]
-CARRIED_FROM = ("results/referee/batch/results.csv", "docs/study/referee/batch/results.csv")
+CARRIED_FROM = ("results/referee/batch/results.csv", "results/referee/batch/results.csv")
 PUBLISHED = ("results.csv", "curves.csv.gz", "report.md", "curves.png", "study.png", "started.txt")
 RESTORED = ("results.csv", "curves.csv.gz", "started.txt")  # what a continuing study reads
 

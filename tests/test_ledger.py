@@ -10,10 +10,10 @@ from study.cli import parse, plan_of
 from study.results import collect, write_csv
 from study.state import Study
 
-PART = ROOT / "docs" / "study" / "referee" / "batch"
+PART = ROOT / "results" / "referee" / "batch"
 ARGS = ["--optimizers", "adamw", "mars-adamw", "--models", "proxy-100k", "--budgets", "1",
         "--reference-budgets", "--batch-tokens", "8192", "--center-from",
-        str(ROOT / "docs" / "study" / "referee" / "results.csv"), "--center-cell", "proxy-100k:1"]  # fmt: skip
+        str(ROOT / "results" / "referee" / "headline" / "results.csv"), "--center-cell", "proxy-100k:1"]  # fmt: skip
 
 
 def study_from(out: Path) -> Study:

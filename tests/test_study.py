@@ -296,7 +296,7 @@ def test_an_ablation_variant_runs_untuned_at_given_values(tmp_path: Path) -> Non
 
 
 def test_a_censored_interval_holds_its_point() -> None:
-    """NorMuon at 0.25x (docs/study/0.25x): two seeds beyond AdamW's 4x budget enter the
+    """NorMuon at 0.25x (results/superseded/0.25x): two seeds beyond AdamW's 4x budget enter the
     t-interval at their bound; the lower end, read from them, had come out above the point
     read at the mean loss (3.71x [3.75x, >3.99x]). The interval now holds its point."""
     tokens = (495616.0, 989184.0, 1978368.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -348,22 +349,26 @@ def test_dry_run_prints_one_command_per_run_with_the_device(tmp_path: Path, capl
     assert not (out / "started.txt").exists()
 
 
-def test_the_kept_referee_runs_are_not_ignored_by_git() -> None:
-    """scripts/study_referee.sh publish keeps every finished run's small files in
-    docs/study/referee/runs/ so that a fresh clone continues the study; `runs/` is ignored
-    elsewhere, so the kept runs need their own exception in .gitignore."""
+def test_no_run_directory_is_committed_and_none_can_be() -> None:
+    """The studies keep ledgers, not run directories (study/ledger.py): no tracked file lies in
+    a ``runs/`` folder, ``runs/`` is ignored everywhere (results/ too), and no committed results
+    file holds a machine's absolute path."""
     import shutil
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
     if shutil.which("git") is None or not (root / ".git").exists():
         pytest.skip("not a git checkout")
-    for kept in ("docs/study/referee/runs/proxy-100k/1x/adamw/select/x/summary.json",
-                 "docs/study/referee/factorial/runs/proxy-100k/1x/x/eval/y/summary.json"):  # fmt: skip
-        ignored = subprocess.run(["git", "check-ignore", "-q", kept], cwd=root, check=False)
-        assert ignored.returncode == 1, f"{kept} is ignored by git: publish would keep nothing"
-    scratch = subprocess.run(["git", "check-ignore", "-q", "runs/referee/x"], cwd=root, check=False)
-    assert scratch.returncode == 0, "runs/ (the run directories themselves) must stay ignored"
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.split()  # fmt: skip
+    assert not [f for f in tracked if "/runs/" in f or f.startswith("runs/")]
+    for path in ("runs/referee/x", "results/referee/batch/runs/proxy-100k/x/summary.json"):
+        ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=root, check=False)
+        assert ignored.returncode == 0, f"{path} is not ignored by git"
+    for f in tracked:
+        if f.startswith("results/") and f.endswith((".csv", ".md", ".txt", ".json")):
+            text = (root / f).read_text(errors="replace")
+            assert not re.search(r"(?<![\w.])/(?:work|root|home|tmp|Users)/", text), f
 
 
 def test_factorial_effects_recover_planted_factors() -> None:
