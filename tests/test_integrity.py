@@ -212,3 +212,23 @@ def test_no_code_reads_a_dcp_index_but_the_allow_list():
         text = path.read_text()
         found += [f"{rel}" for _ in re.finditer(r"(?<!Safe)FileSystemReader\(", text)]
     assert not found
+
+
+def test_training_never_resumes_on_a_flipped_bit(tmp_path, sotu_dir, capsys):
+    from test_preemption import run
+
+    out, common = tmp_path / "run", ("ckpt_every=2", "keep_checkpoints=0", "eval_every=0")
+    run(out, sotu_dir, "max_steps=4", *common)
+    newest = out / "checkpoints" / "step_0000004.pt"
+    flip_one_bit(newest, offset=len(newest.read_bytes()) // 2)  # inside a tensor: still parses
+    with pytest.raises(SystemExit) as info:  # resume=PATH refuses
+        run(out, sotu_dir, "max_steps=6", *common, f"resume={newest}")
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(
+        f"resume={newest}: {newest} fails its checksum"
+    )
+    capsys.readouterr()
+    summary = run(out, sotu_dir, "max_steps=6", *common)  # resume=auto falls back to step 2
+    printed = capsys.readouterr().out
+    assert f"{newest} fails its checksum" in printed and "step_0000002.pt" in printed
+    assert summary["steps"] == 6 and checksums.verify(newest)  # step 4 written again, intact
