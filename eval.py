@@ -33,12 +33,14 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from trainer.cli_checks import check_eval_overrides, from_parsed, override_args
+from trainer.cli_checks import check_eval_overrides, from_parsed, override_args, stray_words
 
 if __name__ == "__main__":  # before the slow imports below: a misspelt key is refused at once
     from trainer.cli_checks import EVAL_PATH_KEYS, quote_paths
 
     sys.argv[1:] = quote_paths(sys.argv[1:], EVAL_PATH_KEYS)  # run dirs hold '=' and ','
+    if stray := stray_words(sys.argv[1:]):  # the rest of a path the shell split at a space
+        raise SystemExit(f"config error: {stray}")
     try:
         parsed = OverridesParser.create().parse_overrides(override_args(sys.argv[1:]))
         check_eval_overrides(from_parsed(parsed))
