@@ -6,6 +6,7 @@
     python -m scripts.sample runs/NAME                        text from a checkpoint
     python -m scripts.export_hf RUN OUT                       a Hugging Face GPT-2 directory
     python -m scripts.convert_checkpoint RUN/checkpoints/step_N   a DCP checkpoint as one file
+    python -m scripts.checksum_cost                           what checkpoint checksums cost
 
 The Python ones run from the repository root as modules, which puts the root on the import path
 without any editing of ``sys.path``. ``python -m scripts.launch`` (behind the ``paper_*.sh``
