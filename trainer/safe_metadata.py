@@ -36,9 +36,8 @@ ALLOWED: dict[str, frozenset[str]] = {
             "StorageMeta",
             "_MEM_FORMAT_ENCODING",
         }
-    ),  # fmt: skip
+    ),
     "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
-    "torch.distributed.checkpoint._extension": frozenset({"StreamTransformExtension"}),
     "torch.serialization": frozenset({"_get_layout"}),  # a name -> torch.layout lookup
     "torch": frozenset({"Size"}),  # and the dtypes: _is_dtype
     "pathlib": frozenset({"Path", "PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}),
