@@ -135,3 +135,28 @@ def overrides(optimizer: str, knob: str, value: float, steps: int) -> list[str]:
     if knob == "warmup":
         return [f"schedule.warmup_steps={max(1, round(value * steps))}"]
     return [f"optimizer.{knob}={value!r}"]
+
+
+def ran_values(optimizer: str, config: dict) -> dict[str, float]:
+    """The value of every knob that a run's resolved config (its config.yaml) ran with, tuned or
+    carried: what results.csv records (``optimizer`` the registered name). ``warmup`` is the
+    lattice fraction that gives the run's warmup steps (the plain fraction if none does)."""
+    opt, steps = config["optimizer"], int(config["max_steps"])
+    out = {"lr": float(opt["lr"])}
+    if opt.get("aux_lr") is not None:
+        out["aux_lr"] = float(opt["aux_lr"])
+    if opt.get("weight_decay") is not None:
+        out["wd"] = float(opt["weight_decay"])
+    try:
+        field = beta_field(optimizer)
+        beta = opt[field][1] if field == "betas" else opt[field]
+        out["beta2"] = float(beta)
+    except (ValueError, KeyError, TypeError, IndexError):
+        pass  # no second-moment knob for this optimizer
+    warmup = int(config["schedule"]["warmup_steps"])
+    if warmup > 0:
+        snapped = KNOBS["warmup"].snap(warmup / steps)
+        out["warmup"] = (
+            snapped if max(1, round(snapped * steps)) == warmup else float(f"{warmup / steps:.4g}")
+        )
+    return out

@@ -6,10 +6,13 @@ from __future__ import annotations
 import csv
 import math
 import re
+import shlex
 from pathlib import Path
 
 from runtime import runfiles
 from study.curves import collapse_reason, run_curves
+from study.knobs import ran_values
+from study.plan import split_variant
 from study.runner import result
 from study.state import FAILED, Study, finished_loss
 
@@ -18,7 +21,7 @@ BASE_COLUMNS = [
     "final_val_loss", "best_val_loss", "wall_s", "tokens_per_s", "commit",
 ]  # fmt: skip
 MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "chosen", "grid",
-                "diverged", "collapsed", "collapse", "run_dir", "cpu"]  # fmt: skip
+                "diverged", "collapsed", "collapse", "run_dir", "cpu", "command"]  # fmt: skip
 
 
 def _commit(run_dir: Path) -> str:
@@ -95,9 +98,20 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
         "run_dir": str(run_dir.relative_to(study.plan.out)), "cpu": _cpu(run_dir),
     }  # fmt: skip
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
-    for k, v in study.plan.fixed_knobs(cell).items():
-        row.setdefault(k, v)
+    base = split_variant(cell.optimizer)[0]
+    for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with
+        if k != "lr":
+            row.setdefault(k, v)
+    row["command"] = _command(run_dir)
     return row
+
+
+def _command(run_dir: Path) -> str:
+    """The run's train.py overrides as recorded (meta.jsonl), without its out_dir: what
+    study.rerun and study.predict need to run it again from the ledger alone."""
+    metas = runfiles.read_meta(run_dir)
+    argv = [str(a) for a in (metas[0].get("argv") or [])[1:]] if metas else []
+    return shlex.join(a for a in argv if not a.startswith("out_dir="))
 
 
 def _ledger_row(study: Study, cell, run_id: str, state) -> dict:  # noqa: ANN001

@@ -37,3 +37,43 @@ def test_without_a_ledger_every_run_is_pending(tmp_path):
     study = study_from(tmp_path)
     state = study.update(study.plan.cells()[0])
     assert state.pending and not state.done
+
+
+def _overrides(command: str) -> dict[str, str]:
+    import shlex
+
+    return dict(a.split("=", 1) for a in shlex.split(command) if "=" in a)
+
+
+def test_every_ledger_row_records_the_values_its_run_ran_with():
+    """Each committed row's knobs (carried ones included) equal its recorded command's values:
+    the rows were once written from the study's plan, and a carried knob could differ from what
+    ran (widthinit's AdamW at 0.5x and 1x recorded wd 1e-05 and warmup 0.05; they ran 0.3162
+    and 0.4)."""
+    import math
+
+    from study.knobs import beta_field
+    from study.plan import split_variant
+    from study.results import read_csv
+
+    checked = 0
+    for path in sorted((ROOT / "results").glob("*/*/results.csv")):
+        for r in read_csv(path):
+            if not isinstance(r.get("command"), str) or not r["command"]:
+                continue
+            o = _overrides(r["command"])
+            base = split_variant(r["optimizer"])[0]
+            assert float(o["optimizer.lr"]) == r["lr"], (path, r["run_dir"])
+            for key, col in (("optimizer.aux_lr", "aux_lr"), ("optimizer.weight_decay", "wd")):
+                if key in o:
+                    assert float(o[key]) == r[col], (path, r["run_dir"], col)
+            field = beta_field(base) if "beta2" in r and isinstance(r["beta2"], float) else None
+            if field == "betas" and "optimizer.betas" in o:
+                assert float(o["optimizer.betas"].strip("[]").split(",")[1]) == r["beta2"]
+            if "schedule.warmup_steps" in o and isinstance(r.get("warmup"), float):
+                steps = int(o["max_steps"])
+                assert max(1, round(r["warmup"] * steps)) == int(o["schedule.warmup_steps"]) or (
+                    math.isclose(r["warmup"], int(o["schedule.warmup_steps"]) / steps, rel_tol=1e-3)
+                ), (path, r["run_dir"])
+            checked += 1
+    assert checked >= 3000
