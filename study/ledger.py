@@ -53,3 +53,36 @@ def load(out: Path) -> Ledger:
     if (out / CURVES).is_file():
         ledger.curves = {k: v for k, v in read_curves(out / CURVES).items() if k in ledger.rows}
     return ledger
+
+
+def split_spec(spec: str) -> tuple[Path, str] | None:
+    """``results/referee/batch/results.csv:runs/proxy-100k/...`` -> (the ledger, the run id);
+    None for anything else (a run directory)."""
+    path, sep, run_id = str(spec).partition(".csv:")
+    return (Path(path + ".csv"), run_id) if sep else None
+
+
+def ledger_row(spec: str) -> dict:
+    """The typed row of ``LEDGER.csv:RUN_ID``, with its recorded command; a one-line
+    SystemExit naming what is missing."""
+    from study.results import read_csv
+
+    split = split_spec(spec)
+    if split is None:
+        raise SystemExit(f"{spec}: not LEDGER.csv:RUN_ID")
+    path, run_id = split
+    if not path.is_file():
+        raise SystemExit(f"{spec}: no ledger {path} (a study's results.csv)")
+    rows = [r for r in read_csv(path) if r.get("run_dir") == run_id]
+    if not rows:
+        raise SystemExit(f"{spec}: {path} has no run {run_id!r} (its run_dir column names them)")
+    if not isinstance(rows[0].get("command"), str) or not rows[0]["command"]:
+        raise SystemExit(f"{spec}: the row records no command (written before ledgers did)")
+    return rows[0]
+
+
+def overrides_of(spec: str) -> list[str]:
+    """A finished run's train.py overrides (no out_dir), from its ledger row."""
+    import shlex
+
+    return shlex.split(ledger_row(spec)["command"])

@@ -4,6 +4,7 @@ crossover"; the estimators: study/gradstats.py).
     python -m study.predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
                             [--warm 6] [--pairs 5] [--common 16] [--noise-k 16 --noise-rounds 2]
                             [--kappa K] [--threads 1] [--json FILE] [--figure FILE]
+    python -m study.predict LEDGER.csv:RUN_ID    # a run of a ledger (its recorded command)
     python -m study.predict -- OVERRIDES...      # a run given by its train.py overrides
 
 The run (a finished one-process run of train.py: its recorded command, or the overrides of a
@@ -205,7 +206,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="python -m study.predict", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR")
+    ap.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR|LEDGER.csv:RUN_ID")
     ap.add_argument("--at", nargs="+", type=float, default=[0.25, 0.5, 0.75, 1.0])
     ap.add_argument("--ladder", nargs="+", type=int, default=LADDER, metavar="BYTES")
     ap.add_argument("--warm", type=int, default=6, help="steps at each batch before measuring")
@@ -240,7 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     print(device_line("cpu"))
     record = {"device": device_line("cpu"), "command": ["python", "-m", "study.predict",
               *(sys.argv[1:] if argv is None else argv)], "runs": []}  # fmt: skip
-    sources = [(str(r), recorded_overrides(r)) for r in args.runs] or [("overrides", extra)]
+    from study import ledger
+
+    sources = [(str(r), ledger.overrides_of(str(r)) if ledger.split_spec(str(r)) else
+                recorded_overrides(r)) for r in args.runs] or [("overrides", extra)]  # fmt: skip
     for i, (name, overrides) in enumerate(sources):
         print(f"\n{name}: {' '.join(overrides)}")
         run = probe_run(overrides, args)

@@ -8,7 +8,12 @@ scratch folder (the run's own files are never touched), with the thread count of
 (``--threads``, the study's ``OMP_NUM_THREADS``), and compares the final validation and training
 losses to the last bit::
 
-    python -m study.rerun docs/study/referee/runs/proxy-100k/1x/adamw/eval/*_seed-1 --threads 1
+    python -m study.rerun runs/referee/runs/proxy-100k/1x/adamw/eval/*_seed-1 --threads 1
+    python -m study.rerun results/referee/batch/results.csv:runs/proxy-100k/1x/adamw/eval/\
+lr-0.008_aux_lr-0.512_wd-0.3162_beta2-0.95_warmup-0.4_seed-1
+
+(a run directory, or a ledger's row ``LEDGER.csv:RUN_ID``: its recorded command, compared on the
+final validation loss the ledger holds)
 
 It prints one row per run (its commit, this one's, both losses, equal or the difference) and
 exits 1 when any run differs, 2 on bad input. Equal losses after the whole run are what the
@@ -37,7 +42,17 @@ KEYS = ("final_val_loss", "final_train_loss")
 
 
 def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
-    """The overrides (without out_dir), commit and summary of a finished run directory."""
+    """The overrides (without out_dir), commit and summary of a finished run directory, or of
+    a ledger's row (``LEDGER.csv:RUN_ID``: its final validation loss is the summary)."""
+    from study import ledger
+
+    if ledger.split_spec(str(run_dir)) is not None:
+        row = ledger.ledger_row(str(run_dir))
+        return (
+            ledger.overrides_of(str(run_dir)),
+            str(row.get("commit") or "?"),
+            {"final_val_loss": row.get("final_val_loss")},
+        )
     meta, summary = run_dir / "meta.jsonl", run_dir / "summary.json"
     for f in (meta, summary):
         if not f.is_file():
@@ -57,6 +72,10 @@ def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
 
 def recorded_cpu(run_dir: Path) -> str:
     """The CPU the run started on ("" for runs recorded before meta.jsonl named it)."""
+    from study import ledger
+
+    if ledger.split_spec(str(run_dir)) is not None:
+        return str(ledger.ledger_row(str(run_dir)).get("cpu") or "")
     metas = runfiles.read_meta(run_dir)
     return str(metas[0].get("cpu") or "") if metas else ""
 
@@ -73,7 +92,7 @@ def head_commit() -> str:
 def compare(old: dict, new: dict) -> tuple[bool, str]:
     """Whether every key agrees exactly, and a short account of the differences."""
     diffs = []
-    for k in KEYS:
+    for k in [k for k in KEYS if k in old]:  # a ledger row holds the validation loss only
         a, b = old.get(k), new.get(k)
         if a != b:
             diffs.append(f"{k} {a!r} -> {b!r}" + (f" ({b - a:+.3g})" if None not in (a, b) else ""))
@@ -82,7 +101,7 @@ def compare(old: dict, new: dict) -> tuple[bool, str]:
 
 def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
     overrides, commit, old = recorded(run_dir)
-    out = scratch / run_dir.name
+    out = scratch / Path(str(run_dir)).name
     cmd = commands.train_command([*overrides, f"out_dir={out}"])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -102,7 +121,9 @@ def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m study.rerun", description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="finished run directories")
+    ap.add_argument(
+        "runs", nargs="+", type=Path, help="finished run directories, or LEDGER.csv:RUN_ID"
+    )
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS of each rerun (the study's --threads; default 1)")  # fmt: skip
     ap.add_argument("--keep", type=Path, default=None,

@@ -77,3 +77,27 @@ def test_every_ledger_row_records_the_values_its_run_ran_with():
                 ), (path, r["run_dir"])
             checked += 1
     assert checked >= 3000
+
+
+def test_a_ledger_row_gives_its_runs_command_to_rerun_and_predict(tmp_path):
+    from study import ledger
+    from study.rerun import recorded
+
+    row_id = (
+        "runs/proxy-100k/1x/adamw/eval/lr-0.008_aux_lr-0.512_wd-0.3162_beta2-0.95_warmup-0.4_seed-1"
+    )
+    spec = f"{PART / 'results.csv'}:{row_id}"
+    overrides, commit, summary = recorded(spec)
+    assert (
+        "optimizer=adamw" in overrides
+        and "seed=1" in overrides
+        and "batch_tokens=8192" in overrides
+    )
+    assert not any(o.startswith("out_dir=") for o in overrides)
+    assert summary["final_val_loss"] > 0 and commit
+    import pytest
+
+    with pytest.raises(SystemExit, match="has no run"):
+        ledger.ledger_row(f"{PART / 'results.csv'}:runs/nope")
+    with pytest.raises(SystemExit, match="no ledger"):
+        ledger.ledger_row(f"{tmp_path / 'x.csv'}:runs/a")
