@@ -21,7 +21,10 @@ copy bandwidth (a large tensor copy) and each variant's share of it; with ``--ke
 the GPU kernels of one step (torch's profiler: kernels, copies and memsets it records). With
 ``--clip MAX_NORM`` each step is the trainer's: the global gradient clip first, folded into the
 engine where the optimizer can (optim/engine/clip.py), else ``clip_grad_norm_``, inside the time
-and the kernel count (the gradients are scaled in place then: values drift, times do not).
+and the kernel count (the gradients are scaled in place then: values drift, times do not); the bytes
+moved count the clip's passes as taken (folded: one read of g; ``clip_grad_norm_``: three) and
+exact mode's reference store (``passes``). ``--out DIR`` writes the raw record (bench/record.py:
+each round's median per variant, the bytes, kernels and the device's copy bandwidth).
 """
 
 from __future__ import annotations
@@ -45,6 +48,22 @@ from runtime.distributed import pick_device
 # norm pass re-reading g and g_ref for the per-tensor clip); None: Newton-Schulz does more
 PASSES = {"adamw": 7, "mars-adamw": 11, "mars-adamw-exact": 10, "mars-lion": 9, "lion": 5,
           "ademamix": 9, "adamw-schedulefree": 7, "muon": None, "mars-m": None}  # fmt: skip
+# what ``one_step`` adds: exact mode's reference store (reads g, writes the stored gradient);
+# the trainer's clip folded into the engine (one norm pass: reads g) or torch's
+# ``clip_grad_norm_`` (reads g for the norm, then reads and writes g to scale it)
+EXACT_STORE, CLIP_PASSES = 2, {None: 0, "fold": 1, "torch": 3}
+
+
+def passes(name: str, clip: str | None) -> int | None:
+    """Tensors a step of ``name`` reads + writes per parameter, as ``one_step`` runs it: the
+    optimizer's own passes, exact mode's reference store and the trainer's clip (``clip``:
+    None, ``"fold"`` or ``"torch"``); None for Newton-Schulz families."""
+    own = PASSES[name]
+    if own is None:
+        return None
+    return own + (EXACT_STORE if name.endswith("-exact") else 0) + CLIP_PASSES[clip]
+
+
 COMPILED = ("mars-adamw", "mars-adamw-exact", "mars-lion", "lion")  # with a compiled path
 FUSED = {"foreach": False, "compiled": True, "engine": "engine"}
 
@@ -150,7 +169,7 @@ def main() -> None:
     paths = args.paths or (["foreach", "compiled", "engine"] if device.type == "cuda" else
                            ["foreach", "compiled"])  # fmt: skip
     runs = variants(args.only, device, paths)
-    opts, times, first, kernels = {}, {label: [] for label, _, _ in runs}, {}, {}
+    opts, times, first, kernels, clips = {}, {label: [] for label, _, _ in runs}, {}, {}, {}
     for label, opt_name, fused in runs:  # first step: state creation and any compile
         opts[label] = build(opt_name, params, fused, model)
         sync(device)
@@ -160,6 +179,7 @@ def main() -> None:
         first[label] = time.perf_counter() - t0
         if args.kernels:
             kernels[label] = kernels_per_step(opts[label], device, args.clip)
+        clips[label] = clip_route(opts[label], args.clip)
         print(f"  {label}: first step (state, any compile) {first[label]:.2f} s", flush=True)
     for r in range(args.rounds):
         for label, _, _ in runs:
@@ -170,7 +190,31 @@ def main() -> None:
                 sync(device)
                 times[label].append(time.perf_counter() - t0)
     copy_gbs = copy_bandwidth(device) if device.type == "cuda" else None
-    report(runs, times, first, n, copy_gbs, kernels)
+    moved = {label: (passes(o, clips[label]) or 0) * 4 * n for label, o, _ in runs}
+    report(runs, times, first, moved, copy_gbs, kernels)
+    if args.out:
+        keep(args, device, runs, times, moved, clips, kernels, copy_gbs, first)
+
+
+def clip_route(opt, clip: float | None) -> str | None:
+    """How ``one_step`` clipped: None (no clip), ``"fold"`` or ``"torch"``."""
+    if clip is None:
+        return None
+    folded = getattr(opt, "fold_grad_clip", None) and opt.clip_fold_off_reason is None
+    return "fold" if folded else "torch"
+
+
+def keep(args, device, runs, times, moved, clips, kernels, copy_gbs, first) -> None:
+    """The raw record (bench/record.py): each round's median ms per variant."""
+    from bench import record
+    from bench.harness import device_line
+
+    rounds = {label: [statistics.median(times[label][r * args.steps : (r + 1) * args.steps])
+                      * 1e3 for r in range(args.rounds)] for label, _, _ in runs}  # fmt: skip
+    extra = {"bytes_moved": moved, "clip": clips, "kernels": kernels, "first_step_s": first,
+             "copy_gbs": copy_gbs, "model": args.model, "steps_per_round": args.steps}  # fmt: skip
+    print("record:", record.write(args.out, device=device_line(device), rounds=rounds,
+                                  unit="ms", extra=extra))  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
@@ -189,6 +233,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--clip", type=float, default=None, metavar="MAX_NORM",
                     help="the trainer's global clip in every step (folded on the engine)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=5, help="rounds over the variants")
+    ap.add_argument("--out", default=None, help="directory (or .json file) of the raw record")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
     ap.add_argument(
         "--grouping",
@@ -199,21 +244,20 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()  # fmt: skip
 
 
-def report(runs, times, first, n: int, copy_gbs: float | None, kernels: dict) -> None:
+def report(runs, times, first, moved: dict, copy_gbs: float | None, kernels: dict) -> None:
     base = statistics.median(times[runs[0][0]])
     fused = next((statistics.median(times[lb]) for lb, o, f in runs if o == "adamw" and f), None)
     head = f"{'variant':<30}{'ms/step':>10}{'x AdamW':>9}"
     head += "" if fused is None else f"{'x fused':>9}"
     head += f"{'MB moved':>10}{'GB/s':>8}" + ("" if copy_gbs is None else f"{'% copy':>8}")
     print(head + f"{'1st step s':>12}" + (f"{'kernels':>9}" if kernels else ""))
-    for label, opt_name, _ in runs:
+    for label, _, _ in runs:
         t = statistics.median(times[label])
         line = f"{label:<30}{t * 1e3:>10.2f}{t / base:>9.2f}"
         line += "" if fused is None else f"{t / fused:>9.2f}"
-        moved = PASSES[opt_name] and PASSES[opt_name] * 4 * n
-        if moved:
-            line += f"{moved / 1e6:>10.0f}{moved / t / 1e9:>8.1f}"
-            line += "" if copy_gbs is None else f"{100 * moved / t / 1e9 / copy_gbs:>8.0f}"
+        if moved[label]:
+            line += f"{moved[label] / 1e6:>10.0f}{moved[label] / t / 1e9:>8.1f}"
+            line += "" if copy_gbs is None else f"{100 * moved[label] / t / 1e9 / copy_gbs:>8.0f}"
         else:
             line += f"{'-':>10}{'-':>8}" + ("" if copy_gbs is None else f"{'-':>8}")
         line += f"{first[label]:>12.2f}"

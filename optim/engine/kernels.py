@@ -271,22 +271,26 @@ def _step(row, offs, mask, at, t, divisors, gscale, kappa, beta, m_add, lion_u, 
           AMSGRAD: tl.constexpr, SRC_C: tl.constexpr, FIRST: tl.constexpr,
           ALIGNED: tl.constexpr, GSCALE: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
     """``step_kernel``'s work on one block (``MASKED``: the tensor's last, a tile, or a skipped
-    step); ``at``: where the block's elements go in Newton-Schulz's stack slice."""
-    g = _ld(_ptr(row, C_G, DT, ALIGNED), offs, mask, MASKED)
+    step); ``at``: where the block's elements go in Newton-Schulz's stack slice. Every stream
+    the block reads is loaded before any is stored (``_loads``): the loads are in flight
+    together instead of each waiting on a store before it (the tensors never alias)."""
+    g_ptr, ref_ptr, m_ptr, p_ptr, v_ptr, x_ptr = _ptrs(row, DT, REDUCE, DIRECTION, AMSGRAD,
+                                                       FIRST, ALIGNED)  # fmt: skip
+    if DIRECTION == 5:  # Newton-Schulz's stack slice (written only)
+        out = _ptr(row, C_OUT, OUT_DT, ALIGNED)
+    g, ref, m, p, v, x = _loads(g_ptr, ref_ptr, m_ptr, p_ptr, v_ptr, x_ptr, offs, mask, REDUCE,
+                                DIRECTION, AMSGRAD, FIRST, MASKED)  # fmt: skip
     if GSCALE:
         g = g * tl.load(gscale)
     c = g
     if REDUCE:
-        ref_ptr = _ptr(row, C_REF, DT, ALIGNED)
-        c = g + kappa * (g - _ld(ref_ptr, offs, mask, MASKED))
+        c = g + kappa * (g - ref)
         if CLIP == 1:
             c = c * tl.load(divisors + t)
         if CLIP == 2:
             c = _div(c, tl.load(divisors))
         if COPY_REF:
             _st(ref_ptr, offs, g, mask, MASKED)
-    m_ptr = _ptr(row, C_M, DT, ALIGNED)
-    m = _ld(m_ptr, offs, mask, MASKED)
     if MOMENTUM == 0:  # ema: m = beta * m + (1 - beta) * c, as mul then add
         m = m * beta + m_add * c
         u = m
@@ -310,20 +314,68 @@ def _step(row, offs, mask, at, t, divisors, gscale, kappa, beta, m_add, lion_u, 
     else:
         _st(m_ptr, offs, m, mask, MASKED)
         if DIRECTION == 5:  # Newton-Schulz's input, into its stack: u / divisor in NS's dtype
-            out = _ptr(row, C_OUT, OUT_DT, ALIGNED)
             _st(out, at, _narrow(_div(u, bc1), OUT_DT), mask, MASKED)
         else:
-            _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix,
-                       b3, s_add, DT, DIRECTION, AMSGRAD, SRC_C, ALIGNED, MASKED)  # fmt: skip
+            _direction(p_ptr, v_ptr, x_ptr, offs, mask, c, g, u, p, v, x, b2, v_add, keep,
+                       neg_size, bc2s, bc1, eps, mix, b3, s_add, DIRECTION, AMSGRAD, SRC_C,
+                       MASKED)  # fmt: skip
 
 
 @triton.jit
-def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, eps, mix, b3,
-               s_add, DT: tl.constexpr, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
-               SRC_C: tl.constexpr, ALIGNED: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """The preconditioner's direction and ``p = p * keep - size * d`` (foreach's op order)."""
-    p_ptr = _ptr(row, C_P, DT, ALIGNED)
-    p = _ld(p_ptr, offs, mask, MASKED) * keep
+def _ptrs(row, DT: tl.constexpr, REDUCE: tl.constexpr, DIRECTION: tl.constexpr,
+          AMSGRAD: tl.constexpr, FIRST: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+    """The addresses of every stream a ``step_kernel`` block touches, read from the table once
+    (a stream the rule does not touch: ``g``'s, never loaded or stored)."""
+    g_ptr = _ptr(row, C_G, DT, ALIGNED)
+    ref_ptr, p_ptr, v_ptr, x_ptr = g_ptr, g_ptr, g_ptr, g_ptr
+    if REDUCE:
+        ref_ptr = _ptr(row, C_REF, DT, ALIGNED)
+    m_ptr = _ptr(row, C_M, DT, ALIGNED)
+    if not FIRST:
+        if DIRECTION != 5:
+            p_ptr = _ptr(row, C_P, DT, ALIGNED)
+        if DIRECTION != 2:
+            if DIRECTION != 5:
+                v_ptr = _ptr(row, C_V, DT, ALIGNED)
+        if AMSGRAD:
+            x_ptr = _ptr(row, C_X, DT, ALIGNED)
+        if DIRECTION == 3:
+            x_ptr = _ptr(row, C_X, DT, ALIGNED)
+    return g_ptr, ref_ptr, m_ptr, p_ptr, v_ptr, x_ptr
+
+
+@triton.jit
+def _loads(g_ptr, ref_ptr, m_ptr, p_ptr, v_ptr, x_ptr, offs, mask, REDUCE: tl.constexpr,
+           DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr, FIRST: tl.constexpr,
+           MASKED: tl.constexpr):  # fmt: skip
+    """Every stream a ``step_kernel`` block reads: ``g``, ``g_ref``, the momentum, and where
+    the rule reads them ``p``, ``v`` and the extra state (v_max, AdEMAMix's slow EMA); a stream
+    the rule does not read is ``g`` (a name only: nothing loaded)."""
+    g = _ld(g_ptr, offs, mask, MASKED)
+    ref, p, v, x = g, g, g, g
+    if REDUCE:
+        ref = _ld(ref_ptr, offs, mask, MASKED)
+    m = _ld(m_ptr, offs, mask, MASKED)
+    if not FIRST:
+        if DIRECTION != 5:
+            p = _ld(p_ptr, offs, mask, MASKED)
+        if DIRECTION != 2:
+            if DIRECTION != 5:
+                v = _ld(v_ptr, offs, mask, MASKED)
+        if AMSGRAD:
+            x = _ld(x_ptr, offs, mask, MASKED)
+        if DIRECTION == 3:
+            x = _ld(x_ptr, offs, mask, MASKED)
+    return g, ref, m, p, v, x
+
+
+@triton.jit
+def _direction(p_ptr, v_ptr, x_ptr, offs, mask, c, g, u, p, v, x, b2, v_add, keep, neg_size,
+               bc2s, bc1, eps, mix, b3, s_add, DIRECTION: tl.constexpr, AMSGRAD: tl.constexpr,
+               SRC_C: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """The preconditioner's direction and ``p = p * keep - size * d`` (foreach's op order), on
+    the loaded ``p``, ``v`` and ``x``; stores them."""
+    p = p * keep
     if DIRECTION == 2:  # sign
         d = tl.where(u > 0, 1.0, tl.where(u < 0, -1.0, u * 0.0))
         p = p + neg_size * d
@@ -332,8 +384,6 @@ def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, e
             s = c
         else:
             s = g
-        v_ptr = _ptr(row, C_V, DT, ALIGNED)
-        v = _ld(v_ptr, offs, mask, MASKED)
         if DIRECTION == 1:  # v.lerp_(s * s, 1 - beta2)
             v = _lerp(v, s * s, v_add)
         elif DIRECTION == 4:  # SOAP: v * beta2 + (1 - beta2) * s^2
@@ -342,8 +392,7 @@ def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, e
             v = v * b2 + v_add * s * s
         _st(v_ptr, offs, v, mask, MASKED)
         if AMSGRAD:
-            x_ptr = _ptr(row, C_X, DT, ALIGNED)
-            v = tl.maximum(_ld(x_ptr, offs, mask, MASKED), v)
+            v = tl.maximum(x, v)
             _st(x_ptr, offs, v, mask, MASKED)
         root = _sqrt(v)
         if DIRECTION == 0:  # MARS: ((sqrt(v) / sqrt(1 - beta2^t)) + eps) * (1 - beta1^t)
@@ -353,8 +402,7 @@ def _direction(row, offs, mask, c, g, u, b2, v_add, keep, neg_size, bc2s, bc1, e
         elif DIRECTION == 4:  # SOAP's Adam on an unrotated tensor
             p = p + neg_size * _div(u, root + eps)
         else:  # AdEMAMix: (m / bc1 + alpha * slow) / (sqrt(v) / sqrt(bc2) + eps)
-            x_ptr = _ptr(row, C_X, DT, ALIGNED)
-            slow = _ld(x_ptr, offs, mask, MASKED) * b3 + s_add * c
+            slow = x * b3 + s_add * c
             _st(x_ptr, offs, slow, mask, MASKED)
             num = _div(u, bc1) + mix * slow
             p = p + _div(neg_size * num, _div(root, bc2s) + eps)
