@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from study.knobs import DEFAULT_KNOBS, KNOBS
 from study.plan import Plan
-from study.runner import LAUNCHERS, ROOT, command, execute
+from study.runner import LAUNCHERS, ROOT, command, execute, stop_all
 from study.state import Study, mark_failed
 
 log = logging.getLogger("study")
@@ -94,6 +95,35 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                     "for the speedup curve)")  # fmt: skip
     ap.add_argument("--bootstrap", action="store_true", help="bootstrap intervals over pairs")
     return ap.parse_args(argv), extra
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse, in one line before anything is written, a value the study cannot run with."""
+    positive = {"--budgets": args.budgets, "--reference-budgets": args.reference_budgets}
+    for name, values in positive.items():
+        bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"{name} {bad[0]:g}: budgets are positive numbers of x Chinchilla "
+                             "(1 = 20 tokens per block parameter)")  # fmt: skip
+    for name, value in (("--jobs", args.jobs), ("--threads", args.threads), ("--nproc",
+                        args.nproc), ("--batch-tokens", args.batch_tokens), ("--finalists",
+                        args.finalists), ("--max-passes", args.max_passes), ("--evals",
+                        args.evals)):  # fmt: skip
+        if value < 1:
+            raise ValueError(f"{name} {value}: at least 1")
+    if args.collapse_floor is not None and not math.isfinite(args.collapse_floor):
+        raise ValueError(f"--collapse-floor {args.collapse_floor}: a finite loss")
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out {args.out}: a file is there; give a folder (new or a study's)")
+    for path in args.merge:
+        head = path.read_text(errors="replace").split("\n", 1)[0] if path.is_file() else ""
+        if not path.is_file() or "optimizer" not in head.split(","):
+            raise ValueError(f"--merge {path}: not a study's results.csv (no such file, or no "
+                             "optimizer column)")  # fmt: skip
+    from study.plan import model_config
+
+    for model in args.models:
+        model_config(model)  # an unknown model: one line naming the known ones
 
 
 def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
@@ -187,31 +217,40 @@ def schedule(study: Study, args: argparse.Namespace) -> None:
     queue: list = []
     running: dict = {}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        while True:
-            while len(running) < max(1, args.jobs):
+        try:
+            _keep_running(study, args, pool, queue, running)
+        except KeyboardInterrupt:
+            stop_all()  # the runs in flight checkpoint and exit; the pool then closes
+            raise
+
+
+def _keep_running(study: Study, args: argparse.Namespace, pool, queue: list, running: dict) -> None:  # noqa: ANN001
+    """Start runs as slots free up; account for each finished command."""
+    while True:
+        while len(running) < max(1, args.jobs):
+            if not queue:
+                queue = next_runs(study, {c for c, _ in running.values()})
                 if not queue:
-                    queue = next_runs(study, {c for c, _ in running.values()})
-                    if not queue:
-                        break
-                run = queue.pop(0)
-                runs = [run]
-                cmd = command(run, launcher=args.launcher, nproc=args.nproc)
-                cell = next(
-                    c for c in study.plan.cells() if study.plan.cell_dir(c) in run.out_dir.parents
+                    break
+            run = queue.pop(0)
+            runs = [run]
+            cmd = command(run, launcher=args.launcher, nproc=args.nproc)
+            cell = next(
+                c for c in study.plan.cells() if study.plan.cell_dir(c) in run.out_dir.parents
+            )
+            fut = pool.submit(execute, [cmd], jobs=1, threads=args.threads,
+                              dry_run=args.dry_run, log_file=study.plan.out / "train.log")  # fmt: skip
+            running[fut] = (cell, runs)
+        if not running or args.dry_run:
+            return
+        done, _ = wait(running, return_when=FIRST_COMPLETED)
+        for fut in done:
+            cell, runs = running.pop(fut)
+            if fut.result()[0] != 0:
+                log.warning(
+                    "a command of %s failed: its unfinished runs count as diverged", cell.name
                 )
-                fut = pool.submit(execute, [cmd], jobs=1, threads=args.threads,
-                                  dry_run=args.dry_run, log_file=study.plan.out / "train.log")  # fmt: skip
-                running[fut] = (cell, runs)
-            if not running or args.dry_run:
-                return
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for fut in done:
-                cell, runs = running.pop(fut)
-                if fut.result()[0] != 0:
-                    log.warning(
-                        "a command of %s failed: its unfinished runs count as diverged", cell.name
-                    )
-                    mark_failed(runs)
+                mark_failed(runs)
 
 
 def dirty_files(root: Path = ROOT) -> list[str]:
@@ -227,10 +266,8 @@ def dirty_files(root: Path = ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     args, extra = parse(list(sys.argv[1:] if argv is None else argv))
-    for path in args.merge:
-        if not path.is_file():
-            raise SystemExit(f"study: --merge {path}: no such file (a study's results.csv)")
     try:
+        check_args(args)
         plan = plan_of(args, extra)
     except ValueError as exc:
         raise SystemExit(f"study: {exc}") from None
@@ -250,8 +287,12 @@ def main(argv: list[str] | None = None) -> int:
         started.write_text(f"{time.time():.0f}\n")
     study = Study(plan)
     t0 = time.perf_counter()
+    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C, one line
     if not args.report_only:
-        schedule(study, args)
+        try:
+            schedule(study, args)
+        except KeyboardInterrupt:
+            raise SystemExit(stopped_line(study, argv)) from None
     if args.dry_run:
         return 0
     from study.report import write_report
@@ -260,5 +301,29 @@ def main(argv: list[str] | None = None) -> int:
         study.update(cell)
     write_report(study, bootstrap=args.bootstrap, merge=args.merge, merge_only=args.merge_only,
                  collapse_floor=args.collapse_floor)  # fmt: skip
-    log.info("study done in %.0f s of this session: %s", time.perf_counter() - t0, plan.out)
+    unfinished = [c.name for c, s in study.states.items() if not s.done]
+    if unfinished:
+        log.info("study report written, PARTIAL: %d cells unfinished (%s); the same command "
+                 "without --report-only continues them: %s", len(unfinished),
+                 ", ".join(unfinished[:3]) + (", ..." if len(unfinished) > 3 else ""),
+                 plan.out)  # fmt: skip
+    else:
+        log.info("study done in %.0f s of this session: %s", time.perf_counter() - t0, plan.out)
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stopped_line(study: Study, argv: list[str] | None) -> str:
+    """The one line a stopped study ends with: what finished, and the command that continues."""
+    import shlex
+
+    asked = stop_all()
+    done = sum(1 for c in study.plan.cells() if c in study.states and study.states[c].done)
+    cmd = shlex.join(["python", "-m", "study", *(sys.argv[1:] if argv is None else argv)])
+    return (
+        f"study: stopped; {done} of {len(study.plan.cells())} cells complete, {asked} "
+        f"run(s) in flight asked to checkpoint and stop; the same command continues: {cmd}"
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +52,19 @@ def command(run: Run, *, launcher: str, nproc: int) -> list[str]:
     return commands.train_command(overrides, processes=processes, multirun=launcher != "local")
 
 
+LIVE: set[subprocess.Popen] = set()  # the train.py processes running now
+
+
+def stop_all() -> int:
+    """Ask every running train.py to stop (SIGTERM: it checkpoints and exits, train.py's
+    preemption path); how many were asked."""
+    procs = list(LIVE)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    return len(procs)
+
+
 def execute(commands: list[list[str]], *, jobs: int, threads: int, dry_run: bool,
             log_file: Path | None = None) -> list[int]:  # fmt: skip
     """Run ``commands``, ``jobs`` at a time, each with ``threads`` CPU threads; their exit
@@ -63,7 +77,12 @@ def execute(commands: list[list[str]], *, jobs: int, threads: int, dry_run: bool
             return 0
         t0 = time.perf_counter()
         with open(log_file or os.devnull, "a") as out:
-            rc = subprocess.call(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            LIVE.add(proc)
+            try:
+                rc = proc.wait()
+            finally:
+                LIVE.discard(proc)
         log.info("  exit %d after %.0f s", rc, time.perf_counter() - t0)
         return rc
 

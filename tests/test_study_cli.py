@@ -1,0 +1,73 @@
+"""The study command's one-line refusals, its stop on SIGTERM/Ctrl-C, and its PARTIAL report
+(issue: every failure in one line, the run tree untouched)."""
+
+import logging
+import subprocess
+import sys
+
+import pytest
+
+from study import runner
+from study.cli import main
+
+BAD = [
+    (["--budgets", "-1"], "--budgets -1: budgets are positive"),
+    (["--budgets", "0"], "--budgets 0: budgets are positive"),
+    (["--budgets", "nan"], "--budgets nan: budgets are positive"),
+    (["--reference-budgets", "0"], "--reference-budgets 0"),
+    (["--jobs", "0"], "--jobs 0: at least 1"),
+    (["--jobs", "-3"], "--jobs -3: at least 1"),
+    (["--threads", "0"], "--threads 0: at least 1"),
+    (["--batch-tokens", "-5"], "--batch-tokens -5: at least 1"),
+    (["--collapse-floor", "nan"], "--collapse-floor nan: a finite loss"),
+    (["--models", "nope"], "unknown model 'nope'"),
+]
+
+
+@pytest.mark.parametrize(("argv", "line"), BAD)
+def test_a_bad_value_is_one_line_before_anything_is_written(tmp_path, argv, line):
+    out = tmp_path / "s"
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(out), "--optimizers", "adamw", *argv])
+    text = str(exc.value)
+    assert text.startswith("study: ") and line in text and "\n" not in text
+    assert not out.exists()
+
+
+def test_an_out_that_is_a_file_and_a_merge_that_is_not_a_ledger_are_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x\n")
+    with pytest.raises(SystemExit, match="a file is there"):
+        main(["--out", str(f), "--optimizers", "adamw"])
+    with pytest.raises(SystemExit, match="not a study's results.csv"):
+        main(["--out", str(tmp_path / "s"), "--optimizers", "adamw", "--merge", str(f)])
+
+
+def test_a_stop_asks_every_running_command_to_checkpoint_and_names_the_continuing_command():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    runner.LIVE.add(proc)
+    try:
+        from study.cli import parse, plan_of, stopped_line
+        from study.state import Study
+
+        argv = ["--out", "/nonexistent/s", "--optimizers", "adamw", "--budgets", "0.25"]
+        study = Study(plan_of(*parse(argv)))
+        line = stopped_line(study, argv)
+        assert proc.wait(timeout=10) != 0  # it was sent SIGTERM
+        assert "1 run(s) in flight asked to checkpoint" in line and "\n" not in line
+        assert line.endswith(
+            "python -m study --out /nonexistent/s --optimizers adamw --budgets 0.25"
+        )
+    finally:
+        runner.LIVE.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_report_only_on_an_unfinished_study_says_partial(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="study")
+    assert main(["--out", str(tmp_path / "s"), "--optimizers", "adamw", "--budgets", "0.25",
+                 "--reference-budgets", "--report-only"]) == 0  # fmt: skip
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("PARTIAL" in m and "continues them" in m for m in msgs)
+    assert not any(m.startswith("study done") for m in msgs)
