@@ -3,8 +3,9 @@
 AdamW (the reference) is trained, each budget with its own full schedule, at several budgets D_k
 (tokens); its mean end-of-run validation loss over the evaluation seeds at each is L_k. Loss can
 only fall with more data, so a rise between budgets is seed noise: the L_k are made monotone
-(non-increasing, pool-adjacent-violators), then log D is interpolated linearly in L between
-neighbouring budgets. An optimizer X trained on D tokens with mean loss L_X has speedup
+(non-increasing, pool-adjacent-violators), then log D is read off a monotone cubic through
+the points (log D_k, L_k) (Fritsch-Carlson PCHIP, ``pchip``; a straight line between budgets
+would overstate speedups by a few percent). An optimizer X trained on D tokens with mean loss L_X has speedup
 ``D_AdamW(L_X) / D``. Outside the measured budgets nothing is guessed: a loss below AdamW's at its
 largest budget is censored (``>4.00x`` with 1x..4x budgets), one above its smallest budget too
 (``<1.00x``); the bound is printed.
@@ -12,8 +13,9 @@ largest budget is censored (``>4.00x`` with 1x..4x budgets), one above its small
 Interval: per seed, the speedup read off that seed's own AdamW curve (a seed fixes the weights
 and the data order of every run, so each seed is one paired measurement, AdamW's noise at every
 budget included); the t-interval of their logs, back-transformed. A seed beyond the measured
-budgets censors that side of the interval at the bound; with none censored, the point is their
-geometric mean (the interval's centre), else the reading of the mean curve. ``bootstrap=True`` instead resamples
+budgets censors that side of the interval at the bound. The point: with no seed censored, the
+geometric mean of the per-seed readings (the interval's centre); with one censored, AdamW's
+tokens at the optimizer's mean loss read off AdamW's mean curve. ``bootstrap=True`` instead resamples
 the seeds whole (every budget and X together) and recomputes the speedup of the means.
 """
 
