@@ -18,6 +18,7 @@ long that takes here (``evals/estimate.py``); Ctrl-C keeps the tasks finished, w
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import logging
 import math
@@ -203,11 +204,11 @@ def evaluate(cfg: EvalConfig) -> dict:
 def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInfo, dtype) -> None:
     """Say, before any task runs, how many rows each will score and about how long that takes
     here (evals/estimate.py), and what ``limit=`` makes of a long one."""
-    block = loaded.model.config.block_size
-    rows, tokens = {}, {}
+    block, run = loaded.model.config.block_size, loaded.run_config
+    rows, tokens, per_token = {}, {}, {}
+    timed = functools.partial(seconds_per_token, loaded.model, dist.device, dtype)
     for name in cfg.tasks:
         if name == "val":
-            run = loaded.run_config
             seq_len = run.get("seq_len") or block
             budget = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
             try:
@@ -216,15 +217,16 @@ def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInf
                 continue  # said again, with its fix, when the task runs
             tokens[name] = num_val_windows(files, seq_len=seq_len, max_tokens=budget) * seq_len
             rows[name] = tokens[name] // seq_len
+            per_token[name] = timed(seq_len, cfg.val_batch_size or run.get("micro_batch_size") or 8)
         else:
             rows[name] = len(examples[name])
-            tokens[name] = task_tokens(examples[name], block)[1]
+            requests, tokens[name] = task_tokens(examples[name], block)
+            per_token[name] = timed(tokens[name] // max(1, requests), cfg.batch_size)
     if not rows:
         return
-    mean = max(1, sum(tokens.values()) // max(1, sum(rows.values())))
-    per_token = seconds_per_token(loaded.model, dist.device, dtype, min(mean, block))
     device = runfiles.cpu_name() if dist.device.type == "cpu" else str(dist.device)
-    for line in plan_lines(rows, tokens, per_token / dist.world_size, device, cfg.limit):
+    shares = {k: v / dist.world_size for k, v in per_token.items()}  # each rank scores 1/N
+    for line in plan_lines(rows, tokens, shares, device, cfg.limit):
         log.info("%s", line)
 
 

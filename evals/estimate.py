@@ -19,22 +19,23 @@ from evals.tasks import Example
 from runtime.device import autocast
 
 CHARS_PER_TOKEN = 4.0  # GPT-2 BPE on English text, roughly
-CALIBRATION_ROWS = 4
+CALIBRATION_ROWS = 8
 LONG_S = 600.0  # above this, say how limit= shortens it
 
 
 @torch.no_grad()
 def seconds_per_token(model: torch.nn.Module, device: torch.device, dtype: torch.dtype,
-                      length: int) -> float:  # fmt: skip
-    """Forward time per token of ``model`` at sequences of ``length`` tokens (the second of two
-    passes of CALIBRATION_ROWS rows: the first one warms up)."""
+                      length: int, rows: int = CALIBRATION_ROWS) -> float:  # fmt: skip
+    """Forward time per token of ``model`` at batches of ``rows`` sequences of ``length`` tokens,
+    as the task will run them (a batch of one pays the call's overhead per row), at most
+    CALIBRATION_ROWS rows: the second of two passes (the first one warms up)."""
     length = max(1, min(length, model.config.block_size))
-    x = torch.zeros((CALIBRATION_ROWS, length), dtype=torch.long, device=device)
+    x = torch.zeros((max(1, min(rows, CALIBRATION_ROWS)), length), dtype=torch.long, device=device)
     elapsed = 0.0
     for _ in range(2):
         t0 = time.perf_counter()
         with autocast(device, dtype):
-            model(x)
+            model(x, x)  # with the loss: its softmax over the vocabulary costs as much
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - t0
@@ -61,13 +62,14 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def plan_lines(rows: dict[str, int], tokens: dict[str, int], per_token: float, device: str,
-               limit: int | None) -> list[str]:  # fmt: skip
-    """One line per task (rows, about how long on ``device``) and, when the whole takes longer
-    than LONG_S without a limit, one saying what ``limit=`` would make of it."""
+def plan_lines(rows: dict[str, int], tokens: dict[str, int], per_token: dict[str, float],
+               device: str, limit: int | None) -> list[str]:  # fmt: skip
+    """One line per task (rows, about how long on ``device`` at ``per_token[task]`` seconds per
+    token) and, when the whole takes longer than LONG_S without a limit, one saying what
+    ``limit=`` would make of it."""
     lines, total = [], 0.0
     for name, n in rows.items():
-        seconds = tokens[name] * per_token
+        seconds = tokens[name] * per_token[name]
         total += seconds
         what = f"{n:,} rows" if name != "val" else f"{tokens[name]:,} tokens"
         lines.append(f"{name}: {what}, about {duration(seconds)} on {device}")
@@ -76,11 +78,13 @@ def plan_lines(rows: dict[str, int], tokens: dict[str, int], per_token: float, d
         scored = {k: v for k, v in rows.items() if k != "val"}
         if scored:
             most = max(scored.values())
+            full = sum(tokens[k] * per_token[k] for k in scored)
             for n in (500, 200, 100, 50):
-                part = sum(tokens[k] * min(1.0, n / max(v, 1)) for k, v in scored.items())
-                if part * per_token <= LONG_S or n == 50:
+                part = sum(tokens[k] * per_token[k] * min(1.0, n / max(v, 1))
+                           for k, v in scored.items())  # fmt: skip
+                if part <= LONG_S or n == 50:
                     break
-            short = total - sum(tokens[k] for k in scored) * per_token + part * per_token
+            short = total - full + part
             lines.append(f"limit={n} scores the first {n} of each task's {most:,} rows or fewer: "
                          f"about {duration(short)} in all")  # fmt: skip
     return lines

@@ -18,14 +18,15 @@ from trainer import checkpoint as ckpt
 def test_the_plan_names_rows_time_and_a_limit_that_fits():
     rows = {"val": 8, "hellaswag": 10042}
     tokens = {"val": 8192, "hellaswag": 10042 * 4 * 100}
-    lines = plan_lines(rows, tokens, per_token=1e-2, device="AMD EPYC", limit=None)
+    per_token = {"val": 1e-2, "hellaswag": 1e-2}
+    lines = plan_lines(rows, tokens, per_token, device="AMD EPYC", limit=None)
     assert lines == [
         "val: 8,192 tokens, about 82 s on AMD EPYC",
         "hellaswag: 10,042 rows, about 11.2 h on AMD EPYC",
         "in all about 11.2 h",
         "limit=100 scores the first 100 of each task's 10,042 rows or fewer: about 8 min in all",
     ]
-    assert len(plan_lines(rows, tokens, 1e-3, "cpu", limit=50)) == 3  # asked for: no advice
+    assert len(plan_lines(rows, tokens, per_token, "cpu", limit=50)) == 3  # asked for: no advice
     assert duration(59) == "59 s" and duration(600) == "10 min" and duration(7200) == "2.0 h"
 
 
