@@ -16,6 +16,7 @@ import pytest
 from test_bad_input import refused, snapshot
 from test_preemption import run
 
+import train
 from data.config import check_shards
 from data.shards import HEADER_BYTES, write_shard
 from runtime import runfiles
@@ -44,6 +45,8 @@ def test_a_path_split_by_the_shell_is_named_and_spaces_are_quoted():
                     "holds spaces, e.g. out_dir='my runs/x'")  # fmt: skip
     assert stray_words(["--cfg", "job", "max_steps=3", "-m"]) is None
     assert quote_paths(["out_dir=my runs/x"], ("out_dir",)) == ["out_dir='my runs/x'"]
+    with pytest.raises(SystemExit, match=r"^config error: 'runs/x' is not key=value"):
+        train.check_command_line(["out_dir=my", "runs/x"])  # before Hydra's lexer sees it
 
 
 @pytest.mark.parametrize("text", ["a: [unclosed\n", "- a list\n- of things\n"])
