@@ -119,7 +119,9 @@ def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for (name, _base, _other), colour in zip(COMPARISONS, ("#1f77b4", "#d62728")):
+    from study.figures import colour_of
+
+    for (name, _base, _other), colour in zip(COMPARISONS, (colour_of(OFF), colour_of(ADAMW))):
         rs = [r for r in rows if r["comparison"] == name]
         if rs:
             xs = [r["batch"] for r in rs]
@@ -133,7 +135,8 @@ def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
     ax.set_xlabel("batch (bytes), 966 steps at each")
     ax.set_ylabel("final validation loss difference")
     ax.set_title("below 0: the first arm is better (dotted: predicted crossovers)", fontsize=9)
-    ax.legend(fontsize=8)
+    if rows:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -29,8 +29,29 @@ def _plt():  # noqa: ANN202
     return plt
 
 
+# One colour per optimizer in every figure of the project, the same as report/figures.py's for
+# the paper's optimizers (tests/test_crossover.py checks they agree); a variant takes its base's
+# colour family's spare, anything else a spare in sorted order.
+COLOURS = {
+    "adamw": "tab:blue", "muon": "tab:orange", "moonlight": "tab:purple",
+    "mars-adamw": "tab:red", "mars-m": "tab:green", "mars-adamw:gamma=0": "tab:pink",
+    "normuon": "tab:olive", "soap": "tab:cyan", "mars-soap": "tab:brown",
+    "ademamix": "tab:gray", "mars-ademamix": "gold", "adamw-schedulefree": "navy",
+}  # fmt: skip
+SPARE = ("teal", "black", "darkkhaki", "slateblue", "sienna", "lightgreen")
+
+
+def colour_of(optimizer: str, others: list[str] = ()) -> str:
+    """The optimizer's fixed colour (``others``: the labels that share the spares)."""
+    if optimizer in COLOURS:
+        return COLOURS[optimizer]
+    spare = sorted(o for o in others if o not in COLOURS)
+    return SPARE[spare.index(optimizer) % len(SPARE)] if optimizer in spare else "black"
+
+
 def _colours(rows: list[dict]) -> dict:
-    return {o: f"C{i % 10}" for i, o in enumerate(sorted({r["optimizer"] for r in rows}))}
+    names = sorted({r["optimizer"] for r in rows})
+    return {o: colour_of(o, names) for o in names}
 
 
 def curves_figure(rows: list[dict], curves: dict, floors: dict, main_budgets: list[float],

@@ -1,0 +1,51 @@
+"""The README's results table is python -m study.summary's output from the committed ledgers
+(it cannot be typed by hand or go stale), and the summary reads a fixture ledger right."""
+
+import csv
+
+from helpers import ROOT
+from study import summary
+from study.figures import COLOURS, colour_of
+
+
+def test_the_readmes_table_is_generated_from_the_ledgers():
+    table = summary.markdown(summary.all_cells(ROOT / "results"))
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split(summary.BEGIN, 1)[1].split(summary.END, 1)[0]
+    assert block.strip() == table.strip(), "run: python -m study.summary --readme README.md"
+
+
+def test_a_fixture_ledger_gives_its_gap_and_speedup(tmp_path):
+    rows = []
+    for budget, tokens, base in ((1.0, 1000, 2.0), (2.0, 2000, 1.8), (4.0, 4000, 1.6)):
+        for s in range(1, 6):
+            rows.append({"optimizer": "adamw", "model": "p", "budget": budget, "tokens": tokens,
+                         "seed": s, "role": "eval", "final_val_loss": base + 0.001 * s,
+                         "chosen": 1, "batch_tokens": 2048, "run_dir": f"runs/a{budget}{s}"})  # fmt: skip
+    for s in range(1, 6):
+        rows.append({"optimizer": "muon", "model": "p", "budget": 1.0, "tokens": 1000, "seed": s,
+                     "role": "eval", "final_val_loss": 1.8 + 0.001 * s, "chosen": 1,
+                     "batch_tokens": 2048, "run_dir": f"runs/m{s}"})  # fmt: skip
+    path = tmp_path / "referee" / "headline" / "results.csv"
+    path.parent.mkdir(parents=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    cells = summary.all_cells(tmp_path)
+    assert len(cells) == 1 and abs(cells[0].adamw - 2.003) < 1e-9
+    g = cells[0].gaps["muon"]
+    assert abs(g.mean + 0.2) < 1e-9 and g.hi - g.lo < 1e-9  # the same gap on every seed
+    assert cells[0].speedups["muon"].startswith("2.00x")  # AdamW needs 2x the data for 1.8
+    assert "| p, 1x, 2,048 B | 2.003 | - | -0.200" in summary.markdown(cells)
+
+
+def test_every_figure_gives_an_optimizer_one_colour():
+    from report.figures import COLORS
+
+    same = {"adamw": "AdamW", "muon": "Muon", "moonlight": "Moonlight", "mars-adamw":
+            "MARS-approx", "mars-m": "MARS-M"}  # fmt: skip
+    for name, label in same.items():
+        assert COLOURS[name] == COLORS[label]
+    assert colour_of("mars-adamw") == colour_of("mars-adamw", ["zz", "mars-adamw"])
+    assert len(set(COLOURS.values())) == len(COLOURS)
