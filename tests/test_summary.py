@@ -49,3 +49,16 @@ def test_every_figure_gives_an_optimizer_one_colour():
         assert COLOURS[name] == COLORS[label]
     assert colour_of("mars-adamw") == colour_of("mars-adamw", ["zz", "mars-adamw"])
     assert len(set(COLOURS.values())) == len(COLOURS)
+
+
+def test_one_family_counts_every_test_and_adjusts_them_together():
+    from study import family
+
+    tests = family.family(ROOT / "results" / "referee")
+    kinds = {k: sum(t["kind"] == k for t in tests) for k in ("pair", "factorial", "across")}
+    assert kinds == {"pair": 51, "factorial": 9, "across": 17}
+    assert all(t["holm_p"] >= t["p"] for t in tests)
+    narrowing = [t for t in tests if t["test"].startswith("batch 2,048 -> 8,192: mars-adamw")]
+    assert len(narrowing) == 1 and narrowing[0]["p"] < 0.05 < 0.1 < narrowing[0]["holm_p"]
+    text = (ROOT / "results" / "referee" / "family.md").read_text()
+    assert text == family.markdown(tests), "run: python -m study.family"

@@ -1,0 +1,162 @@
+"""One Holm correction over every test the study reports (docs/study.md, "One family"): each
+report corrects within itself, so a difference that holds in its own report may not hold once
+every test of the study is counted. This gathers, from the committed ledgers alone:
+
+- **pairs**: in every comparison cell of every part, every pair of optimizers (the reports'
+  pairs: paired t over the evaluation seeds);
+- **factorial**: each of MARS-AdamW's single switches (betas, gamma, the gains' weight decay,
+  all three, exact mode, the 8,192 batch) against MARS-AdamW, paired;
+- **across cells**: for every optimizer, the change of its gap to AdamW between two cells the
+  study compares (0.25x -> 1x; default -> width-aware init; 2,048 -> 8,192 bytes; each step up
+  the size ladder), paired per seed;
+
+and adjusts all of their p-values together (Holm, family-wise level 0.10, the intervals' level).
+
+    python -m study.family [--results results/referee] [--out results/referee/family.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from itertools import combinations
+from pathlib import Path
+
+from study.results import read_csv
+from study.stats import LEVEL, holm, paired_interval, paired_p_value
+from study.tables import REFERENCE, eval_losses
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ["headline", "ladder", "ladder-up", "widthinit", "batch", "factorial"]
+# (name, (part, model, budget) before, (part, model, budget) after)
+ACROSS = [
+    ("budget 0.25x -> 1x", ("ladder", "proxy-100k", 0.25), ("headline", "proxy-100k", 1.0)),
+    ("init default -> width-aware", ("ladder", "proxy-100k", 0.25),
+     ("widthinit", "proxy-100k", 0.25)),
+    ("batch 2,048 -> 8,192", ("headline", "proxy-100k", 1.0), ("batch", "proxy-100k", 1.0)),
+    ("size 100k -> 193k", ("ladder", "proxy-100k", 0.25), ("ladder-up", "proxy-193k", 0.25)),
+    ("size 193k -> 423k", ("ladder-up", "proxy-193k", 0.25), ("ladder-up", "proxy-423k", 0.25)),
+]  # fmt: skip
+
+
+def own_losses(path: Path, *, merged: bool = False) -> dict:
+    """``{(optimizer, model, budget): {seed: loss}}`` of a ledger's own chosen evaluation runs
+    (cells merged from another part are that part's tests; ``merged``: keep them, for the
+    factorial, whose all-MARS corner is the headline's MARS-AdamW cell)."""
+    rows = [r for r in read_csv(path)
+            if merged or str(r.get("run_dir", "")).startswith("runs/")]  # fmt: skip
+    return eval_losses(rows)
+
+
+def _test(kind: str, name: str, base: dict, other: dict) -> dict | None:
+    if len(set(base) & set(other)) < 2:
+        return None
+    iv = paired_interval(base, other)
+    return {"kind": kind, "test": name, "mean": iv.mean, "lo": iv.lo, "hi": iv.hi,
+            "p": paired_p_value(base, other)}  # fmt: skip
+
+
+def pair_tests(losses: dict[str, dict]) -> list[dict]:
+    out = []
+    for part, cells in losses.items():
+        if part == "factorial":
+            continue
+        for model, budget in sorted({(m, b) for (_o, m, b) in cells}):
+            opts = sorted(o for (o, m, b) in cells if (m, b) == (model, budget))
+            for a, b in combinations(opts, 2):
+                t = _test("pair", f"{part}: {model} {budget:g}x: {b} - {a}",
+                          cells[(a, model, budget)], cells[(b, model, budget)])  # fmt: skip
+                if t:
+                    out.append(t)
+    return out
+
+
+def factorial_tests(cells: dict) -> list[dict]:
+    """Each corner of the factorial against MARS-AdamW's own cell (the switch's effect)."""
+    base = {k: v for k, v in cells.items() if k[0] == "mars-adamw"}
+    if not base:
+        return []
+    (_o, model, budget), mars = next(iter(base.items()))
+    out = []
+    for (opt, m, b), seeds in sorted(cells.items()):
+        if (m, b) == (model, budget) and opt.startswith("mars-adamw:"):
+            t = _test("factorial", f"factorial: {opt} - mars-adamw", mars, seeds)
+            if t:
+                out.append(t)
+    return out
+
+
+def gap(cells: dict, opt: str, model: str, budget: float) -> dict | None:
+    o, a = cells.get((opt, model, budget)), cells.get((REFERENCE, model, budget))
+    if not o or not a:
+        return None
+    return {s: o[s] - a[s] for s in set(o) & set(a)}
+
+
+def across_tests(losses: dict[str, dict]) -> list[dict]:
+    out = []
+    for name, (pa, ma, ba), (pb, mb, bb) in ACROSS:
+        if pa not in losses or pb not in losses:
+            continue
+        opts = {o for (o, m, b) in losses[pa] if (m, b) == (ma, ba)} & {
+            o for (o, m, b) in losses[pb] if (m, b) == (mb, bb)
+        }
+        for opt in sorted(opts - {REFERENCE}):
+            before, after = gap(losses[pa], opt, ma, ba), gap(losses[pb], opt, mb, bb)
+            if before and after:
+                t = _test("across", f"{name}: {opt}'s gap to AdamW", before, after)
+                if t:
+                    out.append(t)
+    return out
+
+
+def family(results: Path) -> list[dict]:
+    """Every test, with its Holm p over all of them (``holm_p``)."""
+    losses = {p: own_losses(results / p / "results.csv", merged=p == "factorial") for p in PARTS
+              if (results / p / "results.csv").is_file()}  # fmt: skip
+    tests = pair_tests(losses) + factorial_tests(losses.get("factorial", {})) + across_tests(losses)
+    for t, adj in zip(tests, holm([t["p"] for t in tests])):
+        t["holm_p"] = adj
+    return tests
+
+
+def markdown(tests: list[dict]) -> str:
+    alpha = 1 - LEVEL
+    held = sum(t["holm_p"] <= alpha for t in tests)
+    lines = [
+        "# One family: every test of the study, one Holm correction (python -m study.family)",
+        "",
+        f"{len(tests)} tests ({sum(t['kind'] == 'pair' for t in tests)} pairs within cells, "
+        f"{sum(t['kind'] == 'factorial' for t in tests)} factorial switches, "
+        f"{sum(t['kind'] == 'across' for t in tests)} changes across cells); {held} hold at "
+        f"family-wise {alpha:.2f}. Differences are the second named minus the first (for "
+        "changes: after minus before), paired over the evaluation seeds, "
+        f"{LEVEL:.0%} t-intervals.",
+        "",
+        "| test | difference [interval] | p | Holm p (all tests) | holds |",
+        "|---|---|---|---|---|",
+    ]
+    for t in sorted(tests, key=lambda t: (t["holm_p"], t["p"], t["test"])):
+        lines.append(f"| {t['test']} | {t['mean']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}] | "
+                     f"{t['p']:.2g} | {t['holm_p']:.2g} | "
+                     f"{'yes' if t['holm_p'] <= alpha else 'no'} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m study.family", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--results", type=Path, default=ROOT / "results" / "referee")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    tests = family(args.results)
+    if not tests:
+        raise SystemExit(f"study.family: no ledger with tests under {args.results}")
+    text = markdown(tests)
+    (args.out or args.results / "family.md").write_text(text)
+    print(text.split("\n\n")[1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
