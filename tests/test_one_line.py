@@ -171,3 +171,29 @@ def test_a_missing_metrics_jsonl_on_resume_is_said_and_marked(tmp_path, sotu_dir
     assert records[0] == {"step": 2, "tokens": None, "gap": gap}
     assert [r["step"] for r in records[1:] if "train_loss" in r] == [3, 4]
     assert json.loads((out / runfiles.SUMMARY).read_text())["steps"] == 4
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_full_disk_under_a_dcp_checkpoint_is_one_line(tmp_path, monkeypatch, asynchronous):
+    import torch
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from trainer import dcp_checkpoint as dcpc
+
+    def full(*args, **kwargs):
+        raise CheckpointException(
+            "write", {0: (OSError(errno.ENOSPC, "No space left on device"), None)}
+        )
+
+    monkeypatch.setattr(dcpc.DcpCheckpointer, "_finish", lambda *a: full())
+    saver = dcpc.DcpCheckpointer(asynchronous=asynchronous)
+    states = {"model": {"w": torch.zeros(3)}, "optimizer": {}}
+    with pytest.raises(SystemExit) as info:
+        saver.save(tmp_path, 2, states, {"step": 2}, lambda _: None)
+        saver.wait()  # the asynchronous save fails in its writer: said when it is waited for
+    message = str(info.value)
+    final = dcpc.step_dir(tmp_path, 2)
+    assert "\n" not in message and message.startswith(
+        f"could not write checkpoint {final}: No space left on device. Nothing was replaced"
+    )
+    saver.close()

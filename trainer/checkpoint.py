@@ -9,9 +9,7 @@ A checkpoint may also be a DCP directory ``step_<N>/`` (``checkpoint_format=dcp`
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
 import re
 import shutil
 import time
@@ -26,7 +24,7 @@ from runtime import runfiles
 from runtime.distributed import DistInfo, broadcast_object, gather_objects
 from trainer import checksums
 from trainer.checksums import save_checksummed
-from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp, short_reason
+from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp, short_reason, write_failure
 from trainer.fsdp import has_dtensors
 
 log = logging.getLogger(__name__)
@@ -139,18 +137,6 @@ class CheckpointWriteError(OSError):
 
     def __str__(self) -> str:
         return self.strerror
-
-
-def write_failure(exc: BaseException, path: Path) -> str:
-    """What a failed ``torch.save`` means, in words: torch reports a full disk as a RuntimeError
-    (``enforce fail at inline_container.cc ... file write failed``), so a disk with less than
-    64 MiB free is named as full; anything else by its first line."""
-    try:
-        if shutil.disk_usage(path.parent).free < 64 << 20:
-            return os.strerror(errno.ENOSPC)
-    except OSError:
-        pass
-    return short_reason(exc)
 
 
 def remove_leftover_temp_files(directory: Path) -> None:

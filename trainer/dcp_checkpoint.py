@@ -25,8 +25,10 @@ the end of the run wait for it. Loading needs no process group: every rank reads
 
 from __future__ import annotations
 
+import errno
 import inspect
 import logging
+import os
 import pickle
 import shutil
 import time
@@ -177,6 +179,7 @@ class DcpCheckpointer:
         # needs a CPU backend. Creating a group is a collective, so every rank does it here.
         self.group = tdist.new_group(backend="gloo") if self.distributed else None
         self.pending: Future | None = None
+        self.pending_dir = Path()  # the checkpoint the pending save writes
         self.writer = ThreadPoolExecutor(max_workers=1) if asynchronous else None  # one thread
         self.buffers: dict[str, torch.Tensor] = {}  # views of ``flat``, one per tensor
         self.flat: dict[torch.dtype, torch.Tensor] = {}
@@ -241,9 +244,13 @@ class DcpCheckpointer:
             else:
                 upload = dcp.async_save(staged, async_stager=_Prestaged(), **kwargs)
             self.pending = self.writer.submit(self._finish, upload, partial, final, commit)
+            self.pending_dir = final
         else:
-            dcp.save(tensors, **kwargs)
-            self._finish(None, partial, final, commit)
+            try:
+                dcp.save(tensors, **kwargs)
+                self._finish(None, partial, final, commit)
+            except (Exception, CheckpointException) as exc:  # a full disk, on any rank
+                raise write_error(final, exc) from None
         self.last_stall_s = time.perf_counter() - t0
         log.info("checkpoint step %d: the loop was blocked %.2f s", step, self.last_stall_s)
         return final
@@ -264,7 +271,10 @@ class DcpCheckpointer:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            pending.result()
+            try:
+                pending.result()
+            except (Exception, CheckpointException) as exc:
+                raise write_error(self.pending_dir, exc) from None
 
     def close(self) -> None:
         """Wait for the save in flight, then release the process group (a sweep makes many)."""
@@ -324,6 +334,34 @@ def short_reason(exc: BaseException) -> str:
     if "zip archive" in first or "central directory" in first or "Errno" in first:
         first += " (cut short or damaged: a kill or a full disk while it was written)"
     return first
+
+
+def write_failure(exc: BaseException, path: Path) -> str:
+    """What a failed checkpoint write means, in words: torch reports a full disk as a
+    RuntimeError (``enforce fail at inline_container.cc ... file write failed``) and DCP wraps
+    each rank's error, so a disk with less than 64 MiB free is named as full; an OSError by its
+    own words; anything else by its first line."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        exc = next(iter(exc.failures.values()))[0]
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    try:
+        if shutil.disk_usage(path.parent).free < 64 << 20:
+            return os.strerror(errno.ENOSPC)
+    except OSError:
+        pass
+    return short_reason(exc)
+
+
+def write_error(final: Path, exc: BaseException) -> SystemExit:
+    """The one line with which every rank stops when a DCP checkpoint cannot be written; the
+    older checkpoints are untouched (the new one was never renamed into place)."""
+    return SystemExit(
+        f"could not write checkpoint {final}: {write_failure(exc, final)}. Nothing was replaced "
+        f"(the partial write stays in {_partial_dir(final).name}, removed by the next save). Free "
+        f"disk space or fix the permissions of {final.parent}, then run the same command again: "
+        "resume=auto continues from the newest checkpoint"
+    )
 
 
 def _tensor_keys(obj: Any) -> list[str]:
