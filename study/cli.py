@@ -148,8 +148,8 @@ def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
     results.csv (one cell: ``cell`` as MODEL:BUDGET, or the file's only one). A variant
     (``mars-adamw:gamma=0``) takes its base optimizer's values when the file lacks it."""
     from study.knobs import KNOBS
-    from study.plan import split_variant
     from study.results import read_csv
+    from study.variant import Variant
 
     if not path.is_file():
         raise ValueError(f"--center-from {path}: no such file (a study's results.csv)")
@@ -163,7 +163,7 @@ def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
                          f"(it has {', '.join(f'{m}:{b:g}' for m, b in cells) or 'none'})")  # fmt: skip
     out = {}
     for opt in optimizers:
-        for name in (opt, split_variant(opt)[0]):
+        for name in (opt, Variant.parse(opt).base):
             hit = [
                 r for r in rows if (r["model"], r["budget"]) == cells[0] and r["optimizer"] == name
             ]

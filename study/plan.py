@@ -10,11 +10,11 @@ warmup is a fixed fraction of each budget's steps, so each budget has its own fu
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from study.knobs import DEFAULT_KNOBS, KNOBS, default
+from study.variant import Variant
 
 CHINCHILLA = 20  # tokens per parameter at 1x
 # Where each optimizer's lr search starts (the other knobs start at the optimizer's own defaults,
@@ -47,37 +47,19 @@ KNOB_FIELDS = {
     "lr": ("optimizer.lr",), "aux_lr": ("optimizer.aux_lr",), "wd": ("optimizer.weight_decay",),
     "beta2": ("optimizer.betas", "optimizer.momentum"), "warmup": ("schedule.warmup_steps",),
 }  # fmt: skip
-# Variant keys that are run settings, not optimizer options (``mars-adamw:batch_tokens=8192``).
-RUN_KEYS = ("batch_tokens",)
-
-
-TUNED = "tuned"  # a variant's value that tunes the key instead: ``adamw:aux_lr=tuned``
-
-
-def _variant_pairs(name: str) -> tuple[str, list[tuple[str, str]]]:
-    base, sep, rest = name.partition(":")
-    pairs = [p for p in re.split(r",(?![^\[]*\])", rest) if p]  # a list value keeps its commas
-    bad = [p for p in pairs if "=" not in p or not p.split("=", 1)[0]]
-    if bad or (sep and not pairs):
-        raise ValueError(f"optimizer {name!r}: write NAME or NAME:KEY=VALUE[,KEY=VALUE], e.g. "
-                         "mars-soap:gamma=0 or adamw:aux_lr=tuned (KEY an option of "
-                         "optimizer=NAME; the value tuned: the key is tuned like the lr)")  # fmt: skip
-    return base, [tuple(p.split("=", 1)) for p in pairs]
 
 
 def split_variant(name: str) -> tuple[str, list[str]]:
-    """An optimizer of the study and its fixed options: ``"mars-soap:gamma=0"`` is the registered
-    ``mars-soap`` with ``optimizer.gamma=0`` (an ablation cell); a plain name has none. A key
-    whose value is ``tuned`` (``adamw:aux_lr=tuned``) is not fixed but tuned (variant_tuned)."""
-    base, pairs = _variant_pairs(name)
-    return base, [f"{'' if k in RUN_KEYS else 'optimizer.'}{k}={v}" for k, v in pairs
-                  if v != TUNED]  # fmt: skip
+    """An optimizer of the study and its fixed overrides (``Variant.parse(name).overrides``):
+    ``"mars-soap:gamma=0"`` -> ``("mars-soap", ["optimizer.gamma=0"])``."""
+    variant = Variant.parse(name)
+    return variant.base, variant.overrides
 
 
 def variant_tuned(name: str) -> list[str]:
     """The keys a variant tunes besides the study's knobs: ``adamw:eps=tuned`` -> ``["eps"]``
     (``adamw:aux_lr=tuned``, a knob, is tuned whether or not the study tunes aux_lr)."""
-    return [k for k, v in _variant_pairs(name)[1] if v == TUNED]
+    return list(Variant.parse(name).tuned)
 
 
 def check_optimizer(name: str) -> None:
@@ -87,21 +69,18 @@ def check_optimizer(name: str) -> None:
 
     from optim import get_spec
 
-    base, options = split_variant(name)
-    fields = {f.name for f in dataclasses.fields(get_spec(base).config_cls)}
-    keys = [o.split("=", 1)[0] for o in options if o.startswith("optimizer.")]
-    keys = [k.removeprefix("optimizer.") for k in keys] + variant_tuned(name)
+    variant = Variant.parse(name)
+    fields = {f.name for f in dataclasses.fields(get_spec(variant.base).config_cls)}
+    keys = [k for k, _ in variant.fixed] + list(variant.tuned)
     unknown = [k for k in keys if k not in fields and k not in KNOBS]
     if unknown:
-        raise ValueError(f"optimizer {name!r}: {base} has no option {', '.join(unknown)}; "
-                         f"its options: {', '.join(sorted(fields))}")  # fmt: skip
+        raise ValueError(f"optimizer {name!r}: {variant.base} has no option "
+                         f"{', '.join(unknown)}; its options: {', '.join(sorted(fields))}")  # fmt: skip
 
 
 def dir_name(name: str) -> str:
     """A variant's directory name: ``mars-soap:gamma=0`` -> ``mars-soap@gamma-0``."""
-    for a, b in ((":", "@"), ("=", "-"), (",", "_"), ("[", ""), ("]", "")):
-        name = name.replace(a, b)
-    return name
+    return Variant.parse(name).dir_name
 
 
 def short(key: str) -> str:
@@ -167,13 +146,13 @@ class Plan:
         for opt in self.untuned:
             if opt not in self.optimizers:
                 raise ValueError(f"--untuned {opt}: not among --optimizers {self.optimizers}")
-            missing = [k for k in ("lr", *variant_tuned(opt))
+            missing = [k for k in ("lr", *Variant.parse(opt).tuned)
                        if k not in self.centers.get(opt, {})]  # fmt: skip
             if missing:
                 raise ValueError(f"--untuned {opt}: give its values with --center "
                                  + " ".join(f"{opt}:{k}=VALUE" for k in missing))  # fmt: skip
         for opt, given in self.centers.items():
-            allowed = set(KNOBS) | set(variant_tuned(opt))
+            allowed = set(KNOBS) | set(Variant.parse(opt).tuned)
             unknown = set(given) - allowed
             if opt not in self.optimizers or unknown:
                 raise ValueError(
@@ -200,7 +179,7 @@ class Plan:
     def keys(self, cell: Cell) -> list[str]:
         """The keys tuned for ``cell``, in coordinate-descent order: the lr first; a knob whose
         config field a variant fixes (``mars-adamw:betas=[0.9,0.95]`` fixes beta2) is not."""
-        fixed = {o.split("=", 1)[0] for o in split_variant(cell.optimizer)[1]}
+        fixed = Variant.parse(cell.optimizer).override_keys
         return [k for k in self._keys(cell) if not fixed & set(KNOB_FIELDS.get(k, ()))]
 
     def _keys(self, cell: Cell) -> list[str]:
@@ -209,7 +188,7 @@ class Plan:
             return [k for k in KNOBS if k in own] + [k for k in own if k not in KNOBS]
         knobs = self.knobs if self.is_main(cell) else [
             k for k in self.knobs if k in self.reference_knobs]  # fmt: skip
-        extra = [k for k in variant_tuned(cell.optimizer) if k not in knobs]
+        extra = [k for k in Variant.parse(cell.optimizer).tuned if k not in knobs]
         if "aux_lr" in extra:  # adamw:aux_lr=tuned in a study that does not tune aux_lr
             extra.remove("aux_lr")
             knobs = [*knobs, "aux_lr"]
@@ -221,7 +200,7 @@ class Plan:
         given = self.centers.get(cell.optimizer, {})
         if key in given:
             return given[key]
-        base = split_variant(cell.optimizer)[0]
+        base = Variant.parse(cell.optimizer).base
         centers = CENTERS.get(base, DEFAULT_CENTER)
         if key in centers:
             return centers[key]
@@ -233,12 +212,13 @@ class Plan:
     def fixed_knobs(self, cell: Cell) -> dict[str, float]:
         """Knobs not tuned in ``cell`` that --center sets (the rest keep their defaults)."""
         given = self.centers.get(cell.optimizer, {})
-        fixed = {o.split("=", 1)[0] for o in split_variant(cell.optimizer)[1]}
+        fixed = Variant.parse(cell.optimizer).override_keys
         return {k: v for k, v in given.items() if k not in self.keys(cell)
                 and not fixed & set(KNOB_FIELDS.get(k, ()))}  # fmt: skip
 
     def cell_dir(self, cell: Cell) -> Path:
-        return self.out / "runs" / cell.model / f"{cell.budget:g}x" / dir_name(cell.optimizer)
+        name = Variant.parse(cell.optimizer).dir_name
+        return self.out / "runs" / cell.model / f"{cell.budget:g}x" / name
 
     def run_dir(self, cell: Cell, role: str, values: dict[str, float], seed: int) -> Path:
         """``.../select/lr-0.004_aux_lr-0.002_wd-0.1_beta2-0.95_warmup-0.1_seed-0``: the tuned

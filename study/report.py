@@ -133,21 +133,23 @@ def setup_table(rows: list[dict]) -> list[str]:
 
 
 def routing_table(rows: list[dict]) -> list[str]:
-    from study.plan import FIXED, short, split_variant, variant_tuned
+    from study.plan import FIXED, short
     from study.routing import routing
+    from study.variant import Variant
 
     lines = ["| optimizer | parameters | update | lr |", "|---|---|---|---|"]
     for opt in sorted({r["optimizer"] for r in rows}):
         model = next(r["model"] for r in rows if r["optimizer"] == opt)
-        base, variant = split_variant(opt)
-        pairs = (o.split("=", 1) for o in [*FIXED.get(base, []), *variant])
+        variant = Variant.parse(opt)
+        base = variant.base
+        pairs = (o.split("=", 1) for o in [*FIXED.get(base, []), *variant.overrides])
         # the optimizer's own options (FIXED may also fix others, e.g. the schedule)
         options = {
             k.split(".", 1)[1]: yaml.safe_load(v) for k, v in pairs if k.startswith("optimizer.")
         }
         # a tuned aux_lr (a knob, or a variant's adamw:aux_lr=tuned) is set, so its routing
         # shows; its value is moot
-        options.update({short(k): 1.0 for k in variant_tuned(opt)})
+        options.update({short(k): 1.0 for k in variant.tuned})
         if any(isinstance(r.get("aux_lr"), float) for r in rows if r["optimizer"] == opt):
             options["aux_lr"] = 1.0
         for params, update, lr in routing(base, model, options):

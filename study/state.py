@@ -16,9 +16,10 @@ from pathlib import Path
 
 from study import ledger
 from study.knobs import overrides as knob_overrides
-from study.plan import FIXED, Cell, Plan, block_params, budget_steps, split_variant
+from study.plan import FIXED, Cell, Plan, block_params, budget_steps
 from study.runner import Run, result
 from study.tuner import Tuned, final_line, tune
+from study.variant import Variant
 
 FAILED = "study_failed.json"  # written into a run that a failed command left unfinished
 
@@ -79,16 +80,14 @@ class Study:
 
     def batch_tokens(self, cell: Cell) -> int:
         """The cell's global batch: the study's, or a variant's ``batch_tokens=N``."""
-        for o in split_variant(cell.optimizer)[1]:
-            if o.startswith("batch_tokens="):
-                return int(o.split("=", 1)[1])
-        return self.plan.batch_tokens
+        own = Variant.parse(cell.optimizer).batch_tokens
+        return self.plan.batch_tokens if own is None else own
 
     def overrides(self, cell: Cell, values: dict[str, float], seed: int) -> tuple[str, ...]:
         """Every override of one run of ``cell`` at ``values`` (tuned and fixed knobs)."""
         steps, plan = self.steps(cell), self.plan
-        base, options = split_variant(cell.optimizer)
-        set_by_variant = {o.split("=", 1)[0] for o in options}
+        variant = Variant.parse(cell.optimizer)
+        base, options, set_by_variant = variant.base, variant.overrides, variant.override_keys
         knob_args: list[str] = []
         for k, v in values.items():
             knob_args += [a for a in knob_overrides(base, k, v, steps)
