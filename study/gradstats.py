@@ -14,16 +14,20 @@ cosine clearly positive: near an oscillation the change alternates in sign and t
 undoes the momentum's damping). ``dG(B)`` depends on B through the steps the optimizer takes at
 that batch, so it is measured along the run at each B.
 
-The estimators, each unbiased:
+The estimators:
 
 - the noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training",
-  appendix A): with ``E|g_b|^2 = |G|^2 + tr(Sigma)/b`` at two batch sizes ``b < kb`` (k small
-  batches and their mean), ``|G|^2 = (k|g_kb|^2 - |g_b|^2) / (k - 1)`` and ``tr(Sigma) =
-  b k (|g_b|^2 - |g_kb|^2) / (k - 1)``; ``B_simple = tr(Sigma) / |G|^2`` (ratio of the means
-  over rounds);
-- ``|dG|^2`` as the inner product of the change measured on two independent common batches
-  (``<g(x_t; A) - g(x_{t-1}; A), g(x_t; C) - g(x_{t-1}; C)>``: the batches' noise is independent,
-  so it drops out of the mean);
+  appendix A): ``E|g_B|^2 = |G|^2 + tr(Sigma)/B``, so the mean squared norm of the minibatch
+  gradients at several batches, against ``1/B``, is a line whose intercept is ``|G|^2`` and
+  whose slope is ``tr(Sigma)`` (least squares over the ladder's batches, each weighted by its
+  count; ``noise_scale`` is the two-batch form of the same, for planted problems); ``B_simple =
+  tr(Sigma) / |G|^2``;
+- the correction's signal-to-noise from consecutive minibatch gradients on independent batches:
+  ``E|g_t - g_{t-1}|^2 = |dG|^2 + 2 tr(Sigma)/B``, so ``SNR(B) = B E|g_t - g_{t-1}|^2 /
+  (2 tr(Sigma)) - 1``: no gradient beyond the ones the optimizer steps with;
+- where common batches are measured too (``common``), ``|dG|^2`` directly, as the inner
+  product of the change on two independent common batches (``<g(x_t; A) - g(x_{t-1}; A),
+  g(x_t; C) - g(x_{t-1}; C)>``: the batches' noise drops out of the mean), a check on the first;
 - the cosine of consecutive minibatch gradients, per pair of steps.
 
 Everything here works on flat float64 vectors and callables, so a test can plant a model with a
@@ -86,12 +90,15 @@ def noise_scale(sample: Callable[[], Vector], *, small: int, k: int, rounds: int
 
 @dataclass
 class AlongRun:
-    """At one batch, after ``warm`` steps: the cosines of consecutive minibatch gradients and
-    the ``|dG|^2`` estimates of the same pairs."""
+    """At one batch, after ``warm`` steps: per measured step the squared norm of its minibatch
+    gradient, and per consecutive pair the cosine, ``|g_t - g_{t-1}|^2`` and (with common
+    batches) the direct ``|dG|^2`` estimate."""
 
     batch: int
     cosines: list[float] = field(default_factory=list)
-    dg2: list[float] = field(default_factory=list)
+    dg2: list[float] = field(default_factory=list)  # from common batches (empty: not measured)
+    g2: list[float] = field(default_factory=list)
+    diff2: list[float] = field(default_factory=list)
 
     @staticmethod
     def _mean_se(xs: list[float]) -> tuple[float, float]:
@@ -113,17 +120,45 @@ class AlongRun:
         return self._mean_se(self.dg2)[0]
 
     def snr(self, trace: float) -> float:
-        """``B |dG|^2 / (2 tr(Sigma))`` (module docstring); 0 where the estimate of ``|dG|^2``
-        came out negative (the change is below what the common batches resolve)."""
-        return max(0.0, self.batch * self.dg2_mean / (2.0 * trace)) if trace > 0 else math.inf
+        """``B E|g_t - g_{t-1}|^2 / (2 tr(Sigma)) - 1`` (module docstring), at least 0."""
+        if not self.diff2 or not trace > 0:
+            return math.nan
+        return max(0.0, self.batch * self._mean_se(self.diff2)[0] / (2.0 * trace) - 1.0)
+
+    def snr_common(self, trace: float) -> float:
+        """``B |dG|^2 / (2 tr(Sigma))`` with ``|dG|^2`` from the common batches (nan: not
+        measured); 0 where that estimate came out negative."""
+        if not self.dg2 or not trace > 0:
+            return math.nan
+        return max(0.0, self.batch * self.dg2_mean / (2.0 * trace))
 
 
-def along_run(batch: int, step: Callable[[], Vector], common: Callable[[int], Vector], *,
-              warm: int, pairs: int) -> AlongRun:  # fmt: skip
+def fit_noise(rows: Sequence[AlongRun]) -> NoiseScale:
+    """``tr(Sigma)`` and ``|G|^2`` from the minibatch gradients' squared norms at the ladder's
+    batches: weighted least squares of ``|g_B|^2`` on ``1/B`` (module docstring)."""
+    xs, ys, ws = [], [], []
+    for r in rows:
+        if r.g2:
+            xs.append(1.0 / r.batch)
+            ys.append(sum(r.g2) / len(r.g2))
+            ws.append(len(r.g2))
+    if len(xs) < 2:
+        raise ValueError("fit_noise: squared norms at two batches or more are needed")
+    sw = sum(ws)
+    mx, my = sum(w * x for w, x in zip(ws, xs)) / sw, sum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx
+    smallest = min(r.batch for r in rows)
+    return NoiseScale(trace=slope, g2=my - slope * mx, small=smallest, k=len(xs), rounds=1)
+
+
+def along_run(batch: int, step: Callable[[], Vector], common: Callable[[int], Vector] | None,
+              *, warm: int, pairs: int) -> AlongRun:  # fmt: skip
     """Step ``warm`` times at ``batch`` (``step()`` takes one optimizer step on a fresh batch and
-    returns the minibatch gradient it stepped with), then ``pairs + 1`` more, reading before each
-    of those the gradient on the two common batches (``common(0)``, ``common(1)``, at the current
-    weights): each consecutive pair's cosine and ``|dG|^2``."""
+    returns the minibatch gradient it stepped with), then ``pairs + 1`` more: each one's squared
+    norm, each consecutive pair's cosine and squared difference, and, where ``common`` is given,
+    the gradient on the two common batches before each step (``common(0)``, ``common(1)``, at
+    the current weights) for the direct ``|dG|^2``."""
     if pairs < 1 or warm < 0:
         raise ValueError(f"along_run: pairs {pairs} >= 1 and warm {warm} >= 0")
     for _ in range(warm):
@@ -131,11 +166,14 @@ def along_run(batch: int, step: Callable[[], Vector], common: Callable[[int], Ve
     out = AlongRun(batch)
     prev_g = prev_a = prev_c = None
     for _ in range(pairs + 1):
-        a, c = common(0), common(1)
+        a, c = (common(0), common(1)) if common is not None else (None, None)
         g = step()
+        out.g2.append(float(g @ g))
         if prev_g is not None:
             out.cosines.append(cosine(g, prev_g))
-            out.dg2.append(float((a - prev_a) @ (c - prev_c)))
+            out.diff2.append(float((g - prev_g) @ (g - prev_g)))
+            if a is not None:
+                out.dg2.append(float((a - prev_a) @ (c - prev_c)))
         prev_g, prev_a, prev_c = g, a, c
     return out
 

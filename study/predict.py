@@ -2,7 +2,7 @@
 crossover"; the estimators: study/gradstats.py).
 
     python -m study.predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
-                            [--warm 6] [--pairs 5] [--common 16] [--noise-k 16 --noise-rounds 2]
+                            [--warm 6] [--pairs 5] [--noise-k 16] [--common 0]
                             [--kappa K] [--threads 1] [--json FILE] [--figure FILE]
     python -m study.predict LEDGER.csv:RUN_ID    # a run of a ledger (its recorded command)
     python -m study.predict -- OVERRIDES...      # a run given by its train.py overrides
@@ -11,13 +11,14 @@ The run (a finished one-process run of train.py: its recorded command, or the ov
 ledger row) is replayed on the CPU; at each fraction ``--at`` of its steps, from the weights and
 optimizer state there (the run continues unchanged after each probe):
 
-- the gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` (tokens), from ``--noise-rounds`` x
-  ``--noise-k`` micro-batch gradients and their means;
 - for each batch B of ``--ladder`` (bytes), the run's own optimizer stepping at batch B with the
   run's lr there: ``--warm`` steps to let its state settle at that batch, then ``--pairs``
-  consecutive pairs of minibatch gradients, their cosine, and ``|dG|^2`` measured on two common
-  batches of ``--common`` micro-batches; the correction's signal-to-noise ratio
-  ``SNR(B) = B |dG|^2 / (2 tr(Sigma))``;
+  consecutive pairs of minibatch gradients: their cosine, and the correction's signal-to-noise
+  ratio ``SNR(B) = B E|g_t - g_{t-1}|^2 / (2 tr(Sigma)) - 1`` (study/gradstats.py);
+- the gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` (tokens), from the squared norms of
+  all those minibatch gradients (and ``--noise-k`` micro-batch ones at the weights themselves)
+  against 1/B; with ``--common N``, ``|dG|^2`` measured directly on two common batches of N
+  micro-batches as a check;
 - the predicted crossover: where SNR passes 1 and the cosine is clearly positive (mean minus
   1.645 standard errors above 0), the larger of the two.
 
@@ -99,25 +100,27 @@ def probe_phase(probe: Probe, args: argparse.Namespace) -> dict:
 
     t, cfg = probe.trainer, probe.cfg
     snap = probe.snapshot()
-    noise = gradstats.noise_scale(lambda: probe.grad_on(probe.fresh(1)), small=probe.per_micro,
-                                  k=args.noise_k, rounds=args.noise_rounds)  # fmt: skip
-    common = [probe.fresh(args.common), probe.fresh(args.common)]
+    fixed = gradstats.AlongRun(probe.per_micro)  # micro-batch gradients at the weights themselves
+    fixed.g2 = [float(g @ g) for g in (probe.grad_on(probe.fresh(1)) for _ in range(args.noise_k))]
+    common = [probe.fresh(args.common), probe.fresh(args.common)] if args.common else None
     lr = optim.apply_schedule(t.optimizer, t.state.step, cfg.schedule, cfg.max_steps)
     rows = []
     for batch in args.ladder:
         probe.restore(snap)
         optim.apply_schedule(t.optimizer, t.state.step, cfg.schedule, cfg.max_steps)
-        rows.append(gradstats.along_run(batch, lambda b=batch: probe.step_at(b),
-                                        lambda j: probe.grad_on(common[j]),
+        read = (lambda j: probe.grad_on(common[j])) if common else None
+        rows.append(gradstats.along_run(batch, lambda b=batch: probe.step_at(b), read,
                                         warm=args.warm, pairs=args.pairs))  # fmt: skip
     probe.restore(snap)
+    noise = gradstats.fit_noise([*rows, fixed] if fixed.g2 else rows)
     kappa = args.kappa if args.kappa is not None else 0.0
     return {
         "step": t.state.step, "lr": lr, "trace_per_token": noise.trace, "g2": noise.g2,
         "b_simple": noise.b_simple,
         "ladder": [{
             "batch": r.batch, "cosine": r.cosine[0], "cosine_se": r.cosine[1],
-            "cosines": r.cosines, "dg2": r.dg2_mean, "dg2s": r.dg2, "snr": r.snr(noise.trace),
+            "cosines": r.cosines, "g2s": r.g2, "diff2s": r.diff2, "snr": r.snr(noise.trace),
+            "dg2_common": r.dg2_mean if r.dg2 else None, "snr_common": r.snr_common(noise.trace),
             "inflation": gradstats_inflation(kappa, r.cosine[0]),
         } for r in rows],
         "prediction": gradstats.predicted_crossover(rows, noise.trace),
@@ -152,7 +155,7 @@ def probe_run(overrides: list[str], args: argparse.Namespace) -> dict:
     return {"overrides": overrides, "batch_tokens": cfg.batch_tokens, "steps": cfg.max_steps,
             "kappa": args.kappa, "micro_batch_tokens": per_micro, "warm": args.warm,
             "pairs": args.pairs, "common_micro_batches": args.common, "noise_k": args.noise_k,
-            "noise_rounds": args.noise_rounds, "phases": phases,
+            "phases": phases,
             "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
 
 
@@ -164,10 +167,10 @@ def print_phase(ph: dict, cfg) -> None:  # noqa: ANN001
     print(f"\n  step {ph['step']}/{cfg.max_steps} (lr {ph['lr']:.3g}): B_simple "
           f"{ph['b_simple']:,.0f} tokens (tr Sigma {ph['trace_per_token']:.4g}, |G|^2 "
           f"{ph['g2']:.4g})")  # fmt: skip
-    print("  batch      cosine (se)       |dG|^2      SNR     |c|^2/|g|^2")
+    print("  batch      cosine (se)       SNR   SNR (common batches)  |c|^2/|g|^2")
     for r in ph["ladder"]:
-        print(f"  {r['batch']:<10,} {r['cosine']:+.3f} ({r['cosine_se']:.3f})   "
-              f"{r['dg2']:10.3g} {r['snr']:8.3g}   {r['inflation']:.3f}")  # fmt: skip
+        print(f"  {r['batch']:<10,} {r['cosine']:+.3f} ({r['cosine_se']:.3f})  {r['snr']:8.3g}   "
+              f"{r['snr_common']:8.3g}             {r['inflation']:.3f}")  # fmt: skip
     p = ph["prediction"]
     print(f"  SNR passes 1 at {_b(p['snr_passes_1'])}; cosine clearly positive from "
           f"{_b(p['cosine_positive_from'])}; predicted crossover: {_b(p['crossover'])}")  # fmt: skip
@@ -211,9 +214,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--ladder", nargs="+", type=int, default=LADDER, metavar="BYTES")
     ap.add_argument("--warm", type=int, default=6, help="steps at each batch before measuring")
     ap.add_argument("--pairs", type=int, default=5, help="consecutive pairs measured per batch")
-    ap.add_argument("--common", type=int, default=16, help="micro-batches per common batch")
-    ap.add_argument("--noise-k", type=int, default=16, help="micro-batches per noise round")
-    ap.add_argument("--noise-rounds", type=int, default=2)
+    ap.add_argument("--common", type=int, default=0,
+                    help="micro-batches per common batch for the direct |dG|^2 check (0: none)")  # fmt: skip
+    ap.add_argument("--noise-k", type=int, default=16,
+                    help="micro-batch gradients at the weights themselves, beside the ladder's, "
+                    "for the noise scale (0: the ladder's alone)")  # fmt: skip
     ap.add_argument("--kappa", type=float, default=None,
                     help="the correction's kappa for the inflation column (default: the run's; "
                     "0.475 is MARS's at gamma 0.025, beta1 0.95)")  # fmt: skip
@@ -226,8 +231,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         ap.error("give a RUN_DIR, or a run's train.py overrides after --")
     checks = [("--at", all(0 <= f <= 1 for f in args.at), "fractions in [0, 1]"),
               ("--warm", args.warm >= 0, "0 or more"), ("--pairs", args.pairs >= 1, "1 or more"),
-              ("--common", args.common >= 1, "1 or more"), ("--noise-k", args.noise_k >= 2,
-              "2 or more"), ("--noise-rounds", args.noise_rounds >= 1, "1 or more"),
+              ("--common", args.common >= 0, "0 or more"), ("--noise-k", args.noise_k >= 0,
+              "0 or more"), ("--ladder", len(set(args.ladder)) >= 2, "two batches or more"),
               ("--threads", args.threads >= 1, "1 or more")]  # fmt: skip
     for name, ok, what in checks:
         if not ok:

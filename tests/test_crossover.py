@@ -42,27 +42,57 @@ def test_noise_scale_recovers_the_planted_trace_and_gradient():
     assert ns.b_simple == pytest.approx(trace / g2, rel=0.08)
 
 
+def drift_rows(q, eta, u, batches, pairs, common=True, alternate=False):
+    """Each batch's steps from the same weights (as study.predict restores its snapshot): a
+    fixed step -eta u (or, ``alternate``, +-eta u by turns: the same |dG|, bounded weights)."""
+    rows, x0 = [], q.x.clone()
+    for b in batches:
+        q.x = x0.clone()
+        sign = [1.0]
+
+        def step(b=b, sign=sign):
+            g = q.grad(b)
+            q.x -= sign[0] * eta * u
+            if alternate:
+                sign[0] = -sign[0]
+            return g
+
+        rows.append(gradstats.along_run(b, step, q.common if common else None, warm=1,
+                                        pairs=pairs))  # fmt: skip
+    return rows
+
+
 def test_crossover_of_a_steady_drift_is_the_analytic_one():
     """Steps of a fixed length along a fixed direction u: dG = -eta H u exactly, so SNR(B) =
     B eta^2 |H u|^2 / (2 sigma^2 d) and the crossover is 2 sigma^2 d / (eta^2 |H u|^2)."""
     q = NoisyQuadratic()
     u = torch.ones(q.d, dtype=torch.float64) / q.d**0.5
     eta = 0.1
-    rows = []
-    for b in (256, 1024, 4096, 16384, 65536):
-
-        def step(b=b):
-            g = q.grad(b)
-            q.x -= eta * u
-            return g
-
-        rows.append(gradstats.along_run(b, step, q.common, warm=1, pairs=6))
-    analytic = 2 * q.sigma**2 * q.d / (eta**2 * float((q.h * u) @ (q.h * u)))
+    hu2 = float((q.h * u) @ (q.h * u))
+    rows = drift_rows(q, eta, u, (256, 1024, 4096, 16384, 65536), pairs=6)
+    analytic = 2 * q.sigma**2 * q.d / (eta**2 * hu2)
+    trace = q.sigma**2 * q.d
     for r in rows:  # the common batches' noise cancels: |dG|^2 exact up to rounding
-        assert r.dg2_mean == pytest.approx(eta**2 * float((q.h * u) @ (q.h * u)), rel=1e-6)
-    pred = gradstats.predicted_crossover(rows, q.sigma**2 * q.d)
-    assert pred["snr_passes_1"] == pytest.approx(analytic, rel=1e-6)
+        assert r.dg2_mean == pytest.approx(eta**2 * hu2, rel=1e-6)
+        assert r.snr_common(trace) == pytest.approx(r.batch / analytic, rel=1e-6)
     assert 256 < analytic < 65536
+
+
+def test_the_snr_from_consecutive_differences_finds_the_analytic_crossover():
+    """Without common batches: E|g_t - g_{t-1}|^2 = |dG|^2 + 2 tr(Sigma)/B; over many pairs the
+    crossover comes out near the analytic one, and tr(Sigma) from the squared norms' line in 1/B
+    near sigma^2 d."""
+    q = NoisyQuadratic(seed=1)
+    q.x *= 0.1  # near the optimum: the gradient's own size does not swamp the noise's
+    u = torch.ones(q.d, dtype=torch.float64) / q.d**0.5
+    eta = 0.1
+    batches = (1024, 4096, 16384, 65536, 262144)
+    rows = drift_rows(q, eta, u, batches, pairs=400, common=False, alternate=True)
+    noise = gradstats.fit_noise(rows)
+    assert noise.trace == pytest.approx(q.sigma**2 * q.d, rel=0.1)
+    analytic = 2 * q.sigma**2 * q.d / (eta**2 * float((q.h * u) @ (q.h * u)))
+    pred = gradstats.predicted_crossover(rows, noise.trace)
+    assert pred["snr_passes_1"] == pytest.approx(analytic, rel=0.3)
     assert pred["crossover"] >= pred["snr_passes_1"]
 
 
@@ -125,7 +155,7 @@ def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, cap
     overrides = ["experiment=study", "optimizer=mars-adamw", "max_steps=4", "batch_tokens=2048"]
     out = tmp_path / "p.json"
     predict.main(["--at", "0.5", "1", "--ladder", "2048", "4096", "--warm", "1", "--pairs", "2",
-                  "--common", "1", "--noise-k", "2", "--noise-rounds", "1", "--json", str(out),
+                  "--common", "1", "--noise-k", "2", "--json", str(out),
                   "--figure", str(tmp_path / "p.png"), "--", *overrides])  # fmt: skip
     import json
 
@@ -142,9 +172,8 @@ def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, cap
     while probed.state.step < cfg.max_steps:
         probed.train_step()
         if probed.state.step == 2:
-            predict.probe_phase(probe, predict.parse(["--ladder", "2048", "--warm", "1",
-                                "--pairs", "1", "--common", "1", "--noise-k", "2",
-                                "--noise-rounds", "1", "--", "x"])[0])  # fmt: skip
+            predict.probe_phase(probe, predict.parse(["--ladder", "2048", "4096", "--warm", "1",
+                                "--pairs", "1", "--noise-k", "2", "--", "x"])[0])  # fmt: skip
     for a, b in zip(plain.raw_model.parameters(), probed.raw_model.parameters()):
         assert torch.equal(a, b)
 
