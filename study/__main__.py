@@ -1,6 +1,10 @@
-"""``python -m study``: the optimizer study (study/cli.py, docs/study.md)."""
+"""``python -m study``: the optimizer study (study/cli.py, docs/study.md); ``python -m study
+run|publish|compare <study>``: a study defined as data (study/parts.py)."""
 
-from study.cli import main
+import sys
+
+from study import cli, parts
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    argv = sys.argv[1:]
+    raise SystemExit(parts.main(argv) if argv[:1] and argv[0] in parts.COMMANDS else cli.main(argv))

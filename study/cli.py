@@ -8,6 +8,7 @@
                     [--jobs 2] [--threads 1] [--nproc N] [--device cpu|cuda]
                     [--launcher local|submitit_local|slurm] [--allow-dirty]
                     [--report-only] [--dry-run] [-- train.py overrides...]
+    python -m study run|publish|compare <study> ...    # a study defined as data: study/parts.py
 
 Per (optimizer, model, budget): every knob tuned the same way for every optimizer (study/knobs.py)
 by coordinate descent until a whole pass moves none, each line a successive halving (a lattice

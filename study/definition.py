@@ -1,0 +1,293 @@
+"""A study defined as data (study/studies/<study>.yaml): its parts, what each runs, which part
+starts from which, and where each part's files go. ``python -m study run <study>`` runs it
+(study/parts.py); this module reads a definition and turns each part into the arguments of the
+existing commands (``python -m study ...``, ``python -m study.factorial ...``).
+
+A definition file:
+
+    study: referee                 # the name: results/<study>/<part>/ holds each part's files
+    defaults: {...}                # values every part takes unless it sets its own
+    parts:
+      NAME: {...}                  # in the order they are listed (see PART_KEYS)
+    order: [NAME, ...]             # what `run` runs without --part (default: every part);
+                                   # an entry {part: NAME, main_only: true} runs its main
+                                   # budgets alone (no reference budgets) at that point
+    compare:                       # python -m study.compare over the published parts
+      NAME: [LABEL=PART[@MODEL:BUDGET], ...]
+
+A part starts from another when its ``center_from`` (``PART@MODEL:BUDGET``: that part's published
+ledger, results/<study>/<PART>/results.csv, at that cell; ``STUDY/PART@...`` another study's),
+``merge`` or ``from`` (a factorial: the part's run-tree ledger) names it; it runs after it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STUDIES = Path(__file__).resolve().parent / "studies"  # the committed definitions
+KINDS = ("study", "factorial")
+# What a part may say, and the ``python -m study`` flag each becomes (None: said otherwise).
+PART_KEYS = {
+    "kind": None, "description": None, "runs": None, "results": None, "from": None,
+    "optimizers": "--optimizers", "untuned": "--untuned", "models": "--models",
+    "budgets": "--budgets", "reference_budgets": "--reference-budgets",
+    "select_seeds": "--select-seeds", "eval_seeds": "--eval-seeds",
+    "batch_tokens": "--batch-tokens", "knobs": "--knobs", "centers": None,
+    "center_from": None, "merge": None, "merge_only": "--merge-only", "swap": None,
+    "overrides": None,
+}  # fmt: skip
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+_REF = re.compile(r"(?:(?P<study>[a-z0-9][a-z0-9_-]*)/)?(?P<part>[a-z0-9][a-z0-9_-]*)"
+                  r"(?:@(?P<cell>[\w.-]+:[0-9.]+))?")  # fmt: skip
+
+
+class DefinitionError(ValueError):
+    """A definition that cannot run: one line naming the file, the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """``[STUDY/]PART[@MODEL:BUDGET]``: a part's published ledger, and a cell of it."""
+
+    study: str
+    part: str
+    cell: str | None
+
+    def ledger(self, parts: dict[str, Part]) -> Path:
+        """Its published results.csv (a part of ``parts``' study: that part's ``results``)."""
+        own = parts.get(self.part)
+        if own is not None and own.study == self.study:
+            return own.results / "results.csv"
+        return Path("results") / self.study / self.part / "results.csv"
+
+
+@dataclass
+class Part:
+    """One part of a study: its values (PART_KEYS) and where its files go."""
+
+    study: str
+    name: str
+    values: dict[str, Any]
+    runs: Path  # its run tree (ignored by git)
+    results: Path  # its published folder (committed)
+
+    @property
+    def kind(self) -> str:
+        return self.values.get("kind", "study")
+
+    def starts_from(self) -> list[str]:
+        """The parts of its own study it reads (it runs after them)."""
+        refs = [r for r in self.refs() if r.study == self.study]
+        return [r.part for r in refs] + ([self.values["from"]] if "from" in self.values else [])
+
+    def refs(self) -> list[Ref]:
+        out = (
+            [parse_ref(self.values["center_from"], self.study)]
+            if "center_from" in self.values
+            else []
+        )
+        return out + [parse_ref(m, self.study) for m in self.values.get("merge", [])]
+
+
+@dataclass
+class Definition:
+    """A study: its parts in order, what `run` runs by default, its comparisons."""
+
+    name: str
+    parts: dict[str, Part]
+    order: list[tuple[str, bool]] = field(default_factory=list)  # (part, main budgets only)
+    compare: dict[str, list[str]] = field(default_factory=dict)
+
+
+def parse_ref(text: object, study: str) -> Ref:
+    m = _REF.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        raise DefinitionError(f"{text!r}: write PART, PART@MODEL:BUDGET or STUDY/PART@MODEL:BUDGET, "
+                              "e.g. ladder@proxy-100k:0.25")  # fmt: skip
+    return Ref(m["study"] or study, m["part"], m["cell"])
+
+
+def find(name: str) -> Path:
+    """A study's definition file: ``referee`` -> study/studies/referee.yaml, or a path."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    if _NAME.fullmatch(name) and (STUDIES / f"{name}.yaml").is_file():
+        return STUDIES / f"{name}.yaml"
+    known = ", ".join(sorted(p.stem for p in STUDIES.glob("*.yaml")))
+    raise DefinitionError(f"no study {name!r}: name one of study/studies/ ({known}) or give a "
+                          "definition file (.yaml)")  # fmt: skip
+
+
+def load(name: str, runs_root: Path | None = None) -> Definition:
+    """Read and check a definition; ``runs_root`` moves every run tree ``runs/X`` to
+    ``runs_root/X`` (another machine's tree). Raises DefinitionError (one line)."""
+    path = find(name)
+    try:
+        data = yaml.safe_load(path.read_text())
+        return _build(data, runs_root)
+    except DefinitionError as exc:
+        raise DefinitionError(f"{path.name}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise DefinitionError(f"{path.name}: not YAML ({str(exc).splitlines()[0]})") from None
+
+
+def _build(data: object, runs_root: Path | None) -> Definition:
+    if not isinstance(data, dict) or not isinstance(data.get("parts"), dict) or not data["parts"]:
+        raise DefinitionError("a definition is a mapping with study: NAME and parts: {NAME: ...}")
+    unknown = set(data) - {"study", "defaults", "parts", "order", "compare"}
+    if unknown:
+        raise DefinitionError(f"unknown key {sorted(unknown)[0]!r}: a definition has study, "
+                              "defaults, parts, order, compare")  # fmt: skip
+    study = data.get("study")
+    if not isinstance(study, str) or not _NAME.fullmatch(study):
+        raise DefinitionError(f"study: {study!r}: a lower-case name, e.g. study: referee")
+    defaults = data.get("defaults") or {}
+    parts = {}
+    for name, values in data["parts"].items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise DefinitionError(f"part {name!r}: a lower-case name, e.g. ladder-up")
+        parts[name] = _part(study, name, {**defaults, **(values or {})}, runs_root)
+    definition = Definition(study, parts, compare=data.get("compare") or {})
+    definition.order = _order(data.get("order"), parts)
+    check(definition)
+    return definition
+
+
+def _part(study: str, name: str, values: dict, runs_root: Path | None) -> Part:
+    unknown = sorted(set(values) - set(PART_KEYS))
+    if unknown:
+        raise DefinitionError(f"part {name}: unknown key {unknown[0]!r}; a part has "
+                              f"{', '.join(PART_KEYS)}")  # fmt: skip
+    if values.get("kind", "study") not in KINDS:
+        raise DefinitionError(f"part {name}: kind {values['kind']!r}: one of {', '.join(KINDS)}")
+    if values.get("kind") == "factorial" and "from" not in values:
+        raise DefinitionError(
+            f"part {name}: a factorial says from: PART (the study it takes apart)"
+        )
+    runs = Path(values.get("runs", f"runs/{study}/{name}"))
+    results = Path(values.get("results", f"results/{study}/{name}"))
+    for key, path in (("runs", runs), ("results", results)):
+        if path.is_absolute() or ".." in path.parts:
+            raise DefinitionError(f"part {name}: {key}: {path}: a path inside the checkout, "
+                                  f"e.g. {key}/{study}/{name}")  # fmt: skip
+    if runs_root is not None and runs.parts[0] == "runs":
+        runs = runs_root.joinpath(*runs.parts[1:])
+    return Part(study, name, values, runs, results)
+
+
+def _order(items: object, parts: dict[str, Part]) -> list[tuple[str, bool]]:
+    if items is None:
+        return [(name, False) for name in parts]
+    out = []
+    for item in items if isinstance(items, list) else [items]:
+        name, main_only = (item.get("part"), bool(item.get("main_only"))) if isinstance(
+            item, dict) else (item, False)  # fmt: skip
+        if name not in parts:
+            raise DefinitionError(f"order: {item!r}: not a part ({', '.join(parts)})")
+        out.append((name, main_only))
+    return out
+
+
+def check(definition: Definition) -> None:
+    """Every part a part starts from exists and runs before it, in the order and in the file."""
+    parts = definition.parts
+    names = list(parts)
+    for part in parts.values():
+        for dep in part.starts_from():
+            if dep not in parts:
+                raise DefinitionError(f"part {part.name} starts from {dep!r}: no such part "
+                                      f"({', '.join(names)})")  # fmt: skip
+            if names.index(dep) >= names.index(part.name):
+                raise DefinitionError(f"part {part.name} starts from {dep}: list {dep} first")
+    for name, entries in definition.compare.items():
+        if not isinstance(entries, list) or not entries:
+            raise DefinitionError(f"compare: {name}: a list of LABEL=PART[@MODEL:BUDGET]")
+        for entry in entries:
+            label, eq, ref = str(entry).partition("=")
+            if not (label and eq) or parse_ref(ref, definition.name).part not in parts:
+                raise DefinitionError(f"compare: {name}: {entry!r}: write LABEL=PART[@MODEL:BUDGET] "
+                                      f"with a part of this study ({', '.join(names)})")  # fmt: skip
+
+
+def ordered(definition: Definition, wanted: list[str]) -> list[tuple[str, bool]]:
+    """The parts to run: ``wanted`` (each whole) in the file's order, so a part runs after the
+    parts it starts from; none named: the definition's ``order``."""
+    if not wanted:
+        return list(definition.order)
+    bad = [w for w in wanted if w not in definition.parts]
+    if bad:
+        raise DefinitionError(f"--part {bad[0]}: no such part of {definition.name} "
+                              f"({', '.join(definition.parts)})")  # fmt: skip
+    return [(name, False) for name in definition.parts if name in wanted]
+
+
+def _text(value: object) -> str:
+    """A number as the command line writes it: ``1`` -> ``1``, ``0.25`` -> ``0.25``."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _list(values: object) -> list[str]:
+    return [_text(v) for v in (values if isinstance(values, list) else [values])]
+
+
+def part_args(part: Part, parts: dict[str, Part], *, main_only: bool = False) -> list[str]:
+    """The part's own arguments (before the run options and the ``--`` overrides)."""
+    v = part.values
+    if part.kind == "factorial":
+        return ["--from", str(parts[v["from"]].runs / "results.csv"), "--out", str(part.runs)]
+    argv = ["--out", str(part.runs)]
+    for key in ("optimizers", "untuned", "models", "budgets", "reference_budgets",
+                "select_seeds", "eval_seeds", "batch_tokens", "knobs"):  # fmt: skip
+        if key == "reference_budgets" and main_only:
+            argv.append("--reference-budgets")
+        elif key in v:
+            argv += [PART_KEYS[key], *_list(v[key])]
+    for opt, knobs in (v.get("centers") or {}).items():
+        argv += [a for k, x in knobs.items() for a in ("--center", f"{opt}:{k}={_text(x)}")]
+    if "center_from" in v:
+        ref = parse_ref(v["center_from"], part.study)
+        argv += ["--center-from", str(ref.ledger(parts))] + (
+            ["--center-cell", ref.cell] if ref.cell else []
+        )
+    if v.get("merge"):
+        argv += ["--merge", *(str(parse_ref(m, part.study).ledger(parts)) for m in v["merge"])]
+    if "merge_only" in v:
+        argv += ["--merge-only", *_list(v["merge_only"])]
+    return argv + ([] if v.get("swap", True) else ["--no-swap"])
+
+
+def command_args(
+    part: Part, parts: dict[str, Part], options: dict, *, main_only: bool = False
+) -> list[str]:
+    """Every argument of the part's command: its own, the run options (``report_only``;
+    or ``jobs``, ``threads``, ``device``, ``dry_run``, ``allow_dirty``), then ``--`` and its
+    train.py overrides."""
+    argv = part_args(part, parts, main_only=main_only)
+    if options.get("report_only"):
+        argv.append("--report-only")
+    else:
+        argv += ["--jobs", str(options.get("jobs", 2)), "--threads", str(options.get("threads", 1))]
+        argv += ["--device", options["device"]] if options.get("device") else []
+        argv += ["--dry-run"] if options.get("dry_run") else []
+        argv += ["--allow-dirty"] if options.get("allow_dirty") else []
+    overrides = part.values.get("overrides") or []
+    return argv + (["--", *map(str, overrides)] if overrides else [])
+
+
+def compare_args(definition: Definition, name: str) -> list[str]:
+    """``python -m study.compare`` arguments of one comparison, into results/<study>/compare/."""
+    sources = []
+    for entry in definition.compare[name]:
+        label, _, text = str(entry).partition("=")
+        ref = parse_ref(text, definition.name)
+        sources.append(
+            f"{label}={ref.ledger(definition.parts)}" + (f"@{ref.cell}" if ref.cell else "")
+        )
+    dst = Path("results") / definition.name / "compare"
+    return [*sources, "--out", str(dst / f"{name}.md"), "--figure", str(dst / f"{name}.png")]

@@ -1,0 +1,168 @@
+"""A study run from its definition (study/definition.py, study/studies/<study>.yaml):
+
+    python -m study run <study> [--part P ...] [--jobs 2] [--threads 1] [--device D]
+                                [--runs DIR] [--allow-dirty] [--report-only] [--dry-run]
+    python -m study publish <study> [--part P ...] [--runs DIR]
+    python -m study compare <study>
+
+``run`` restores every part's committed ledger (results.csv, curves.csv.gz, started.txt from its
+published folder) into its run tree where the tree lacks them, so a fresh clone continues from
+the ledgers (study/ledger.py); then runs each part (the parts named, in the definition's order;
+none named: its ``order``) through ``python -m study`` (or ``python -m study.factorial``) and
+publishes it. ``--report-only`` rewrites the reports of the parts that have run, publishing
+nothing; ``publish`` does that, then copies each part's files into its published folder.
+``compare`` writes the definition's comparisons from the published files. Paths are read from
+the checkout's root (the definitions name them from there), whatever the working directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from study import cli, compare, factorial
+from study import definition as defs
+from study.definition import Definition, DefinitionError, Part
+
+log = logging.getLogger("study")
+ROOT = Path(__file__).resolve().parent.parent
+RESTORED = ("results.csv", "curves.csv.gz", "started.txt")  # what a continuing study reads
+PUBLISHED = ("results.csv", "curves.csv.gz", "report.md", "factorial.md", "curves.png",
+             "study.png", "started.txt")  # fmt: skip
+COMMANDS = ("run", "publish", "compare")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("command", choices=COMMANDS)
+    ap.add_argument("study", help="a study of study/studies/ (referee, crossover) or a .yaml")
+    ap.add_argument("--part", nargs="+", default=[], metavar="P", help="these parts alone")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    ap.add_argument("--device", default=None, help="train.py's device (cuda: --jobs share it)")
+    ap.add_argument("--runs", type=Path, default=None, metavar="DIR",
+                    help="the folder of the run trees (default runs/: runs/X becomes DIR/X)")  # fmt: skip
+    ap.add_argument("--allow-dirty", action="store_true")
+    ap.add_argument("--report-only", action="store_true", help="reports only, nothing published")
+    ap.add_argument("--dry-run", action="store_true", help="print each part's first commands")
+    args = ap.parse_args(argv)
+    for name, value in (("--jobs", args.jobs), ("--threads", args.threads)):
+        if value < 1:
+            ap.error(f"{name} {value}: at least 1")
+    if args.command == "compare" and args.part:
+        ap.error("compare takes no --part: it compares the parts its definition names")
+    return args
+
+
+def copy_files(src: Path, dst: Path, names: tuple[str, ...], *, overwrite: bool) -> list[str]:
+    """Copy the files ``names`` of ``src`` that exist into ``dst``; the names copied."""
+    done = []
+    for name in names:
+        if (src / name).is_file() and (overwrite or not (dst / name).exists()):
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / name, dst / name)
+            done.append(name)
+    return done
+
+
+def restore(definition: Definition) -> None:
+    """Every part's published ledger into its run tree, never over a file there (the script's
+    rule: a part reads the run trees of the parts it starts from, so all are restored)."""
+    for part in definition.parts.values():
+        copied = copy_files(part.results, part.runs, RESTORED, overwrite=False)
+        if copied:
+            log.info("restored %s of %s into %s", ", ".join(copied), part.name, part.runs)
+
+
+def ran(part: Part) -> bool:
+    """Whether the part has anything to report: a ledger or run directories in its tree."""
+    return (part.runs / "results.csv").is_file() or (part.runs / "runs").is_dir()
+
+
+def run_part(part: Part, definition: Definition, options: dict, main_only: bool) -> int:
+    """One part through the existing command (study.cli or study.factorial)."""
+    argv = defs.command_args(part, definition.parts, options, main_only=main_only)
+    log.info("study %s, part %s: python -m %s %s", definition.name, part.name,
+             "study.factorial" if part.kind == "factorial" else "study", " ".join(argv))  # fmt: skip
+    return factorial.main(argv) if part.kind == "factorial" else cli.main(argv)
+
+
+def publish(part: Part) -> None:
+    copied = copy_files(part.runs, part.results, PUBLISHED, overwrite=True)
+    log.info("published %s of %s into %s", ", ".join(copied) or "nothing", part.name, part.results)
+
+
+def run(definition: Definition, args: argparse.Namespace) -> int:
+    """``run`` and ``publish``: restore, then each part in turn; stop at the first that fails."""
+    report_only = args.report_only or args.command == "publish"
+    options = {"jobs": args.jobs, "threads": args.threads, "device": args.device,
+               "dry_run": args.dry_run, "allow_dirty": args.allow_dirty,
+               "report_only": report_only}  # fmt: skip
+    restore(definition)
+    for name, main_only in defs.ordered(definition, args.part):
+        part = definition.parts[name]
+        if report_only and not ran(part):
+            log.info("part %s has not run (no ledger or runs in %s): nothing to report",
+                     name, part.runs)  # fmt: skip
+            continue
+        rc = run_part(part, definition, options, main_only)
+        if rc:
+            return rc
+        if args.command == "publish" or not (args.report_only or args.dry_run):
+            publish(part)
+    return 0
+
+
+def compare_all(definition: Definition) -> int:
+    """The definition's comparisons whose published files are all there."""
+    for name in definition.compare:
+        argv = defs.compare_args(definition, name)
+        sources = [a.split("=", 1)[1].split("@")[0] for a in argv[: argv.index("--out")]]
+        missing = [s for s in sources if not Path(s).is_file()]
+        if missing:
+            log.info("comparison %s waits for %s", name, ", ".join(missing))
+            continue
+        rc = compare.main(argv)
+        if rc:
+            return rc
+    return 0
+
+
+@contextlib.contextmanager
+def inside(folder: Path) -> Iterator[None]:
+    """Work from ``folder`` (the checkout's root), then go back: the definitions name their
+    paths from there, and the comparisons print their sources as given."""
+    before = Path.cwd()
+    # '' on sys.path (python -c) is the folder it started in: keep it so, for the modules the
+    # commands import later
+    sys.path[:] = [p or str(before) for p in sys.path]
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def main(argv: list[str], root: Path = ROOT) -> int:
+    """The ``run``, ``publish`` and ``compare`` commands (module docstring); ``root``: the
+    checkout whose runs/ and results/ they read and write."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    args = parse(argv)
+    study = args.study  # a definition file named from the caller's folder, before the cd
+    if Path(study).suffix in (".yaml", ".yml"):
+        study = str(Path(study).resolve())
+    runs = args.runs.resolve() if args.runs is not None else None
+    try:
+        definition = defs.load(study, runs)
+        defs.ordered(definition, args.part)  # an unknown --part: refused before anything runs
+    except DefinitionError as exc:
+        raise SystemExit(f"study: {exc}") from None
+    with inside(root):
+        return compare_all(definition) if args.command == "compare" else run(definition, args)

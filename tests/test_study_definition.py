@@ -1,0 +1,242 @@
+"""A study defined as data (study/definition.py, study/parts.py, study/studies/*.yaml): the
+referee's definition gives the very commands scripts/study_referee.sh ran (so every run id and
+published number stays the same), the crossover's gives study/crossover.py's, bad definitions
+are refused in one line, and `run`/`publish` restore, order and publish as the script did."""
+
+import argparse
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT
+from study import cli, crossover, parts
+from study import definition as defs
+from study.definition import DefinitionError
+
+OPTS = ["adamw", "mars-adamw", "muon", "mars-m", "moonlight"]
+CENTERS = [a for c in ("adamw:lr=0.008", "adamw:aux_lr=0.256", "mars-adamw:lr=0.016",
+                       "mars-adamw:aux_lr=0.128", "muon:lr=0.032", "muon:aux_lr=0.016",
+                       "mars-m:lr=0.032", "mars-m:aux_lr=0.032", "moonlight:lr=0.032",
+                       "moonlight:aux_lr=0.032") for a in ("--center", c)]  # fmt: skip
+LADDER = "results/referee/ladder/results.csv"
+# The arguments scripts/study_referee.sh (at 4bfc94be) gave each part, captured by running it
+# with a stand-in `python` that recorded its argv (OUT=runs/referee, JOBS=2): the known answers.
+SCRIPT = {
+    "headline": ["--out", "runs/referee", "--optimizers", *OPTS, "--models", "proxy-100k",
+                 "--budgets", "1", "--reference-budgets", "2", "4", *CENTERS],
+    "factorial": ["--from", "runs/referee/results.csv", "--out", "runs/referee-factorial"],
+    "ladder": ["--out", "runs/referee-ladder", "--optimizers", *OPTS, "--models", "proxy-100k",
+               "--budgets", "0.25", "--reference-budgets", "2", "4", *CENTERS],
+    "ladder-up": ["--out", "runs/referee-ladder-up", "--optimizers", *OPTS, "--models",
+                  "proxy-193k", "proxy-423k", "--budgets", "0.25", "--reference-budgets", "2",
+                  "4", "--knobs", "lr", "aux_lr", "--center-from", LADDER, "--center-cell",
+                  "proxy-100k:0.25", "--merge", LADDER, "--no-swap"],
+    "widthinit": ["--out", "runs/referee-widthinit", "--optimizers", *OPTS, "--models",
+                  "proxy-100k", "--budgets", "0.25", "--reference-budgets", "2", "4",
+                  "--center-from", LADDER, "--center-cell", "proxy-100k:0.25"],
+    "batch": ["--out", "runs/referee-batch", "--optimizers", "adamw", "mars-adamw", "--models",
+              "proxy-100k", "--budgets", "1", "--reference-budgets", "--batch-tokens", "8192",
+              "--center-from", "results/referee/headline/results.csv", "--center-cell",
+              "proxy-100k:1"],
+}  # fmt: skip
+TAIL = {"widthinit": ["--", "model.init_std=0.098"]}
+RUN = ["--jobs", "2", "--threads", "1"]
+SCRIPT_COMPARE = [
+    ["0.25x=results/referee/ladder/results.csv@proxy-100k:0.25",
+     "1x=results/referee/headline/results.csv@proxy-100k:1", "--out",
+     "results/referee/compare/budget.md", "--figure", "results/referee/compare/budget.png"],
+    ["default=results/referee/ladder/results.csv@proxy-100k:0.25",
+     "width-aware=results/referee/widthinit/results.csv@proxy-100k:0.25", "--out",
+     "results/referee/compare/init.md", "--figure", "results/referee/compare/init.png"],
+    ["ladder=results/referee/ladder-up/results.csv", "--out", "results/referee/compare/sizes.md",
+     "--figure", "results/referee/compare/sizes.png"],
+    ["2048=results/referee/headline/results.csv@proxy-100k:1",
+     "8192=results/referee/batch/results.csv@proxy-100k:1", "--out",
+     "results/referee/compare/batch.md", "--figure", "results/referee/compare/batch.png"],
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def referee():
+    return defs.load("referee")
+
+
+@pytest.mark.parametrize("name", list(SCRIPT))
+def test_each_part_runs_the_scripts_very_command(referee, name):
+    part = referee.parts[name]
+    tail = TAIL.get(name, [])
+    assert defs.command_args(part, referee.parts, {}) == SCRIPT[name] + RUN + tail
+    assert defs.command_args(part, referee.parts, {"report_only": True}) == (
+        SCRIPT[name] + ["--report-only"] + tail
+    )
+
+
+def test_run_without_parts_is_the_scripts_all(referee):
+    """The script's `all`: headline, ladder, widthinit, ladder-up's comparison cells (its
+    reference budgets emptied), batch, then ladder-up whole: the same studies, parsed."""
+    got = [(n, defs.command_args(referee.parts[n], referee.parts, {}, main_only=m))
+           for n, m in defs.ordered(referee, [])]  # fmt: skip
+    assert [n for n, _ in got] == ["headline", "ladder", "widthinit", "ladder-up", "batch",
+                                   "ladder-up"]  # fmt: skip
+    want = [SCRIPT[n] + RUN + TAIL.get(n, []) for n, _ in got]
+    want[3] = SCRIPT["ladder-up"] + RUN + ["--reference-budgets"]  # as the script wrote it
+    assert [cli.parse(a) for _, a in got] == [cli.parse(a) for a in want]
+    assert got[3][1] != want[3] and cli.parse(got[3][1])[0].reference_budgets == []
+
+
+def test_the_comparisons_are_the_scripts(referee):
+    assert [defs.compare_args(referee, n) for n in referee.compare] == SCRIPT_COMPARE
+
+
+def test_named_parts_run_in_the_definitions_order(referee):
+    assert defs.ordered(referee, ["batch", "ladder-up", "ladder"]) == [
+        ("ladder", False), ("ladder-up", False), ("batch", False)]  # fmt: skip
+    with pytest.raises(DefinitionError, match=r"--part nope: no such part of referee \(head"):
+        defs.ordered(referee, ["nope"])
+
+
+def test_the_crossover_definition_is_study_crossovers_batches():
+    """Each batch part gives the study that `python -m study.crossover run` runs (its ledger
+    read from the same file, its files in the same runs/crossover/b<B> and
+    results/crossover/b<B>/)."""
+    d = defs.load("crossover")
+    args = crossover.parse(["run"])
+    assert list(d.parts) == [f"b{b}" for b in crossover.BATCHES]
+    for b in crossover.BATCHES:
+        part = d.parts[f"b{b}"]
+        assert part.runs == Path(f"runs/crossover/b{b}")
+        assert part.results == Path(f"results/crossover/b{b}")
+        theirs = crossover.study_args(b, Path(f"runs/crossover/b{b}"), args)
+        theirs[theirs.index("--center-from") + 1] = "results/referee/batch/results.csv"
+        assert defs.command_args(part, d.parts, {}) == theirs
+
+
+def write(tmp_path, text):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+GOOD = "study: s\nparts:\n  a: {budgets: [1]}\n"
+BAD = [
+    ("study: s\nparts:\n  a: {budget: [1]}\n", "part a: unknown key 'budget'; a part has kind"),
+    (
+        "study: s\nparts:\n  a: {center_from: b@m:1}\n  b: {}\n",
+        "part a starts from b: list b first",
+    ),
+    ("study: s\nparts:\n  a: {merge: [zz]}\n", "part a starts from 'zz': no such part (a)"),
+    ("study: s\nparts:\n  a: {center_from: 'b@@1'}\n", "write PART, PART@MODEL:BUDGET or"),
+    ("study: s\nparts:\n  a: {runs: /abs/a}\n", "runs: /abs/a: a path inside the checkout"),
+    ("study: s\nparts:\n  a: {kind: factorial}\n", "a factorial says from: PART"),
+    ("study: s\nparts:\n  a: {kind: sweep}\n", "kind 'sweep': one of study, factorial"),
+    ("study: s\nparts:\n  a: {}\ncompare:\n  x: [l=b]\n", "compare: x: 'l=b': write LABEL=PART"),
+    ("study: s\nparts:\n  a: {}\norder: [b]\n", "order: 'b': not a part (a)"),
+    ("study: S\nparts:\n  a: {}\n", "study: 'S': a lower-case name"),
+    ("study: s\npart:\n  a: {}\n", "a definition is a mapping with study: NAME and parts"),
+    ("study: s\nparts: [\n", "not YAML"),
+]
+
+
+@pytest.mark.parametrize(("text", "line"), BAD)
+def test_a_bad_definition_is_refused_in_one_line(tmp_path, text, line):
+    with pytest.raises(DefinitionError) as exc:
+        defs.load(write(tmp_path, text))
+    msg = str(exc.value)
+    assert msg.startswith("s.yaml: ") and line in msg and "\n" not in msg
+
+
+def test_a_part_goes_to_runs_and_results_of_its_study_by_default(tmp_path):
+    d = defs.load(write(tmp_path, GOOD))
+    assert (d.parts["a"].runs, d.parts["a"].results) == (Path("runs/s/a"), Path("results/s/a"))
+    moved = defs.load(write(tmp_path, GOOD), tmp_path / "elsewhere")
+    assert moved.parts["a"].runs == tmp_path / "elsewhere" / "s" / "a"
+    with pytest.raises(SystemExit, match="study: no study 'nope': name one of study/studies/"):
+        parts.main(["run", "nope"])
+
+
+TWO = "study: s\nparts:\n  a: {budgets: [1]}\n  b: {center_from: a@m:1}\n"
+
+
+def _tree(root: Path) -> None:
+    pub = root / "results" / "s" / "a"
+    pub.mkdir(parents=True)
+    for name in ("results.csv", "curves.csv.gz", "started.txt", "report.md"):
+        (pub / name).write_text(f"published {name}\n")
+    (root / "runs" / "s" / "a").mkdir(parents=True)
+    (root / "runs" / "s" / "a" / "started.txt").write_text("the tree's own\n")
+
+
+def test_run_restores_runs_each_part_in_order_and_publishes(tmp_path, monkeypatch):
+    _tree(tmp_path)
+    calls = []
+
+    def fake(part, definition, options, main_only):
+        calls.append((part.name, options["report_only"]))
+        part.runs.mkdir(parents=True, exist_ok=True)
+        (part.runs / "report.md").write_text(f"report of {part.name}\n")
+        return 0
+
+    monkeypatch.setattr(parts, "run_part", fake)
+    yaml_file = write(tmp_path, TWO)
+    assert parts.main(["run", yaml_file, "--part", "b", "a"], root=tmp_path) == 0
+    assert calls == [("a", False), ("b", False)]
+    tree, pub = tmp_path / "runs" / "s" / "a", tmp_path / "results" / "s" / "a"
+    assert (tree / "results.csv").read_text() == "published results.csv\n"  # restored
+    assert (tree / "started.txt").read_text() == "the tree's own\n"  # never over the tree's
+    assert not (tree / "report.md").read_text().startswith("published")  # not restored
+    assert (pub / "report.md").read_text() == "report of a\n"  # published
+    assert (pub / "started.txt").read_text() == "the tree's own\n"
+    assert (tmp_path / "results" / "s" / "b" / "report.md").is_file()
+
+
+def test_report_only_skips_parts_that_never_ran_and_publishes_nothing(tmp_path, monkeypatch):
+    _tree(tmp_path)
+    calls = []
+    monkeypatch.setattr(parts, "run_part", lambda p, d, o, m: calls.append(p.name) or 0)
+    yaml_file = write(tmp_path, TWO)
+    assert parts.main(["run", yaml_file, "--report-only"], root=tmp_path) == 0
+    assert calls == ["a"]  # b has no ledger and no runs
+    assert (tmp_path / "results" / "s" / "a" / "report.md").read_text().startswith("published")
+    assert parts.main(["publish", yaml_file], root=tmp_path) == 0
+    assert calls == ["a", "a"]
+
+
+def test_a_failing_part_stops_the_run_before_the_next(tmp_path, monkeypatch):
+    _tree(tmp_path)
+    calls = []
+    monkeypatch.setattr(parts, "run_part", lambda p, d, o, m: calls.append(p.name) or 3)
+    assert parts.main(["run", write(tmp_path, TWO)], root=tmp_path) == 3
+    assert calls == ["a"] and not (tmp_path / "results" / "s" / "b").exists()
+
+
+def test_a_dry_run_of_the_referees_batch_part_on_a_scratch_copy(tmp_path, capsys):
+    """The real command, no training: the batch part's ledger restored into a scratch tree,
+    its study read from it (complete: nothing to run), nothing published."""
+    for name in ("headline", "batch"):
+        shutil.copytree(
+            ROOT / "results" / "referee" / name, tmp_path / "results" / "referee" / name
+        )
+    before = sorted(p.name for p in (tmp_path / "results" / "referee" / "batch").iterdir())
+    assert parts.main(["run", "referee", "--part", "batch", "--dry-run"], root=tmp_path) == 0
+    tree = tmp_path / "runs" / "referee-batch"
+    assert (tree / "results.csv").read_bytes() == (
+        ROOT / "results" / "referee" / "batch" / "results.csv"
+    ).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "results" / "referee" / "batch").iterdir()) == before
+
+
+def test_the_options_reach_the_command():
+    part = defs.load("crossover").parts["b2048"]
+    opts = {"jobs": 4, "threads": 2, "device": "cuda", "dry_run": True, "allow_dirty": True}
+    argv = defs.command_args(part, {"b2048": part}, opts)
+    ns, extra = cli.parse(argv)
+    assert (ns.jobs, ns.threads, ns.device, ns.dry_run, ns.allow_dirty) == (
+        4,
+        2,
+        "cuda",
+        True,
+        True,
+    )
+    assert extra == ["ckpt_every=100"]
+    assert isinstance(ns, argparse.Namespace)
