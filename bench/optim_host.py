@@ -70,7 +70,7 @@ def build(name: str, params: list):
         return torch.optim.AdamW(groups(params, weight_decay=0.1), lr=6e-4, foreach=True)
     if name in ("mars-adamw", "mars-adamw-unkept"):
         opt = optim.MARS(groups(params, weight_decay=0.1), lr=6e-3, fused="engine")
-        opt._engine_keep = name == "mars-adamw"  # unkept: every step built anew (the before)
+        opt.engine_state.keep = name == "mars-adamw"  # unkept: every step built anew (before)
         return opt
     if name == "lion":
         return optim.Lion(groups(params, weight_decay=0.3), lr=2e-4, fused="engine")

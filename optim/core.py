@@ -31,9 +31,9 @@ import torch
 
 from optim import engine as engine_path
 from optim import fused as fused_path
-from optim import masked, sharded
+from optim import masked, routes, sharded
+from optim.engine import state as engine_state
 from optim.engine.clip import ClipFoldMixin
-from optim.engine.clip import apply_to as apply_clip
 from optim.functional import clip_unit_norm_, mars_correct, mars_correction, mars_kappa
 from optim.momentum import MOMENTA, Momentum
 from optim.options import check_group_keys, check_option
@@ -158,11 +158,12 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         self._reference_pending = False
         self._fused_ok: set = set()  # bucket signatures that compiled and ran
         self._fused_off: str | None = None  # why the fused path was given up, once it was
-        self._engine_off: str | None = None  # why the engine was, when it was asked for
+        self.engine_state = engine_state.EngineState()  # the engine's tables, kept launches
         # Which path each bucket of the last step took ("engine", "fused", "fused-fallback" when
         # the compiled step failed and the same code ran eagerly, "foreach", "loop"), and counts
         # over all steps: a test of a fast path asserts it ran.
         self.last_paths: list[str] = []
+        self.last_routes: list = []  # (bucket, optim/routes.py Route) of the last full step
         self.path_counts: Counter = Counter()
 
     @classmethod
@@ -173,7 +174,7 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     @property
     def fused_off_reason(self) -> str | None:
         """Why the fused path (or the engine, when asked for) is off, or None."""
-        return self._fused_off or self._engine_off
+        return self._fused_off or self.engine_state.off
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's, then the group's check: known keys only, each value by its one validator."""
@@ -223,9 +224,7 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         self.last_paths = []
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
-        buckets = engine_path.run(self, buckets, skip, gscale)  # the buckets it covers
-        apply_clip([g for b in buckets for g in b.gs], gscale)  # the others: as torch clips
-        buckets = [b for b in buckets if not self._try_fused(b, skip)]
+        buckets = routes.run_fast(self, buckets, foreach, skip, gscale)  # the eager ones left
         # the eager paths cannot mask their writes: under a flag they step on copies
         staged = masked.Staged(buckets) if skip is not None and buckets else None
         self.last_paths += ["foreach" if foreach else "loop"] * len(buckets)

@@ -42,6 +42,7 @@ from optim.engine import schedulefree as engine_schedulefree
 from optim.engine.clip import ClipFoldMixin
 from optim.engine.clip import apply_to as apply_clip
 from optim.engine.rules import tensors_fit
+from optim.engine.state import EngineState
 from optim.groups import decay_groups, split_aux
 from optim.options import OptimizerConfig, check_option, validator
 from optim.registry import register
@@ -80,7 +81,8 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
         # fused: None, the engine (optim/engine/) on CUDA where Triton is present; "engine" on
         # any device (a CPU through Triton's interpreter); False never. ``path_counts`` counts
         # the paths the groups took ("engine", "foreach", "loop"), as the core's optimizers do.
-        self.foreach, self.fused, self._engine_off = foreach, fused, None
+        self.foreach, self.fused = foreach, fused
+        self.engine_state = EngineState()  # the engine's tables (optim/engine/state.py)
         self.last_paths: list[str] = []
         self.path_counts: Counter = Counter()
         self._kept: list[torch.Tensor] | None = (
@@ -148,7 +150,7 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
     @property
     def fused_off_reason(self) -> str | None:
         """Why the engine is off when it was asked for (``fused="engine"``), or None."""
-        return self._engine_off
+        return self.engine_state.off
 
     def _weights(self, group: dict) -> tuple[float, float]:
         """This step's lr and averaging weight c; advances lr_max and weight_sum."""

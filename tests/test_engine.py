@@ -145,7 +145,9 @@ def test_newton_schulz_in_bf16_on_persistent_stacks():
     run(ref, ref_p, 3), run(eng, eng_p, 3)
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-6, atol=1e-9))
     stacks = [
-        s.stack for plan in eng._engine_cache.plans.values() for s in getattr(plan, "stacks", [])
+        s.stack
+        for plan in eng.engine_state.cache.plans.values()
+        for s in getattr(plan, "stacks", [])
     ]  # fmt: skip  (new gradients each step: one set)
     assert {s.dtype for s in stacks} == {torch.bfloat16} and len(stacks) == 2
 
@@ -208,12 +210,12 @@ def test_state_dicts_swap_between_engine_and_foreach_and_plans_are_reused():
     assert_same(ref_p, ref, other_p, other)
     assert_same(ref_p, ref, back_p, back)
     assert_same(ref_p, ref, eng_p, eng)
-    built = eng._engine_cache.built
+    built = eng.engine_state.cache.built
     for _ in range(2):  # the same gradient tensors, new values: no new plan
         for p, g in zip(eng_p, [torch.randn_like(p) for p in eng_p]):
             p.grad.copy_(g)
         eng.step()
-    assert eng._engine_cache.built == built
+    assert eng.engine_state.cache.built == built
 
 
 class Tiny(torch.nn.Module):
@@ -279,7 +281,7 @@ def test_cpu_default_is_unchanged():
     ps = make_params()
     opt = MARS(ps)
     run(opt, ps, 1)
-    assert set(opt.path_counts) == {"foreach"} and not hasattr(opt, "_engine_cache")
+    assert set(opt.path_counts) == {"foreach"} and opt.engine_state.cache.built == 0
     with pytest.raises(ValueError, match="'engine'"):
         MARS(ps, fused="triton")
 

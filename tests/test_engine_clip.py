@@ -99,7 +99,7 @@ def test_a_bucket_the_engine_hands_back_is_clipped_as_torch_clips():
                                                                 fused="engine")  # fmt: skip
     set_grads(ref_p, 1), set_grads(eng_p, 1)
     torch.testing.assert_close(clip(eng, eng_p, True), clip(ref, ref_p, False), **TOL)
-    eng._engine_off = "test"
+    eng.engine_state.off = "test"
     ref.step(), eng.step()
     assert eng.last_paths == ["foreach", "foreach"]
     assert_same(ref_p, ref, eng_p, eng)

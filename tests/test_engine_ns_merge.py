@@ -59,7 +59,7 @@ def steps(opt, params, n: int, fold: bool, start: int = 0) -> list:
 
 
 def engine_stacks(opt) -> list:
-    return [s for v in opt._engine_cache.plans.values() for s in getattr(v, "stacks", [])]
+    return [s for v in opt.engine_state.cache.plans.values() for s in getattr(v, "stacks", [])]
 
 
 @pytest.mark.parametrize("merge", [True, False], ids=["merged", "per-shape"])

@@ -31,8 +31,8 @@ from optim.engine.availability import (
     wanted,
 )
 
-__all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "run",
-           "run_kept",
+__all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "refusal",
+           "run", "run_kept",
            "unavailable_reason", "usable", "wanted"]  # fmt: skip
 
 
@@ -52,11 +52,25 @@ def run(opt, buckets: list, skip: torch.Tensor | None, gscale: torch.Tensor | No
 def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> bool:
     """Run the step from the launches kept from the last one (optim/engine/steady.py) if
     nothing they depend on has changed; whether it did (else the full step runs)."""
-    if "_engine_program" not in opt.__dict__:
+    if getattr(opt.__dict__.get("engine_state"), "program", None) is None:
         return False
     from optim.engine import dispatch
 
     return dispatch.run_kept(opt, skip, gscale)
+
+
+def refusal(opt, b, device_type: str) -> str | None:
+    """Why the engine does not take bucket ``b`` (optim/core.py ``Bucket``) this step, or None
+    where it does (wholly, or SOAP's unrotated part): optim/routes.py's first question."""
+    if not wanted(opt.fused, device_type):
+        return f"fused={opt.fused!r} on {device_type}"
+    if not usable(opt, device_type):
+        from optim.engine.state import of as state_of
+
+        return state_of(opt).off or unavailable_reason(device_type) or "overridden methods"
+    from optim.engine import dispatch
+
+    return dispatch.refusal(opt, b)
 
 
 def covers(opt, p: torch.Tensor, view: dict) -> bool:

@@ -7,6 +7,7 @@ import logging
 import torch
 
 from optim.engine import loader
+from optim.engine.state import of as state_of
 from optim.options import validator
 
 ENGINE = "engine"
@@ -41,7 +42,7 @@ def wanted(fused, device_type: str) -> bool:
 def usable(opt, device_type: str) -> bool:
     """Whether ``opt`` runs its covered buckets on the engine now (logs why not, once, when
     the engine was asked for by name)."""
-    if not wanted(opt.fused, device_type) or getattr(opt, "_engine_off", None):
+    if not wanted(opt.fused, device_type) or state_of(opt).off:
         return False
     reason = unavailable_reason(device_type)
     if reason is None and getattr(opt, "private_overrides", list)():
@@ -49,7 +50,7 @@ def usable(opt, device_type: str) -> bool:
     if reason is None:
         return True
     if opt.fused == ENGINE:
-        opt._engine_off = reason
+        state_of(opt).off = reason
         log.warning("optimizer engine off (%s); using the other paths", reason)
     return False
 

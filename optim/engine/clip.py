@@ -35,7 +35,8 @@ import torch
 
 from optim.engine import layout as L
 from optim.engine.availability import wanted as engine_wanted
-from optim.engine.tables import Plan, PlanCache, key
+from optim.engine.state import of as state_of
+from optim.engine.tables import Plan, key
 
 log = logging.getLogger("optim.engine")
 EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
@@ -64,9 +65,10 @@ class ClipFoldMixin:
         (or ``store_reference_grad()``) to apply; None where it cannot fold (module docstring),
         the gradients then as they were, for ``clip_grad_norm_``."""
         params = self._clip_params(params)
-        ident = (tuple(id(p) for p in params), self.fused, self._engine_off, len(self.param_groups),
+        engine = state_of(self)
+        ident = (tuple(id(p) for p in params), self.fused, engine.off, len(self.param_groups),
                  tuple(-1 if p.grad is None else p.grad.data_ptr() for p in params))  # fmt: skip
-        kept = self.__dict__.get("_clip_fold_kept")
+        kept = engine.fold
         if kept is not None and kept[0] == ident:  # the same gradients: no check, no plan key
             norm, self._clip_fold = _launch(kept[1], float(max_norm))
             return norm
@@ -75,9 +77,9 @@ class ClipFoldMixin:
             grads = [p.grad for p in params if p.grad is not None]
             plan = _fold(self, grads)
             if plan is None:
-                reason = self._engine_off
+                reason = engine.off
             else:
-                self._clip_fold_kept = (ident, plan)
+                engine.fold = (ident, plan)
                 norm, self._clip_fold = _launch(plan, float(max_norm))
         if reason != self.__dict__.get("clip_fold_off_reason", "") and (
             reason is None or (params and engine_wanted(self.fused, params[0].device.type))
@@ -113,10 +115,10 @@ class ClipFoldMixin:
         if not tensors_fit(grads):
             return "gradients of several dtypes or devices, or not float32/float64 contiguous"
         ident = (tuple(id(p) for p in params if p.grad is not None), self.fused,
-                 getattr(self, "_engine_off", None))  # fmt: skip
-        cached = self.__dict__.get("_clip_fold_checked")
+                 state_of(self).off)  # fmt: skip
+        cached = state_of(self).fold_checked
         if cached is None or cached[0] != ident:
-            cached = self._clip_fold_checked = (ident, self._clip_coverage(params))
+            cached = state_of(self).fold_checked = (ident, self._clip_coverage(params))
         return cached[1]
 
     def _clip_coverage(self, params: list[torch.Tensor]) -> str | None:
@@ -141,22 +143,23 @@ def apply_to(grads: list[torch.Tensor], coef: torch.Tensor | None) -> None:
 
 def _fold(opt, grads: list[torch.Tensor]):
     """The fold's plan over ``grads``, its kernels compiled; None where a kernel failed to
-    compile (the engine is then off for ``opt``: ``_engine_off``)."""
+    compile (the engine is then off for ``opt``: its ``engine_state.off``)."""
     from optim.engine.launch import BLOCKS
 
     device, dtype = grads[0].device, grads[0].dtype
     block = BLOCKS[device.type]
-    cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
+    engine = state_of(opt)
+    cache = engine.cache
     cols = {L.C_G: grads}
     plan = cache.get(key(cols, block, ("clip",)), lambda: Plan(cols, block, norm=True))
-    compiled = opt.__dict__.setdefault("_engine_compiled", set())
+    compiled = engine.compiled
     variant = ("clip", dtype, plan.aligned)
     if variant not in compiled:
         try:
             _launch(plan, 1.0, dry=True)
         except Exception as e:  # noqa: BLE001 (a compile failure: nothing written, fall back)
-            opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
-            log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
+            engine.off = f"a kernel failed to compile ({type(e).__name__}: {e})"
+            log.warning("optimizer engine off (%s); using the other paths", engine.off)
             return None
         compiled.add(variant)
     return plan

@@ -14,7 +14,8 @@ from optim import sharded
 from optim.engine import launch, rules, steady
 from optim.engine import layout as L
 from optim.engine.availability import kernels_for
-from optim.engine.tables import PlanCache
+from optim.engine.state import of as state_of
+from optim.functional import mars_correct
 
 log = logging.getLogger("optim.engine")
 
@@ -29,19 +30,43 @@ def subset(b, idx: list[int]):
                                cs=[], shards=pick(b.shards), owners=pick(b.owners))  # fmt: skip
 
 
-def split(opt, b) -> tuple[tuple | None, object | None]:
-    """``((part, kind), rest)``: the part of bucket ``b`` the engine takes and the rest."""
+def refusal(opt, b) -> str | None:
+    """Why the engine does not take bucket ``b``'s rule and tensors, or None (``split``)."""
+    return _split(opt, b)[0]
+
+
+def _split(opt, b) -> tuple[str | None, tuple | None, list[int]]:
+    """``(why not, (part, kind), indices taken)``: the engine's one look at bucket ``b``."""
     kind = rules.kind_of(b, is_approx=opt.is_approx, correction=opt.correction)
-    if kind is None or not rules.shards_fit(kind, [s is not None for s in b.shards]):
-        return None, b
+    view = b.view
+    if kind is None:
+        custom = " with a subclass's correction" if opt.correction is not mars_correct else ""
+        return (
+            f"rule {view['momentum_form']}/{view['preconditioner']}{custom} not covered",
+            None,
+            [],
+        )
+    shards = [s is not None for s in b.shards]
+    if not rules.shards_fit(kind, shards):
+        why = "Newton-Schulz on FSDP2 shards (the owners' path)" if all(shards) else \
+            "FSDP2 shards and plain tensors in one bucket"  # fmt: skip
+        return why, None, []
     idx = [i for i in range(len(b.params)) if rules.takes(b, i)]
     if not idx:
-        return None, b
+        return "SOAP's rotated matrices", None, []
     part = b if len(idx) == len(b.params) else subset(b, idx)
     if not rules.tensors_fit([t for ts in launch.columns(part, kind).values() for t in ts]):
+        return "tensors not float32/float64, contiguous, on one device", None, []
+    return None, (part, kind), idx
+
+
+def split(opt, b) -> tuple[tuple | None, object | None]:
+    """``((part, kind), rest)``: the part of bucket ``b`` the engine takes and the rest."""
+    why, item, idx = _split(opt, b)
+    if why is not None:
         return None, b
     others = [i for i in range(len(b.params)) if i not in set(idx)]
-    return (part, kind), (subset(b, others) if others else None)
+    return item, (subset(b, others) if others else None)
 
 
 def _sharded(b) -> bool:
@@ -69,13 +94,13 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
     if not items:
         return rest
     k = kernels_for(device_type)
-    cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
-    compiled = opt.__dict__.setdefault("_engine_compiled", set())
+    engine = state_of(opt)
+    cache, compiled = engine.cache, engine.compiled
     try:
         launches = launch.step(items, skip, k, cache, device_type, compiled, gscale)
     except launch.CompileFailed as e:  # nothing written: the other paths take over
-        opt._engine_off = f"a kernel failed to compile ({e})"
-        log.warning("optimizer engine off (%s); using the other paths", opt._engine_off)
+        engine.off = f"a kernel failed to compile ({e})"
+        log.warning("optimizer engine off (%s); using the other paths", engine.off)
         return buckets
     for b, _ in items:
         opt.last_paths.append("engine")
@@ -89,27 +114,26 @@ def keep(opt, items: list, launches: list, rest: list, flags: tuple) -> None:
     on the engine and not in exact mode (whose reference buffers swap every step)."""
     exact = not opt.is_approx and any(b.view.get("variance_reduction") for b, _ in items)
     if (
-        rest
-        or exact
-        or any(_sharded(b) for b, _ in items)
-        or not opt.__dict__.get("_engine_keep", True)
+        rest or exact or any(_sharded(b) for b, _ in items) or not state_of(opt).keep
     ):  # (False: bench, before)
-        opt.__dict__.pop("_engine_program", None)
+        state_of(opt).program = None
         return
     from optim.core import route  # (the core imports the engine: imported when it runs)
 
-    opt._engine_program = steady.Program(opt, items, launches, route, flags)
-    opt._engine_programs_built = opt.__dict__.get("_engine_programs_built", 0) + 1
+    engine = state_of(opt)
+    engine.program = steady.Program(opt, items, launches, route, flags)
+    engine.programs_built += 1
 
 
 def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> bool:
     """Run the kept program if it still holds (steady.Program.matches); whether it ran."""
-    program = opt.__dict__.get("_engine_program")
+    engine = state_of(opt)
+    program = engine.program
     if program is None or not program.matches(opt, steady.flags(skip, gscale)):
         return False
     program.prepare(opt, gscale)
     device_type = program.launches[0].plan.table.device.type
-    cache = opt.__dict__["_engine_cache"]
+    cache = engine.cache
     launch.run(program.launches, skip, kernels_for(device_type), cache, device_type)
     opt.last_paths = list(program.paths)
     return True

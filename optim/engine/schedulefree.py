@@ -13,7 +13,8 @@ from optim.engine.availability import kernels_for, usable
 from optim.engine.launch import BLOCKS
 from optim.engine.loader import Go, tl_dtype, warps
 from optim.engine.rules import tensors_fit
-from optim.engine.tables import Plan, PlanCache, key
+from optim.engine.state import of as state_of
+from optim.engine.tables import Plan, key
 
 log = logging.getLogger("optim.engine")
 
@@ -27,7 +28,7 @@ def step(opt, ps: list, grads: list, zs: list, vs: list, *, beta1: float, beta2:
     if not usable(opt, device_type) or not tensors_fit(ps + grads + zs + vs):
         return False
     k, block = kernels_for(device_type), BLOCKS[device_type]
-    cache = opt.__dict__.setdefault("_engine_cache", PlanCache())
+    cache = state_of(opt).cache
     cols = {L.C_P: ps, L.C_G: grads, L.C_M: zs, L.C_V: vs}
     plan = cache.get(key(cols, block, ("schedulefree",)), lambda: Plan(cols, block))
     args = (plan.table, plan.blocks, plan.table if gscale is None else gscale, beta2, 1 - beta2,
@@ -40,8 +41,8 @@ def step(opt, ps: list, grads: list, zs: list, vs: list, *, beta1: float, beta2:
         try:  # compiled before anything is written: a failure leaves the tensors as they were
             Go(dry=True)(k.schedulefree_kernel, (plan.nblocks,), *args, **kw)
         except Exception as e:  # noqa: BLE001 (any compile failure: foreach takes over)
-            opt._engine_off = f"a kernel failed to compile ({type(e).__name__}: {e})"
-            log.warning("optimizer engine off (%s); using foreach", opt._engine_off)
+            state_of(opt).off = f"a kernel failed to compile ({type(e).__name__}: {e})"
+            log.warning("optimizer engine off (%s); using foreach", state_of(opt).off)
             return False
         ok.add(variant)
     if plan.nblocks:

@@ -78,7 +78,7 @@ class Program:
 
     def matches(self, opt, flags: tuple) -> bool:
         """Whether this program may run the step (module docstring)."""
-        if getattr(opt, "_engine_off", None) or self.keys[:2] != (opt.fused, flags):
+        if opt.engine_state.off or self.keys[:2] != (opt.fused, flags):
             return False
         groups = opt.param_groups
         if len(groups) != len(self.structure) or self.keys[2] != addresses(opt):
