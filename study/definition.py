@@ -41,6 +41,15 @@ PART_KEYS = {
     "center_from": None, "merge": None, "merge_only": "--merge-only", "swap": None,
     "overrides": None,
 }  # fmt: skip
+# The keys that are lists, and what they hold.
+LISTS = {
+    "optimizers": (str,), "untuned": (str,), "models": (str,), "knobs": (str,),
+    "merge": (str,), "merge_only": (str,), "overrides": (str,), "budgets": (int, float),
+    "reference_budgets": (int, float), "select_seeds": (int,), "eval_seeds": (int,),
+}  # fmt: skip
+EXAMPLES = {"budgets": "[0.25]", "reference_budgets": "[2, 4]", "select_seeds": "[0, 6, 7]",
+            "eval_seeds": "[1, 2, 3, 4, 5]", "models": "[proxy-100k]",
+            "overrides": "[model.init_std=0.098]", "merge": "[ladder]"}  # fmt: skip
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
 _REF = re.compile(r"(?:(?P<study>[a-z0-9][a-z0-9_-]*)/)?(?P<part>[a-z0-9][a-z0-9_-]*)"
                   r"(?:@(?P<cell>[\w.-]+:[0-9.]+))?")  # fmt: skip
@@ -78,6 +87,7 @@ class Part:
 
     @property
     def kind(self) -> str:
+        """``study`` (python -m study) or ``factorial`` (python -m study.factorial)."""
         return self.values.get("kind", "study")
 
     def starts_from(self) -> list[str]:
@@ -86,12 +96,9 @@ class Part:
         return [r.part for r in refs] + ([self.values["from"]] if "from" in self.values else [])
 
     def refs(self) -> list[Ref]:
-        out = (
-            [parse_ref(self.values["center_from"], self.study)]
-            if "center_from" in self.values
-            else []
-        )
-        return out + [parse_ref(m, self.study) for m in self.values.get("merge", [])]
+        """The published ledgers it reads: its ``center_from``, then its ``merge``."""
+        given = [self.values["center_from"]] if "center_from" in self.values else []
+        return [parse_ref(r, self.study) for r in given + list(self.values.get("merge", []))]
 
 
 @dataclass
@@ -105,6 +112,7 @@ class Definition:
 
 
 def parse_ref(text: object, study: str) -> Ref:
+    """``[STUDY/]PART[@MODEL:BUDGET]`` (``study``: the study it is written in) as a Ref."""
     m = _REF.fullmatch(text) if isinstance(text, str) else None
     if m is None:
         raise DefinitionError(f"{text!r}: write PART, PART@MODEL:BUDGET or STUDY/PART@MODEL:BUDGET, "
@@ -138,6 +146,7 @@ def load(name: str, runs_root: Path | None = None) -> Definition:
 
 
 def _build(data: object, runs_root: Path | None) -> Definition:
+    """The Definition of a file's parsed YAML, checked."""
     if not isinstance(data, dict) or not isinstance(data.get("parts"), dict) or not data["parts"]:
         raise DefinitionError("a definition is a mapping with study: NAME and parts: {NAME: ...}")
     unknown = set(data) - {"study", "defaults", "parts", "order", "compare"}
@@ -160,10 +169,12 @@ def _build(data: object, runs_root: Path | None) -> Definition:
 
 
 def _part(study: str, name: str, values: dict, runs_root: Path | None) -> Part:
+    """One part's values (the defaults under its own), checked, with its two folders."""
     unknown = sorted(set(values) - set(PART_KEYS))
     if unknown:
         raise DefinitionError(f"part {name}: unknown key {unknown[0]!r}; a part has "
                               f"{', '.join(PART_KEYS)}")  # fmt: skip
+    _check_types(name, values)
     if values.get("kind", "study") not in KINDS:
         raise DefinitionError(f"part {name}: kind {values['kind']!r}: one of {', '.join(KINDS)}")
     if values.get("kind") == "factorial" and "from" not in values:
@@ -181,7 +192,29 @@ def _part(study: str, name: str, values: dict, runs_root: Path | None) -> Part:
     return Part(study, name, values, runs, results)
 
 
+def _check_types(name: str, values: dict) -> None:
+    """A value of the wrong shape, refused here in one line rather than by argparse later."""
+    for key, value in values.items():
+        if key in LISTS and not (isinstance(value, list) and all(
+                isinstance(v, LISTS[key]) and not isinstance(v, bool) for v in value)):  # fmt: skip
+            kind = "numbers" if LISTS[key] == (int, float) else "names"
+            raise DefinitionError(f"part {name}: {key}: {value!r}: a list of {kind}, e.g. "
+                                  f"{key}: {EXAMPLES.get(key, '[adamw, mars-adamw]')}")  # fmt: skip
+    if "batch_tokens" in values and not (
+        isinstance(values["batch_tokens"], int) and values["batch_tokens"] > 0
+    ):
+        raise DefinitionError(f"part {name}: batch_tokens: {values['batch_tokens']!r}: a "
+                              "positive whole number, e.g. batch_tokens: 8192")  # fmt: skip
+    centers = values.get("centers", {})
+    if not isinstance(centers, dict) or not all(isinstance(c, dict) for c in centers.values()):
+        raise DefinitionError(f"part {name}: centers: a mapping OPT: {{KNOB: VALUE}}, e.g. "
+                              "centers: {adamw: {lr: 0.008}}")  # fmt: skip
+    if not isinstance(values.get("swap", True), bool):
+        raise DefinitionError(f"part {name}: swap: {values['swap']!r}: true or false")
+
+
 def _order(items: object, parts: dict[str, Part]) -> list[tuple[str, bool]]:
+    """``order``'s (part, main budgets only) pairs; every part after the parts it starts from."""
     if items is None:
         return [(name, False) for name in parts]
     out = []
@@ -190,8 +223,15 @@ def _order(items: object, parts: dict[str, Part]) -> list[tuple[str, bool]]:
             item, dict) else (item, False)  # fmt: skip
         if name not in parts:
             raise DefinitionError(f"order: {item!r}: not a part ({', '.join(parts)})")
+        early = [d for d in parts[name].starts_from() if d not in {n for n, _ in out}]
+        if any(d in {n for n, _ in _pairs(items)} for d in early):
+            raise DefinitionError(f"order: {name} starts from {early[0]}: put {early[0]} first")
         out.append((name, main_only))
     return out
+
+
+def _pairs(items: list) -> list[tuple[str, bool]]:
+    return [(i.get("part"), False) if isinstance(i, dict) else (i, False) for i in items]
 
 
 def check(definition: Definition) -> None:
@@ -233,6 +273,7 @@ def _text(value: object) -> str:
 
 
 def _list(values: object) -> list[str]:
+    """A value or a list of them, as command-line words."""
     return [_text(v) for v in (values if isinstance(values, list) else [values])]
 
 

@@ -39,6 +39,7 @@ COMMANDS = ("run", "publish", "compare")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line of ``run``, ``publish`` and ``compare``; a bad value: argparse's line."""
     ap = argparse.ArgumentParser(prog="python -m study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("command", choices=COMMANDS)
@@ -95,6 +96,7 @@ def run_part(part: Part, definition: Definition, options: dict, main_only: bool)
 
 
 def publish(part: Part) -> None:
+    """The part's files (PUBLISHED) from its run tree into its published folder."""
     copied = copy_files(part.runs, part.results, PUBLISHED, overwrite=True)
     log.info("published %s of %s into %s", ", ".join(copied) or "nothing", part.name, part.results)
 

@@ -135,6 +135,19 @@ BAD = [
     ("study: S\nparts:\n  a: {}\n", "study: 'S': a lower-case name"),
     ("study: s\npart:\n  a: {}\n", "a definition is a mapping with study: NAME and parts"),
     ("study: s\nparts: [\n", "not YAML"),
+    (
+        "study: s\nparts:\n  a: {budgets: 1}\n",
+        "budgets: 1: a list of numbers, e.g. budgets: [0.25]",
+    ),
+    ("study: s\nparts:\n  a: {budgets: [one]}\n", "budgets: ['one']: a list of numbers"),
+    ("study: s\nparts:\n  a: {optimizers: adamw}\n", "optimizers: 'adamw': a list of names"),
+    ("study: s\nparts:\n  a: {batch_tokens: 8k}\n", "batch_tokens: '8k': a positive whole"),
+    ("study: s\nparts:\n  a: {centers: [adamw]}\n", "centers: a mapping OPT: {KNOB: VALUE}"),
+    ("study: s\nparts:\n  a: {swap: no-thanks}\n", "swap: 'no-thanks': true or false"),
+    (
+        "study: s\nparts:\n  a: {}\n  b: {merge: [a]}\norder: [b, a]\n",
+        "order: b starts from a: put a first",
+    ),
 ]
 
 
