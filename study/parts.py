@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="reports only, nothing published")
     ap.add_argument("--dry-run", action="store_true", help="print each part's first commands")
     args = ap.parse_args(argv)
+    args.argv = list(argv)  # the command again, for a stop's last line
     for name, value in (("--jobs", args.jobs), ("--threads", args.threads)):
         if value < 1:
             ap.error(f"{name} {value}: at least 1")
@@ -92,7 +94,16 @@ def run_part(part: Part, definition: Definition, options: dict, main_only: bool)
     argv = defs.command_args(part, definition.parts, options, main_only=main_only)
     log.info("study %s, part %s: python -m %s %s", definition.name, part.name,
              "study.factorial" if part.kind == "factorial" else "study", " ".join(argv))  # fmt: skip
-    return factorial.main(argv) if part.kind == "factorial" else cli.main(argv)
+    try:
+        return factorial.main(argv) if part.kind == "factorial" else cli.main(argv)
+    except SystemExit as exc:  # a stop (Ctrl-C, SIGTERM): name this command, which continues
+        head, sep, _ = str(exc.code).partition("; the same command continues: ")
+        if not (sep and head.startswith("study: stopped")):
+            raise
+        raise SystemExit(
+            f"{head} (part {part.name}); the same command continues: "
+            f"{options.get('again', 'python -m study run ' + definition.name)}"
+        ) from None
 
 
 def publish(part: Part) -> None:
@@ -104,7 +115,7 @@ def publish(part: Part) -> None:
 def run(definition: Definition, args: argparse.Namespace) -> int:
     """``run`` and ``publish``: restore, then each part in turn; stop at the first that fails."""
     report_only = args.report_only or args.command == "publish"
-    options = {"jobs": args.jobs, "threads": args.threads, "device": args.device,
+    options = {"again": shlex.join(["python", "-m", "study", *args.argv]), "jobs": args.jobs, "threads": args.threads, "device": args.device,
                "dry_run": args.dry_run, "allow_dirty": args.allow_dirty,
                "report_only": report_only}  # fmt: skip
     restore(definition)

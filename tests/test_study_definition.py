@@ -253,3 +253,21 @@ def test_the_options_reach_the_command():
     )
     assert extra == ["ckpt_every=100"]
     assert isinstance(ns, argparse.Namespace)
+
+
+def test_a_stop_names_the_study_command_that_continues(tmp_path, monkeypatch):
+    _tree(tmp_path)
+
+    def stopped(argv):
+        raise SystemExit("study: stopped; 1 of 2 cells complete, 1 run(s) in flight asked to "
+                         "checkpoint and stop; the same command continues: python -m study --out x")  # fmt: skip
+
+    monkeypatch.setattr(cli, "main", stopped)
+    yaml_file = write(tmp_path, TWO)
+    with pytest.raises(SystemExit) as exc:
+        parts.main(["run", yaml_file, "--jobs", "3"], root=tmp_path)
+    assert str(exc.value) == (
+        "study: stopped; 1 of 2 cells complete, 1 run(s) in flight asked to checkpoint and stop "
+        f"(part a); the same command continues: python -m study run {yaml_file} --jobs 3"
+    )
+    assert not (tmp_path / "results" / "s" / "a" / "report.md").read_text().startswith("report")
