@@ -12,28 +12,18 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-# One colour per optimizer in every figure; other labels take the remaining tab10 colours.
-COLORS = {
-    "AdamW": "tab:blue",
-    "Muon": "tab:orange",
-    "Moonlight": "tab:purple",
-    "MARS-exact": "tab:brown",
-    "MARS-approx": "tab:red",
-    "MARS-M": "tab:green",
-    "MARS-M (γ=0.01)": "tab:olive",
-    "MARS-M-exact": "tab:cyan",
-}
+from analysis.colours import LABEL_COLOURS, LABELS, colour_of
+
+# One colour per optimizer in every figure of the project (analysis/colours.py).
+COLORS = {label: colour_of(label) for label in (*LABELS, *LABEL_COLOURS)}
 # A curve's first point is left above the axis only when showing it would make the axis more than
 # this many times the range of every other point (see ``y_limits``).
 STRETCH = 3.0
-SPARE = ("tab:pink", "tab:gray", "black", "gold", "navy", "teal")
 
 
 def color_of(label: str, others: list[str]) -> str:
-    """The paper optimizers' fixed colours; ``others`` (sorted labels) share the spares."""
-    if label in COLORS:
-        return COLORS[label]
-    return SPARE[others.index(label) % len(SPARE)] if label in others else "black"
+    """The optimizer's fixed colour; ``others`` (sorted labels) share the spares."""
+    return colour_of(label, others)
 
 
 def token_axis(max_tokens: float) -> tuple[float, str]:

@@ -244,7 +244,7 @@ def speedup_sections(groups: Groups, baseline: str) -> list[dict[str, Any]]:
         chosen = {k[2]: vs[0] for k, vs in groups.items() if k[:2] == (dataset, size)}
         if len(chosen) < 2 and baseline in chosen:
             continue
-        s = rspeed.speedup(chosen, baseline)
+        s = rspeed.time_to_loss_speedup(chosen, baseline)
         note = f"No {baseline} validation curve for {dataset} {rr.size_name(size)}; no speedup."
         out.append({"dataset": dataset, "size": size, **(s or {"rows": None, "note": note})})
     return out

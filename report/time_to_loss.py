@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from analysis.stats import LEVEL  # the one level of every interval
 from report.analysis import Variant, format_tokens, seed_curve, seed_matrix
 
 RESAMPLES = 1000
 BOOTSTRAP_SEED = 0
-LEVEL = 0.90
 
 Curves = tuple[np.ndarray, np.ndarray]  # (grid x, per-seed losses: seeds x grid)
 
@@ -130,7 +130,7 @@ def speedup_cell(
     return cell
 
 
-def speedup(
+def time_to_loss_speedup(
     variants: dict[str, Variant], baseline: str, *, resamples: int = RESAMPLES
 ) -> dict[str, Any] | None:
     """The speedups of one (dataset, size): ``variants`` maps labels to the chosen variants.

@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.stats import LEVEL, holm, mean_interval, paired_interval, paired_p_value
 from study.knobs import KNOB_ORDER
 from study.results import read_csv
-from study.stats import LEVEL, holm, mean_interval, paired_interval, paired_p_value
 from study.tables import REFERENCE, eval_losses
 
 ALPHA = 1 - LEVEL  # a difference holds after correction at Holm p <= ALPHA

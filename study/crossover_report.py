@@ -17,8 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.results import read_csv
-from study.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.tables import eval_losses
 
 MARS, OFF, ADAMW = "mars-adamw", "mars-adamw:gamma=0", "adamw"

@@ -41,7 +41,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from study.stats import Interval, mean_interval
+from analysis.stats import Interval, mean_interval
 
 BASE = "mars-adamw"
 

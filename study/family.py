@@ -22,8 +22,8 @@ import sys
 from itertools import combinations
 from pathlib import Path
 
+from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.results import read_csv
-from study.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.tables import REFERENCE, eval_losses
 
 ROOT = Path(__file__).resolve().parent.parent

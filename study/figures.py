@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.colours import COLOURS, colour_of  # noqa: F401 - re-exported for the study's figures
 from study.tables import REFERENCE, eval_losses, tuned_knobs
 
 
@@ -27,26 +28,6 @@ def _plt():  # noqa: ANN202
     import matplotlib.pyplot as plt
 
     return plt
-
-
-# One colour per optimizer in every figure of the project, the same as report/figures.py's for
-# the paper's optimizers (tests/test_crossover.py checks they agree); a variant takes its base's
-# colour family's spare, anything else a spare in sorted order.
-COLOURS = {
-    "adamw": "tab:blue", "muon": "tab:orange", "moonlight": "tab:purple",
-    "mars-adamw": "tab:red", "mars-m": "tab:green", "mars-adamw:gamma=0": "tab:pink",
-    "normuon": "tab:olive", "soap": "tab:cyan", "mars-soap": "tab:brown",
-    "ademamix": "tab:gray", "mars-ademamix": "gold", "adamw-schedulefree": "navy",
-}  # fmt: skip
-SPARE = ("teal", "black", "darkkhaki", "slateblue", "sienna", "lightgreen")
-
-
-def colour_of(optimizer: str, others: list[str] = ()) -> str:
-    """The optimizer's fixed colour (``others``: the labels that share the spares)."""
-    if optimizer in COLOURS:
-        return COLOURS[optimizer]
-    spare = sorted(o for o in others if o not in COLOURS)
-    return SPARE[spare.index(optimizer) % len(SPARE)] if optimizer in spare else "black"
 
 
 def _colours(rows: list[dict]) -> dict:

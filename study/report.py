@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from analysis.speedup import data_equivalent_speedup
+from analysis.stats import LEVEL, paired_interval
 from runtime import runfiles
 from study.curves import read_curves, write_curves
-from study.data_speedup import speedup
 from study.figures import curves_figure, study_figure
 from study.results import collect, read_csv, write_csv
-from study.stats import LEVEL, paired_interval
 from study.tables import (
     REFERENCE,
     collapse_table,
@@ -95,7 +95,9 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
             sp_text = "n/a (AdamW at one budget)"
         else:
             try:
-                sp = speedup(curve, seeds, tokens[(model, budget)], bootstrap=bootstrap)
+                sp = data_equivalent_speedup(
+                    curve, seeds, tokens[(model, budget)], bootstrap=bootstrap
+                )
                 sp_text = f"{sp.point} [{sp.lo}, {sp.hi}]"
             except ValueError as exc:
                 sp_text = f"n/a ({exc})"
@@ -188,7 +190,7 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         f"tell the two apart; Holm p: the paired t-test's p-value adjusted over every pair of this report "
         f"(a difference holds after correction at p <= {1 - LEVEL:.2f}). Speedup: AdamW's tokens to reach the "
         "optimizer's mean loss over the optimizer's tokens (AdamW's losses across its budgets, made monotone, "
-        "a monotone cubic in log tokens; study/data_speedup.py); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B); "
+        "a monotone cubic in log tokens; analysis/speedup.py); `>B`/`<B`: beyond AdamW's measured budgets (censored at the bound B); "
         "n/a without AdamW at two budgets or more.", "",
         *comparison_table(rows, main_budgets, bootstrap=bootstrap, holm_p=holm_p), "",
         "## Collapses and medians (evaluation runs; selection runs beside)", "",

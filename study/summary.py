@@ -17,10 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from study.data_speedup import speedup
+from analysis.speedup import data_equivalent_speedup
+from analysis.stats import LEVEL, paired_interval
 from study.figures import colour_of
 from study.results import read_csv
-from study.stats import LEVEL, paired_interval
 from study.tables import REFERENCE, eval_losses
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +73,7 @@ def cells_of(rows: list[dict], note: str) -> list[Cell]:
             cell.gaps[opt] = paired_interval(ref, seeds)
             if opt in MUON_FAMILY and len(curve) > 1:
                 try:
-                    sp = speedup(curve, seeds, tokens[(model, budget)])
+                    sp = data_equivalent_speedup(curve, seeds, tokens[(model, budget)])
                     cell.speedups[opt] = f"{sp.point} [{sp.lo}, {sp.hi}]"
                 except ValueError:
                     pass

@@ -10,8 +10,8 @@ from collections import defaultdict
 
 import numpy as np
 
+from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.knobs import KNOB_ORDER
-from study.stats import LEVEL, holm, paired_interval, paired_p_value
 
 REFERENCE = "adamw"
 

@@ -10,25 +10,31 @@ import pytest
 from helpers import ROOT
 
 PROJECT = {
-    "bench", "data", "eval", "evals", "model", "optim", "report", "runtime", "scripts", "study",
+    "analysis", "bench", "data", "eval", "evals", "model", "optim", "report", "runtime", "scripts", "study",
     "train", "trainer",
 }  # fmt: skip
 # What each part may import of the project besides itself: every arrow points down the layers
 # runtime (leaf) < data < model < optim (torch only) < trainer < tools and entry points.
 ALLOWED = {
     "runtime": set(),  # the leaf: device, distributed, files, seeding
+    "analysis": set(),  # numpy only: statistics, speedups, colours under study/ and report/
     "data": {"runtime"},
     "optim": set(),  # torch only: importable on its own
     "model": {"data.tokenizer", "runtime"},
     "trainer": {"data", "model", "optim", "runtime"},
     "evals": {"data", "model", "runtime", "trainer.checkpoint", "trainer.dcp_checkpoint"},
-    "report": {"evals.tasks", "runtime.runfiles"},  # run directories read through runfiles
+    "report": {
+        "analysis",
+        "evals.tasks",
+        "runtime.runfiles",
+    },  # run directories read through runfiles
     "bench": {"data", "model", "optim", "runtime", "trainer", "train"},
     # no benchmarks: the launcher plans micro-batches with trainer.memory_plan (a plan of a run)
     "scripts": {"data", "model", "optim", "runtime", "trainer", "evals"},
     # launches train.py (runtime.commands), reads run directories (runtime.runfiles) and
     # configs/ (runtime.config_files)
     "study": {
+        "analysis",
         "data",
         "model",
         "optim",

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from study.data_speedup import data_needed, isotonic_decreasing, speedup
+from analysis.speedup import data_equivalent_speedup, data_needed, isotonic_decreasing
+from analysis.stats import bootstrap_pairs, paired_interval, t_quantile, unpaired_interval
 from study.plan import Plan, budget_steps
-from study.stats import bootstrap_pairs, paired_interval, t_quantile, unpaired_interval
 
 SEEDS = [1, 2, 3, 4, 5]
 
@@ -43,7 +43,7 @@ def test_t_quantiles_match_tables() -> None:
 def test_planted_speedup_is_recovered_inside_its_interval() -> None:
     """Over 100 synthetic studies the 90% interval holds the planted 1.25x about 90% of the
     time, and the estimate is not biased by the interpolation between AdamW's budgets."""
-    results = [speedup(*synthetic(1.25, seed=k), 1e6) for k in range(100)]
+    results = [data_equivalent_speedup(*synthetic(1.25, seed=k), 1e6) for k in range(100)]
     assert all(not r.point.censored for r in results)
     covered = np.mean([r.lo.value <= 1.25 <= r.hi.value for r in results])
     assert covered >= 0.8
@@ -51,7 +51,8 @@ def test_planted_speedup_is_recovered_inside_its_interval() -> None:
     # the bootstrap option: around its estimate; with 5 pairs a percentile bootstrap covers less
     # than its level (why the t-interval is the default)
     boots = [
-        speedup(*synthetic(1.25, seed=k), 1e6, bootstrap=True, resamples=200) for k in range(20)
+        data_equivalent_speedup(*synthetic(1.25, seed=k), 1e6, bootstrap=True, resamples=200)
+        for k in range(20)
     ]
     assert all(b.lo.value <= b.point.value <= b.hi.value for b in boots)
     assert np.mean([b.lo.value <= 1.25 <= b.hi.value for b in boots]) >= 0.5
@@ -71,10 +72,10 @@ def test_paired_interval_is_narrower_on_correlated_seeds() -> None:
 def test_speedups_beyond_the_measured_budgets_are_censored() -> None:
     adamw, _ = synthetic(1.0)
     far_better = {s: law(10e6) for s in SEEDS}  # AdamW would need 10x: more than its 4x
-    sp = speedup(adamw, far_better, 1e6)
+    sp = data_equivalent_speedup(adamw, far_better, 1e6)
     assert str(sp.point) == ">4.00x" and sp.point.censored
     worse = {s: law(0.5e6) for s in SEEDS}  # below AdamW's smallest budget
-    assert str(speedup(adamw, worse, 1e6).point) == "<1.00x"
+    assert str(data_equivalent_speedup(adamw, worse, 1e6).point) == "<1.00x"
     assert data_needed(law(2e6), [1e6, 2e6, 4e6], [law(d) for d in (1e6, 2e6, 4e6)]) == (
         pytest.approx(2e6),
         "",
@@ -305,7 +306,7 @@ def test_a_censored_interval_holds_its_point() -> None:
                 5: (2.5834, 2.3240, 1.9398)}  # fmt: skip
     adamw = {t: {s: v[i] for s, v in per_seed.items()} for i, t in enumerate(tokens)}
     other = {1: 1.9335, 2: 1.9316, 3: 1.9479, 4: 1.9787, 5: 1.9575}
-    r = speedup(adamw, other, tokens[0])
+    r = data_equivalent_speedup(adamw, other, tokens[0])
     assert not r.point.censored and r.hi.censored
     assert r.lo.value <= r.point.value < r.hi.value
 

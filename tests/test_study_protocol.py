@@ -130,7 +130,7 @@ def test_collapse_flag() -> None:
 
 
 def test_holm_on_planted_p_values() -> None:
-    from study.stats import holm, paired_p_value
+    from analysis.stats import holm, paired_p_value
 
     # m = 4: sorted 0.01, 0.02, 0.03, 0.5 -> 0.04, 0.06, 0.06 (monotone), 0.5
     assert holm([0.03, 0.01, 0.5, 0.02]) == pytest.approx([0.06, 0.04, 0.5, 0.06])

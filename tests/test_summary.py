@@ -5,7 +5,7 @@ import csv
 
 from helpers import ROOT
 from study import summary
-from study.figures import COLOURS, colour_of
+from analysis.colours import COLOURS, colour_of
 
 
 def test_the_readmes_table_is_generated_from_the_ledgers():

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from study.stats import LEVEL, mean_interval
+from analysis.stats import LEVEL, mean_interval
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def _curve(adamw: dict, seeds: list) -> tuple[list, list]:
     return budgets, [float(np.mean([adamw[b][s] for s in seeds])) for b in budgets]
 
 
-def speedup(adamw: dict, other: dict, budget_tokens: float, *, level: float = LEVEL,
+def data_equivalent_speedup(adamw: dict, other: dict, budget_tokens: float, *, level: float = LEVEL,
             bootstrap: bool = False, resamples: int = 2000, seed: int = 0) -> SpeedupResult:  # fmt: skip
     """``other``'s speedup over AdamW. ``adamw``: ``{tokens: {seed: loss}}`` over its budgets
     (``budget_tokens`` among them); ``other``: ``{seed: loss}`` at ``budget_tokens``. Only the
