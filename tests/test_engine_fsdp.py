@@ -4,9 +4,11 @@ the CPU through Triton's interpreter, float64.
 tests/test_optim_fsdp.py's small model (uneven row blocks; one matrix of which rank 1 holds no
 row) trained with ``fully_shard`` and with DDP, every optimizer on the engine (``fused="engine"``):
 the element-wise buckets run on each rank's local blocks, the MARS clip's per-tensor and global
-norms finished by one small all-reduce a step; FSDP equals DDP (1e-12), both ranks end with the
-same whole parameters, and the buckets that took the engine are the element-wise ones (MARS-M's
-Newton-Schulz stays on the owners' path). Skipped without triton.
+norms finished by one small all-reduce a step, the trainer's global clip folded into the engine
+(its norm one more small all-reduce); FSDP equals DDP (1e-12, the clip's norms too), both ranks
+end with the same whole parameters, and the buckets that took the engine are the element-wise
+ones (MARS-M's Newton-Schulz stays on the owners' path, so its clip is ``clip_grad_norm_``).
+Skipped without triton.
 """
 
 import pytest
@@ -23,6 +25,7 @@ from helpers import free_port  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 STEPS = 4
+MAX_NORM = 1.0  # the trainer's clip: fires on these gradients (LOSS_SCALE)
 CASES = {  # case -> (registry name, config overrides)
     "mars-adamw": ("mars-adamw", {}),
     "mars-adamw:global": ("mars-adamw", {"clip": "global"}),
@@ -32,9 +35,20 @@ CASES = {  # case -> (registry name, config overrides)
 }
 
 
-def train(case: str, wrap) -> tuple[dict, dict, int]:
-    """STEPS steps of ``case`` on the engine; the whole parameters, the paths taken, and the
-    all-reduces of the step's clips (counted by a wrapper of ``dist.all_reduce``)."""
+def clip(opt, model) -> tuple[torch.Tensor, bool]:
+    """The trainer's clip (trainer/trainer.py ``clip_grads``): folded where the optimizer can,
+    else ``clip_grad_norm_`` (its DTensor norm made whole). The norm, and whether it folded."""
+    norm = opt.fold_grad_clip(MAX_NORM, model.parameters())
+    if norm is not None:
+        return norm, True
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+    return (norm.full_tensor() if hasattr(norm, "full_tensor") else norm), False
+
+
+def train(case: str, wrap) -> tuple[dict, dict, int, list]:
+    """STEPS trainer steps of ``case`` on the engine; the whole parameters, the paths taken, the
+    all-reduces of the step's clips (counted by a wrapper of ``dist.all_reduce``) and the
+    global clip's norms with whether each folded."""
     from optim.engine import launch
 
     torch.manual_seed(0)
@@ -42,18 +56,19 @@ def train(case: str, wrap) -> tuple[dict, dict, int]:
     run = wrap(model)
     name, overrides = CASES[case]
     opt = optim.build_optimizer(model, optim.get_spec(name).config_cls(fused="engine", **overrides))
-    reduces, real = [], launch.dist.all_reduce
+    reduces, real, norms = [], launch.dist.all_reduce, []
     launch.dist.all_reduce = lambda t, **kw: (reduces.append(t.numel()), real(t, **kw))[1]
     try:
         for t in range(STEPS):
             forward_backward(run, t)
+            norms.append(clip(opt, model))
             opt.step()
             opt.zero_grad(set_to_none=True)
     finally:
         launch.dist.all_reduce = real
     whole = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
              for n, p in model.named_parameters()}  # fmt: skip
-    return whole, dict(opt.path_counts), len(reduces)
+    return whole, dict(opt.path_counts), len(reduces), norms
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -75,8 +90,8 @@ def test_engine_on_fsdp_shards_equals_ddp_on_two_gloo_ranks(tmp_path):
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for case in CASES:
         for rank in range(2):
-            (f, paths, reduces), (d, ddp_paths, _) = results[rank][case]["fsdp"], \
-                results[rank][case]["ddp"]  # fmt: skip
+            (f, paths, reduces, norms), (d, ddp_paths, _, ddp_norms) = \
+                results[rank][case]["fsdp"], results[rank][case]["ddp"]  # fmt: skip
             for n in d:
                 torch.testing.assert_close(f[n], d[n], rtol=1e-12, atol=1e-14, msg=(case, n))
                 assert torch.equal(f[n], results[0][case]["fsdp"][0][n]), (case, n, "ranks")
@@ -86,6 +101,13 @@ def test_engine_on_fsdp_shards_equals_ddp_on_two_gloo_ranks(tmp_path):
                 assert paths["engine"] == STEPS and eager <= {"foreach", "loop"}, paths
             else:
                 assert set(paths) == {"engine"} and set(ddp_paths) == {"engine"}, paths
-            # one all-reduce a step for the MARS clip's norms (mars-m: the owners' path's), none
-            # for Lion
-            assert reduces == (STEPS if case.startswith("mars-") else 0), (case, reduces)
+            folds = [folded for _, folded in norms]
+            assert folds == [case != "mars-m"] * STEPS, case  # (MARS-M's matrices: not here)
+            assert all(f for _, f in ddp_norms), case  # DDP: every bucket on the engine
+            for (a, _), (b, _) in zip(norms, ddp_norms):
+                torch.testing.assert_close(a, b, rtol=1e-12, atol=0, msg=case)
+            assert any(float(n) > MAX_NORM for n, _ in norms), case  # the clip fired
+            # a step: one all-reduce for the MARS clip's norms (mars-m: the owners' path's),
+            # one for the folded global clip (mars-m: clip_grad_norm_'s DTensor reduction)
+            mars, fold = case.startswith("mars-"), case != "mars-m"
+            assert reduces == STEPS * (mars + fold), (case, reduces)

@@ -19,9 +19,11 @@ asks it instead (``fold_grad_clip``):
 The gradients themselves stay unscaled. ``fold_grad_clip`` returns the norm (a 0-d device tensor,
 what ``clip_grad_norm_`` returns: the trainer logs it and the non-finite check reads it) or None
 where it cannot fold (the trainer then calls ``clip_grad_norm_``): a parameter with a gradient
-the optimizer does not step, or one the engine does not take (a rule it does not cover, FSDP2
-shards, a dtype other than float32/float64, the engine off), gradients of several dtypes or
-devices. A bucket the engine hands back during the step after all (a kernel that failed to
+the optimizer does not step, or one the engine does not take (a rule it does not cover,
+Newton-Schulz's matrices under FSDP2, a dtype other than float32/float64, the engine off),
+gradients of several dtypes or devices, FSDP2 shards mixed with plain tensors. Under FSDP2 the
+norm pass runs over the local blocks and their sum of squares is all-reduced over the shards'
+group (``_finish_sharded``): the norm returned is the whole model's. A bucket the engine hands back during the step after all (a kernel that failed to
 compile) gets ``coef`` applied as torch would, ``torch._foreach_mul_``, before the other paths
 step it; ``zero_grad`` drops a fold no step took (a step skipped on the host).
 """
@@ -32,11 +34,14 @@ import logging
 from collections.abc import Iterable
 
 import torch
+import torch.distributed as dist
 
+from optim import sharded
 from optim.engine import layout as L
 from optim.engine.availability import wanted as engine_wanted
 from optim.engine.state import of as state_of
 from optim.engine.tables import Plan, key
+from optim.sharded import local
 
 log = logging.getLogger("optim.engine")
 EPS = 1e-6  # torch's clip_grad_norm_: max_norm / (total_norm + 1e-6)
@@ -67,20 +72,22 @@ class ClipFoldMixin:
         params = self._clip_params(params)
         engine = state_of(self)
         ident = (tuple(id(p) for p in params), self.fused, engine.off, len(self.param_groups),
-                 tuple(-1 if p.grad is None else p.grad.data_ptr() for p in params))  # fmt: skip
+                 tuple(-1 if p.grad is None else local(p.grad).data_ptr() for p in params))  # fmt: skip
         kept = engine.fold
         if kept is not None and kept[0] == ident:  # the same gradients: no check, no plan key
-            norm, self._clip_fold = _launch(kept[1], float(max_norm))
+            norm, self._clip_fold = _launch(kept[1], float(max_norm), group=kept[2])
             return norm
         reason = self._clip_fold_refusal(params)
         if reason is None:
-            grads = [p.grad for p in params if p.grad is not None]
+            grads = [local(p.grad) for p in params if p.grad is not None]
             plan = _fold(self, grads)
             if plan is None:
                 reason = engine.off
             else:
-                engine.fold = (ident, plan)
-                norm, self._clip_fold = _launch(plan, float(max_norm))
+                shards = [p for p in params if p.grad is not None and sharded.is_sharded(p)]
+                group = sharded.group_of(shards) if shards else None  # FSDP2: all-reduced
+                engine.fold = (ident, plan, group)
+                norm, self._clip_fold = _launch(plan, float(max_norm), group=group)
         if reason != self.__dict__.get("clip_fold_off_reason", "") and (
             reason is None or (params and engine_wanted(self.fused, params[0].device.type))
         ):  # said once, where the engine was asked for
@@ -109,8 +116,14 @@ class ClipFoldMixin:
         set of parameters with gradients (it builds a rule per parameter)."""
         from optim.engine.rules import tensors_fit  # (the rules import the preconditioners)
 
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads or not any(g.numel() for g in grads):
+        with_grads = [p for p in params if p.grad is not None]
+        grads = [local(p.grad) for p in with_grads]  # FSDP2: the local blocks
+        if not grads:
+            return "no gradients"
+        shards = {sharded.is_sharded(p) for p in with_grads}
+        if len(shards) > 1:
+            return "FSDP2 shards and plain tensors among the gradients"
+        if not shards.pop() and not any(g.numel() for g in grads):
             return "no gradients"
         if not tensors_fit(grads):
             return "gradients of several dtypes or devices, or not float32/float64 contiguous"
@@ -165,8 +178,10 @@ def _fold(opt, grads: list[torch.Tensor]):
     return plan
 
 
-def _launch(plan: Plan, max_norm: float, dry: bool = False):
-    """``(norm, coef)``: two launches over the plan's gradients (``dry``: compile only)."""
+def _launch(plan: Plan, max_norm: float, dry: bool = False, group=None):
+    """``(norm, coef)``: two launches over the plan's gradients (``dry``: compile only);
+    FSDP2 (``group``: the shards' process group): the norm pass over the local blocks, then
+    ``_finish_sharded``."""
     from optim.engine.availability import kernels_for
     from optim.engine.launch import CHUNK
     from optim.engine.loader import Go, tl_dtype, warps
@@ -174,8 +189,23 @@ def _launch(plan: Plan, max_norm: float, dry: bool = False):
     device, dtype = plan.partial.device, plan.partial.dtype
     k, chunk, block, go = kernels_for(device.type), CHUNK[device.type], plan.block, Go(dry=dry)
     out = torch.empty(2, dtype=dtype, device=device)  # new each step: a kept norm stays valid
-    go(k.norm_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.partial, 0.0, plan.partial,
-       DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block, ALIGNED=plan.aligned,
-       REDUCE=False, GSCALE=False, num_warps=warps(block))  # fmt: skip
+    if plan.nblocks:  # (FSDP2: a rank may hold no element of any gradient)
+        go(k.norm_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.partial, 0.0,
+           plan.partial, DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block,
+           ALIGNED=plan.aligned, REDUCE=False, GSCALE=False, num_warps=warps(block))  # fmt: skip
+    if group is not None:
+        return None if dry else _finish_sharded(plan, max_norm, group)
     go(k.finish_clip_kernel, (1,), plan.partial, plan.nblocks, out, max_norm, EPS, CHUNK=chunk)
     return out[0], out[1]
+
+
+def _finish_sharded(plan: Plan, max_norm: float, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """``finish_clip_kernel``'s norm and factor where the gradients are FSDP2 shards: the
+    local blocks' sum of squares all-reduced over ``group`` (one small all-reduce, no host
+    read), then the norm and ``min(1, max_norm / (norm + eps))`` as torch computes them."""
+    total = plan.partial[: plan.nblocks].sum().reshape(1)
+    dist.all_reduce(total, group=group)
+    norm = total.sqrt()
+    coef = (norm + EPS).reciprocal() * max_norm  # torch's ``max_norm / x``: reciprocal, times
+    coef = torch.where(coef > 1.0, torch.ones_like(coef), coef)  # a NaN kept, as torch's clamp
+    return norm[0], coef[0]
