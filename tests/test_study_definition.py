@@ -5,6 +5,8 @@ are refused in one line, and `run`/`publish` restore, order and publish as the s
 
 import argparse
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -271,3 +273,23 @@ def test_a_stop_names_the_study_command_that_continues(tmp_path, monkeypatch):
         f"(part a); the same command continues: python -m study run {yaml_file} --jobs 3"
     )
     assert not (tmp_path / "results" / "s" / "a" / "report.md").read_text().startswith("report")
+
+
+def test_compare_runs_the_comparisons_whose_published_files_are_there(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(parts.compare, "main", lambda argv: calls.append(argv) or 0)
+    for name in ("headline", "batch"):
+        pub = tmp_path / "results" / "referee" / name
+        pub.mkdir(parents=True)
+        (pub / "results.csv").write_text("optimizer\n")
+    assert parts.main(["compare", "referee"], root=tmp_path) == 0
+    assert calls == [SCRIPT_COMPARE[3]]  # batch alone: the others wait for ladder, widthinit
+
+
+def test_python_m_study_dispatches_the_study_commands_and_keeps_the_flags():
+    out = subprocess.run([sys.executable, "-m", "study", "run", "nope"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1 and out.stderr.startswith("study: no study 'nope'")
+    out = subprocess.run([sys.executable, "-m", "study", "--jobs", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "study: --jobs 0: at least 1" in out.stderr
