@@ -157,10 +157,16 @@ def _build(data: object, runs_root: Path | None) -> Definition:
     if not isinstance(study, str) or not _NAME.fullmatch(study):
         raise DefinitionError(f"study: {study!r}: a lower-case name, e.g. study: referee")
     defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise DefinitionError("defaults: a mapping of a part's keys, e.g. defaults: {models: [m]}")
     parts = {}
     for name, values in data["parts"].items():
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise DefinitionError(f"part {name!r}: a lower-case name, e.g. ladder-up")
+        if not isinstance(values or {}, dict):
+            raise DefinitionError(
+                f"part {name}: a mapping of its keys, e.g. {name}: {{budgets: [1]}}"
+            )
         parts[name] = _part(study, name, {**defaults, **(values or {})}, runs_root)
     definition = Definition(study, parts, compare=data.get("compare") or {})
     definition.order = _order(data.get("order"), parts)
@@ -217,21 +223,25 @@ def _order(items: object, parts: dict[str, Part]) -> list[tuple[str, bool]]:
     """``order``'s (part, main budgets only) pairs; every part after the parts it starts from."""
     if items is None:
         return [(name, False) for name in parts]
-    out = []
-    for item in items if isinstance(items, list) else [items]:
-        name, main_only = (item.get("part"), bool(item.get("main_only"))) if isinstance(
-            item, dict) else (item, False)  # fmt: skip
-        if name not in parts:
+    items = items if isinstance(items, list) else [items]
+    listed = {str(_entry(item)[0]) for item in items}
+    out: list[tuple[str, bool]] = []
+    for item in items:
+        name, main_only = _entry(item)
+        if not isinstance(name, str) or name not in parts:
             raise DefinitionError(f"order: {item!r}: not a part ({', '.join(parts)})")
-        early = [d for d in parts[name].starts_from() if d not in {n for n, _ in out}]
-        if any(d in {n for n, _ in _pairs(items)} for d in early):
+        early = [d for d in parts[name].starts_from() if d in listed - {n for n, _ in out}]
+        if early:
             raise DefinitionError(f"order: {name} starts from {early[0]}: put {early[0]} first")
         out.append((name, main_only))
     return out
 
 
-def _pairs(items: list) -> list[tuple[str, bool]]:
-    return [(i.get("part"), False) if isinstance(i, dict) else (i, False) for i in items]
+def _entry(item: object) -> tuple[object, bool]:
+    """An ``order`` entry: ``NAME`` or ``{part: NAME, main_only: true}``."""
+    if isinstance(item, dict):
+        return item.get("part"), bool(item.get("main_only"))
+    return item, False
 
 
 def check(definition: Definition) -> None:
