@@ -92,7 +92,9 @@ def run_batch(batch: int, args: argparse.Namespace, *, report_only: bool = False
 
     out, published = args.out / f"b{batch}", args.results / f"b{batch}"
     copy_files(published, out, RESTORED, overwrite=False)  # a fresh clone continues from these
-    argv = study_args(batch, out, args) + (["--report-only"] if report_only else [])
+    argv = study_args(batch, out, args)
+    if report_only:  # a study flag: before the train.py overrides that follow "--"
+        argv.insert(argv.index("--"), "--report-only")
     if report_only and not (out / "results.csv").is_file() and not (out / "runs").is_dir():
         return 0  # nothing has run at this batch yet
     rc = study_main(argv)

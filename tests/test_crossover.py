@@ -213,3 +213,18 @@ def test_delta_gamma_on_a_fake_cell_is_the_paired_mean_with_holm_over_batches(tm
     report = cr.write(tmp_path, [8192, 32768, 131072])
     text = report.read_text()
     assert "| 131,072 | 0 | 0 | 0 | no |" in text and (tmp_path / "crossover.png").is_file()
+
+
+def test_publish_asks_the_study_for_its_report_only(tmp_path, monkeypatch):
+    """--report-only goes before the "--" that starts train.py's overrides (it is a study flag)."""
+    import study.cli
+    from study import crossover
+
+    seen = []
+    monkeypatch.setattr(study.cli, "main", lambda argv: seen.append(argv) or 0)
+    (tmp_path / "runs" / "b8192" / "runs").mkdir(parents=True)
+    args = crossover.parse(["publish", "--out", str(tmp_path / "runs"), "--results",
+                            str(tmp_path / "results"), "--batches", "8192"])  # fmt: skip
+    assert crossover.run_batch(8192, args, report_only=True) == 0
+    argv = seen[0]
+    assert argv.index("--report-only") < argv.index("--") and argv[-1] == "ckpt_every=100"
