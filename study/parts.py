@@ -9,8 +9,8 @@
 published folder) into its run tree where the tree lacks them, so a fresh clone continues from
 the ledgers (study/ledger.py); then runs each part (the parts named, in the definition's order;
 none named: its ``order``) through ``python -m study`` (or ``python -m study.factorial``) and
-publishes it. ``--report-only`` rewrites the reports of the parts that have run, publishing
-nothing; ``publish`` does that, then copies each part's files into its published folder.
+publishes it. ``--report-only`` rewrites the reports of the parts that have run (none named:
+every part, each once), publishing nothing; ``publish`` does that, then copies each part's files into its published folder.
 ``compare`` writes the definition's comparisons from the published files. Paths are read from
 the checkout's root (the definitions name them from there), whatever the working directory.
 """
@@ -119,7 +119,9 @@ def run(definition: Definition, args: argparse.Namespace) -> int:
                "dry_run": args.dry_run, "allow_dirty": args.allow_dirty,
                "report_only": report_only}  # fmt: skip
     restore(definition)
-    for name, main_only in defs.ordered(definition, args.part):
+    # a report or publish without --part: every part once, whole (the order's staging is for runs)
+    wanted = args.part or (list(definition.parts) if report_only else [])
+    for name, main_only in defs.ordered(definition, wanted):
         part = definition.parts[name]
         if report_only and not ran(part):
             log.info("part %s has not run (no ledger or runs in %s): nothing to report",

@@ -296,3 +296,22 @@ def test_python_m_study_dispatches_the_study_commands_and_keeps_the_flags():
     out = subprocess.run([sys.executable, "-m", "study", "--jobs", "0"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1 and "study: --jobs 0: at least 1" in out.stderr
+
+
+def test_publish_without_parts_reports_every_part_once_whole(tmp_path, monkeypatch):
+    """As the script's publish: every part in the file's order, ladder-up once and with its
+    reference budgets (the order's staging is for runs), the factorial too."""
+    calls = []
+
+    def fake(part, definition, options, main_only):
+        calls.append((part.name, main_only, options["report_only"]))
+        return 0
+
+    monkeypatch.setattr(parts, "run_part", fake)
+    for name in ("headline", "factorial", "ladder", "ladder-up", "widthinit", "batch"):
+        (
+            tmp_path / "runs" / ("referee" if name == "headline" else f"referee-{name}") / "runs"
+        ).mkdir(parents=True)
+    assert parts.main(["publish", "referee"], root=tmp_path) == 0
+    assert calls == [(n, False, True) for n in ("headline", "factorial", "ladder", "ladder-up",
+                                                "widthinit", "batch")]  # fmt: skip
