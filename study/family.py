@@ -25,6 +25,7 @@ from pathlib import Path
 from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.results import read_csv
 from study.tables import REFERENCE, eval_losses
+from study.variant import Variant
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ["headline", "ladder", "ladder-up", "widthinit", "batch", "factorial"]
@@ -79,7 +80,8 @@ def factorial_tests(cells: dict) -> list[dict]:
     (_o, model, budget), mars = next(iter(base.items()))
     out = []
     for (opt, m, b), seeds in sorted(cells.items()):
-        if (m, b) == (model, budget) and opt.startswith("mars-adamw:"):
+        variant = Variant.parse(opt)
+        if (m, b) == (model, budget) and variant.base == "mars-adamw" and variant.options:
             t = _test("factorial", f"factorial: {opt} - mars-adamw", mars, seeds)
             if t:
                 out.append(t)
