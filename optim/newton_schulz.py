@@ -105,9 +105,10 @@ def _sharded(us: Tensors, *, dtype: torch.dtype | None, cast_back: bool, **kw) -
     for i, o in zip(rest, orthogonalise([us[i] for i in rest], dtype=dtype, cast_back=cast_back,
                                         **kw) if rest else []):  # fmt: skip
         out[i] = o
+    divisor = kw.pop("divisor")  # applied to the blocks before they travel (optim/sharded.py)
     kw = {**kw, "distributed": False}  # the owner's matrices: on the owner only
     results = sharded.orthogonalise_sharded(
-        [us[i] for i in idx], lambda xs: orthogonalise(xs, dtype=dtype, **kw), dtype
+        [us[i] for i in idx], lambda xs: orthogonalise(xs, dtype=dtype, **kw), dtype, divisor
     )
     for i, r in zip(idx, results):
         out[i] = r.to(us[i].dtype) if cast_back else r

@@ -9,10 +9,12 @@ cut as ``torch.chunk`` cuts it; a rank may hold no rows). The core (optim/core.p
   foreach, per-tensor and compiled paths see plain tensors;
 - computes what needs the whole tensor over the whole tensor: the norms of the ``tensor`` and
   ``global`` clips are a local sum of squares all-reduced over the mesh (``clip_sharded_``);
-- gives Newton-Schulz whole matrices: each matrix is gathered to one owner rank (``owners``:
-  largest first, to the least-loaded rank), orthogonalised there (batched by shape) and
-  scattered back (``orthogonalise_sharded``), so the work is split over the ranks, and the scale
-  rules read the full shape (a DTensor's ``shape`` is the global one).
+- gives Newton-Schulz whole matrices: each matrix has one owner rank (``owners``: largest
+  first, to the least-loaded rank); per batch of same-shape matrices one all-to-all in the
+  Newton-Schulz dtype brings the row blocks to their owners, which orthogonalise them (batched)
+  and one more sends the results' row blocks back (``orthogonalise_sharded``), so the work is
+  split over the ranks, and the scale rules read the full shape (a DTensor's ``shape`` is the
+  global one).
 
 Anything else (a 2-D mesh as HSDP, ``Shard(1)``, ``Replicate``, parameters on two meshes) is
 refused with a ValueError naming it. Plain tensors take the unchanged path. docs/fsdp-optimizers.md.
@@ -136,58 +138,61 @@ def owners(shapes: list[tuple[int, ...]], world: int) -> list[int]:
     return out
 
 
-def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
-    """``x`` (contiguous) with zero rows appended up to ``rows``."""
-    if x.shape[0] == rows:
-        return x.contiguous()
-    out = x.new_zeros((rows, *x.shape[1:]))
-    out[: x.shape[0]].copy_(x)
-    return out
-
-
-def _wait(works: list) -> None:
-    for w in works:
-        if w is not None:
-            w.wait()
-
-
 def orthogonalise_sharded(us: list, ortho: Callable[[Tensors], Tensors],
-                          dtype: torch.dtype | None) -> list:  # fmt: skip
-    """``ortho`` of each whole matrix of the DTensors ``us`` (Shard(0)), split over the ranks;
-    ``ortho`` returns each result in ``dtype`` (None: the matrix's own dtype).
+                          dtype: torch.dtype | None, divisor: float | None = None) -> list:  # fmt: skip
+    """``ortho`` of each whole matrix ``u / divisor`` of the DTensors ``us`` (Shard(0)), split
+    over the ranks; ``ortho`` (given no divisor) returns each result in ``dtype`` (None: the
+    matrix's own dtype).
 
-    Each matrix's row blocks are gathered (padded to ``ceil(rows / W)`` rows) to its owner
-    (``owners``), the owner runs ``ortho`` on all its whole matrices in one call (batched by
-    shape there) and scatters each result's row blocks back. Returns DTensors laid out as ``us``.
-    Every rank takes part in every gather and scatter; they are started together and waited on.
+    Each matrix has an owner (``owners``). Per batch of same-shape matrices, one
+    ``all_to_all_single`` sends every rank's row block of each matrix (padded to
+    ``ceil(rows / W)`` rows, divided and cast to ``dtype`` first: bf16 by default, half the
+    bytes, and the bits Newton-Schulz's own cast would make) to its owner; the owner runs
+    ``ortho`` on all its whole matrices of the batch in one call, and one more all-to-all sends
+    each rank its row block of every result. Two collectives per shape a step (not a gather and a
+    scatter per matrix). Returns DTensors laid out as ``us``; every rank takes part in each.
     """
     group = group_of(us)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     own = owners([tuple(u.shape) for u in us], world)
-    chunks = [math.ceil(u.shape[0] / world) for u in us]
-    full: dict[int, Tensors] = {}
-    works, sent = [], []  # ``sent``: each block stays alive until its gather is waited on
+    out: list = [None] * len(us)
+    batches: dict[tuple, list[int]] = {}
     for i, u in enumerate(us):
-        mine = own[i] == rank
-        if mine:
-            full[i] = [torch.empty((chunks[i], *u.shape[1:]), dtype=u.dtype, device=u.device)
-                       for _ in range(world)]  # fmt: skip
-        sent.append(_padded(local(u), chunks[i]))
-        works.append(dist.gather(sent[-1], full.get(i), group=group,
-                                 dst=dist.get_global_rank(group, own[i]), async_op=True))  # fmt: skip
-    _wait(works)
-    idx = sorted(full)
-    results = dict(zip(idx, ortho([torch.cat(full[i])[: us[i].shape[0]] for i in idx])))
-    outs, works, sent = [], [], []
-    for i, u in enumerate(us):
-        blocks = None
-        if i in results:
-            assert results[i].dtype == (dtype or u.dtype), "ortho returned another dtype"
-            blocks = list(_padded(results[i], chunks[i] * world).chunk(world))
-            sent.append(blocks)
-        outs.append(torch.empty((chunks[i], *u.shape[1:]), dtype=dtype or u.dtype,
-                                device=u.device))  # fmt: skip
-        works.append(dist.scatter(outs[-1], blocks, group=group,
-                                  src=dist.get_global_rank(group, own[i]), async_op=True))  # fmt: skip
-    _wait(works)
-    return [whole(o[: local(u).shape[0]], u) for o, u in zip(outs, us)]
+        batches.setdefault((tuple(u.shape), u.dtype), []).append(i)
+    for idx in batches.values():
+        for i, r in zip(idx, _batch([us[i] for i in idx], [own[i] for i in idx], rank, world,
+                                    group, ortho, dtype, divisor)):  # fmt: skip
+            out[i] = r
+    return out
+
+
+def _batch(us: list, own: list[int], rank: int, world: int, group, ortho, dtype, divisor) -> list:
+    """``orthogonalise_sharded`` for matrices of one shape: there, then back (two all-to-alls)."""
+    rows, cols = us[0].shape
+    chunk, wire = math.ceil(rows / world), dtype or us[0].dtype
+    dest = [[j for j, o in enumerate(own) if o == r] for r in range(world)]  # by owner
+    order = [j for d in dest for j in d]
+    send = torch.zeros((len(us) * chunk, cols), dtype=wire, device=local(us[0]).device)
+    for k, j in enumerate(order):  # each block where its owner's share of the buffer starts
+        block = local(us[j]) if divisor is None else local(us[j]) / divisor
+        send[k * chunk : k * chunk + block.shape[0]].copy_(block)
+    mine = len(dest[rank])
+    recv = send.new_empty((world * mine * chunk, cols))
+    dist.all_to_all_single(recv, send, [mine * chunk] * world, [len(d) * chunk for d in dest],
+                           group=group)  # fmt: skip
+    whole_rows = (
+        recv.view(world, mine, chunk, cols).transpose(0, 1).reshape(mine, world * chunk, cols)
+    )
+    results = ortho(list(whole_rows[:, :rows].unbind(0))) if mine else []
+    back = send.new_zeros((world, mine, chunk, cols))
+    for j, r in enumerate(results):
+        assert r.dtype == wire, "ortho returned another dtype"
+        padded = r.new_zeros((world * chunk, cols))
+        padded[:rows].copy_(r)
+        back[:, j].copy_(padded.view(world, chunk, cols))  # each rank's row block, in its place
+    got = send.new_empty((len(us) * chunk, cols))
+    dist.all_to_all_single(got, back.view(-1, cols), [len(d) * chunk for d in dest],
+                           [mine * chunk] * world, group=group)  # fmt: skip
+    at = {j: k for k, j in enumerate(order)}
+    return [whole(got[at[j] * chunk : at[j] * chunk + local(u).shape[0]], u)
+            for j, u in enumerate(us)]  # fmt: skip
