@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import math
 from pathlib import Path
 
@@ -70,12 +71,16 @@ def write_curves(curves: dict[str, list[dict]], path: Path) -> None:
     def fmt(v: object) -> object:
         return f"{v:.6g}" if isinstance(v, float) else ("" if v is None else v)
 
-    with gzip.open(path, "wt", newline="") as f:
+    # mtime 0 and no file name in the gzip header: the same curves give the same bytes
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        f = io.TextIOWrapper(gz, newline="")
         w = csv.DictWriter(f, fieldnames=COLUMNS, restval="")
         w.writeheader()
         for run_dir, records in curves.items():
             for r in records:
                 w.writerow({k: fmt(v) for k, v in {"run_dir": run_dir, **r}.items()})
+        f.flush()
+        f.detach()
 
 
 def read_curves(path: Path) -> dict[str, list[dict]]:

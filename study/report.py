@@ -271,12 +271,11 @@ def write_report(
     rows = read_csv(out / "results.csv")
     floors["collapse_floor"] = floor
     complete = all(s.done for s in study.states.values())
-    start = out / "started.txt"
-    wall = ""
-    if start.is_file():
-        import time
-
-        wall = f"; wall time since the study started: {(time.time() - float(start.read_text())) / 60:.1f} min"
+    # the runs' own time, read from the ledger (not the time since the study started: a report
+    # made again from the same ledger is then the same, byte for byte)
+    spent = sum(r["wall_s"] for r in rows if isinstance(r.get("wall_s"), float)
+                and math.isfinite(r["wall_s"]))  # fmt: skip
+    wall = f"; the runs' own time: {spent / 3600:.1f} h of one process each" if spent else ""
     figures: list[str] = []
     if rows:
         if curves_figure(rows, read_curves(out / "curves.csv.gz"), floors, study.plan.budgets,

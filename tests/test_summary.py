@@ -3,9 +3,9 @@
 
 import csv
 
+from analysis.colours import COLOURS, colour_of
 from helpers import ROOT
 from study import summary
-from analysis.colours import COLOURS, colour_of
 
 
 def test_the_readmes_table_is_generated_from_the_ledgers():
