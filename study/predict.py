@@ -2,7 +2,7 @@
 crossover"; the estimators: study/gradstats.py).
 
     python -m study.predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
-                            [--warm 6] [--pairs 5] [--noise-k 16] [--common 0]
+                            [--warm 6] [--pairs 5] [--noise-k 16 --noise-rounds 4] [--common 0]
                             [--kappa K] [--threads 1] [--json FILE] [--figure FILE]
     python -m study.predict LEDGER.csv:RUN_ID    # a run of a ledger (its recorded command)
     python -m study.predict -- OVERRIDES...      # a run given by its train.py overrides
@@ -15,10 +15,11 @@ optimizer state there (the run continues unchanged after each probe):
   run's lr there: ``--warm`` steps to let its state settle at that batch, then ``--pairs``
   consecutive pairs of minibatch gradients: their cosine, and the correction's signal-to-noise
   ratio ``SNR(B) = B E|g_t - g_{t-1}|^2 / (2 tr(Sigma)) - 1`` (study/gradstats.py);
-- the gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` (tokens), from the squared norms of
-  all those minibatch gradients (and ``--noise-k`` micro-batch ones at the weights themselves)
-  against 1/B; with ``--common N``, ``|dG|^2`` measured directly on two common batches of N
-  micro-batches as a check;
+- the gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` (tokens) at the weights themselves,
+  from ``--noise-rounds`` x ``--noise-k`` micro-batch gradients and each round's mean (the
+  SNR needs ``tr(Sigma)`` only, the robust half of it; ``|G|^2`` is small beside
+  ``tr(Sigma)/B`` on this proxy, so ``B_simple`` is the noisier figure); with ``--common N``,
+  ``|dG|^2`` measured directly on two common batches of N micro-batches as a check;
 - the predicted crossover: where SNR passes 1 and the cosine is clearly positive (mean minus
   1.645 standard errors above 0), the larger of the two.
 
@@ -100,8 +101,11 @@ def probe_phase(probe: Probe, args: argparse.Namespace) -> dict:
 
     t, cfg = probe.trainer, probe.cfg
     snap = probe.snapshot()
-    fixed = gradstats.AlongRun(probe.per_micro)  # micro-batch gradients at the weights themselves
-    fixed.g2 = [float(g @ g) for g in (probe.grad_on(probe.fresh(1)) for _ in range(args.noise_k))]
+    # tr(Sigma) at the weights themselves: the ladder's own gradients are taken along different
+    # trajectories, whose |G|^2 differs by more than tr(Sigma)/B on this proxy (a fit of them
+    # against 1/B came out negative)
+    noise = gradstats.noise_scale(lambda: probe.grad_on(probe.fresh(1)), small=probe.per_micro,
+                                  k=args.noise_k, rounds=args.noise_rounds)  # fmt: skip
     common = [probe.fresh(args.common), probe.fresh(args.common)] if args.common else None
     lr = optim.apply_schedule(t.optimizer, t.state.step, cfg.schedule, cfg.max_steps)
     rows = []
@@ -112,7 +116,6 @@ def probe_phase(probe: Probe, args: argparse.Namespace) -> dict:
         rows.append(gradstats.along_run(batch, lambda b=batch: probe.step_at(b), read,
                                         warm=args.warm, pairs=args.pairs))  # fmt: skip
     probe.restore(snap)
-    noise = gradstats.fit_noise([*rows, fixed] if fixed.g2 else rows)
     kappa = args.kappa if args.kappa is not None else 0.0
     return {
         "step": t.state.step, "lr": lr, "trace_per_token": noise.trace, "g2": noise.g2,
@@ -155,7 +158,7 @@ def probe_run(overrides: list[str], args: argparse.Namespace) -> dict:
     return {"overrides": overrides, "batch_tokens": cfg.batch_tokens, "steps": cfg.max_steps,
             "kappa": args.kappa, "micro_batch_tokens": per_micro, "warm": args.warm,
             "pairs": args.pairs, "common_micro_batches": args.common, "noise_k": args.noise_k,
-            "phases": phases,
+            "noise_rounds": args.noise_rounds, "phases": phases,
             "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
 
 
@@ -217,8 +220,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--common", type=int, default=0,
                     help="micro-batches per common batch for the direct |dG|^2 check (0: none)")  # fmt: skip
     ap.add_argument("--noise-k", type=int, default=16,
-                    help="micro-batch gradients at the weights themselves, beside the ladder's, "
-                    "for the noise scale (0: the ladder's alone)")  # fmt: skip
+                    help="micro-batch gradients per round of the noise scale, at the weights "
+                    "themselves (each round's mean is the larger batch)")  # fmt: skip
+    ap.add_argument("--noise-rounds", type=int, default=4)
     ap.add_argument("--kappa", type=float, default=None,
                     help="the correction's kappa for the inflation column (default: the run's; "
                     "0.475 is MARS's at gamma 0.025, beta1 0.95)")  # fmt: skip
@@ -231,8 +235,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         ap.error("give a RUN_DIR, or a run's train.py overrides after --")
     checks = [("--at", all(0 <= f <= 1 for f in args.at), "fractions in [0, 1]"),
               ("--warm", args.warm >= 0, "0 or more"), ("--pairs", args.pairs >= 1, "1 or more"),
-              ("--common", args.common >= 0, "0 or more"), ("--noise-k", args.noise_k >= 0,
-              "0 or more"), ("--ladder", len(set(args.ladder)) >= 2, "two batches or more"),
+              ("--common", args.common >= 0, "0 or more"), ("--noise-k", args.noise_k >= 2,
+              "2 or more"), ("--noise-rounds", args.noise_rounds >= 1, "1 or more"), ("--ladder", len(set(args.ladder)) >= 2, "two batches or more"),
               ("--threads", args.threads >= 1, "1 or more")]  # fmt: skip
     for name, ok, what in checks:
         if not ok:

@@ -155,7 +155,7 @@ def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, cap
     overrides = ["experiment=study", "optimizer=mars-adamw", "max_steps=4", "batch_tokens=2048"]
     out = tmp_path / "p.json"
     predict.main(["--at", "0.5", "1", "--ladder", "2048", "4096", "--warm", "1", "--pairs", "2",
-                  "--common", "1", "--noise-k", "2", "--json", str(out),
+                  "--common", "1", "--noise-k", "2", "--noise-rounds", "1", "--json", str(out),
                   "--figure", str(tmp_path / "p.png"), "--", *overrides])  # fmt: skip
     import json
 
@@ -173,7 +173,8 @@ def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, cap
         probed.train_step()
         if probed.state.step == 2:
             predict.probe_phase(probe, predict.parse(["--ladder", "2048", "4096", "--warm", "1",
-                                "--pairs", "1", "--noise-k", "2", "--", "x"])[0])  # fmt: skip
+                                "--pairs", "1", "--noise-k", "2", "--noise-rounds", "1", "--",
+                                "x"])[0])  # fmt: skip
     for a, b in zip(plain.raw_model.parameters(), probed.raw_model.parameters()):
         assert torch.equal(a, b)
 
