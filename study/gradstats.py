@@ -17,11 +17,10 @@ that batch, so it is measured along the run at each B.
 The estimators:
 
 - the noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training",
-  appendix A): ``E|g_B|^2 = |G|^2 + tr(Sigma)/B``, so the mean squared norm of the minibatch
-  gradients at several batches, against ``1/B``, is a line whose intercept is ``|G|^2`` and
-  whose slope is ``tr(Sigma)`` (least squares over the ladder's batches, each weighted by its
-  count; ``noise_scale`` is the two-batch form of the same, for planted problems); ``B_simple =
-  tr(Sigma) / |G|^2``;
+  appendix A): ``E|g_b|^2 = |G|^2 + tr(Sigma)/b`` at two batch sizes, ``b`` and ``kb`` (k small
+  batches and their mean) at fixed weights (``noise_scale``), or at several batches along one
+  trajectory (``fit_noise``: a line in 1/B, valid where every batch sees the same ``|G|^2``);
+  ``B_simple = tr(Sigma) / |G|^2``;
 - the correction's signal-to-noise from consecutive minibatch gradients on independent batches:
   ``E|g_t - g_{t-1}|^2 = |dG|^2 + 2 tr(Sigma)/B``, so ``SNR(B) = B E|g_t - g_{t-1}|^2 /
   (2 tr(Sigma)) - 1``: no gradient beyond the ones the optimizer steps with;
