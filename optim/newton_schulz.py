@@ -29,6 +29,8 @@ Moonlight and the official MARS-M compute every matrix on every rank (``distribu
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -67,7 +69,7 @@ def orthogonalise(
         return _sharded(us, steps=steps, eps=eps, dtype=dtype, divisor=divisor, batched=batched,
                         distributed=distributed, fused=fused, cast_back=cast_back)  # fmt: skip
     rank, world = split_world(distributed)
-    own = assign([tuple(u.shape) for u in us], world)
+    own = assign([tuple(u.shape) for u in us], world, merged=fused)
     out: list[torch.Tensor | None] = [None] * len(us)
     pending = []  # the gathers run while the next shape is orthogonalised
     for idx in _same_shape(us, merge_transposed=fused).values():
@@ -174,16 +176,19 @@ def _split(xs, own, rank, world, steps, eps, dtype, divisor, batched, fused=Fals
     return [gathered[where[i]] for i in range(len(xs))], work
 
 
-def assign(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+def assign(shapes: list[tuple[int, ...]], world: int, merged: bool = True) -> list[int]:
     """The owner rank of each matrix under the DDP split: by Newton-Schulz FLOPs, largest
-    first to the least-loaded rank (optim/sharded.py ``owners``); all 0 for one rank."""
-    return sharded.owners(shapes, world) if world > 1 else [0] * len(shapes)
+    first to the least-loaded rank, no rank holding more than its share of a batch
+    (optim/sharded.py ``owners``; ``merged``: a batch is a shape up to transposition, as the
+    fused iteration and the engine's stacks on CUDA batch); all 0 for one rank."""
+    return sharded.owners(shapes, world, merge=merged) if world > 1 else [0] * len(shapes)
 
 
-def rank_flops(shapes: list[tuple[int, ...]], world: int, steps: int = 5) -> list[int]:
+def rank_flops(shapes: list[tuple[int, ...]], world: int, steps: int = 5,
+               merged: bool = True) -> list[int]:  # fmt: skip
     """Each rank's Newton-Schulz FLOPs a step under ``assign`` (what the split costs a rank)."""
     load = [0] * world
-    for shape, r in zip(shapes, assign(shapes, world)):
+    for shape, r in zip(shapes, assign(shapes, world, merged)):
         load[r] += sharded.ns_flops(shape, steps)
     return load
 
@@ -192,3 +197,19 @@ def _all_gather(out: torch.Tensor, local: torch.Tensor):
     """Start gathering every rank's ``local`` into ``out``; returns the work handle to wait on."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(out, local, async_op=True)
+
+
+def split_traffic(shapes: list[tuple[int, int]], world: int, *, merged: bool,
+                  itemsize: int = 2) -> list[dict]:  # fmt: skip
+    """The DDP split's collectives a step, from the assignment (no process needed): one
+    all-gather per batch (per shape, or with ``merged`` per shape up to transposition, as the
+    fused iteration and the engine's stacks batch), each rank sending its ``k`` slots of
+    ``rows * cols`` elements of ``itemsize`` bytes (bf16: 2) and receiving ``world`` times that.
+    One dict per all-gather: its shape, ``k``, ``sent`` and ``received`` bytes per rank."""
+    own, out = assign(shapes, world, merged), []
+    for (shape, _, _), idx in _same_shape([torch.empty(s, device="meta") for s in shapes],
+                                          merge_transposed=merged).items():  # fmt: skip
+        k = max(sum(1 for i in idx if own[i] == r) for r in range(world))
+        sent = k * math.prod(shape) * itemsize
+        out.append({"shape": shape, "k": k, "sent": sent, "received": world * sent})
+    return out

@@ -124,17 +124,23 @@ def ns_flops(shape: tuple[int, ...], steps: int = 5) -> int:
     return steps * (4 * m * m * n + 2 * m**3)
 
 
-def owners(shapes: list[tuple[int, ...]], world: int) -> list[int]:
+def owners(shapes: list[tuple[int, ...]], world: int, merge: bool = False) -> list[int]:
     """The rank that orthogonalises each matrix: largest cost (``ns_flops``) first, each to the
-    least-loaded rank (ties: the lower index, the lower rank): the greedy longest-first
-    schedule, within 4/3 of the best makespan. The same on every rank: it depends on the
-    global shapes and their order only. Used for FSDP2's owners and DDP's split
-    (optim/newton_schulz.py)."""
+    least-loaded rank (ties: the lower index, the lower rank) among those holding fewer than
+    ``ceil(n / world)`` of its batch (``n`` the batch's matrices; a batch: one shape, with
+    ``merge`` one shape up to transposition), so that no batch's collective is padded beyond
+    what its count needs (every rank sends as many slots as the fullest rank holds). The same on
+    every rank: it depends on the global shapes and their order only. Used for FSDP2's owners
+    and DDP's split (optim/newton_schulz.py)."""
     cost = [ns_flops(s) for s in shapes]
-    load, out = [0] * world, [0] * len(shapes)
+    batch = [tuple(sorted(s)) if merge else tuple(s) for s in shapes]
+    cap = {b: -(-batch.count(b) // world) for b in set(batch)}
+    load, held, out = [0] * world, {}, [0] * len(shapes)
     for i in sorted(range(len(shapes)), key=lambda i: (-cost[i], i)):
-        r = min(range(world), key=lambda r: (load[r], r))
+        free = [r for r in range(world) if held.get((batch[i], r), 0) < cap[batch[i]]]
+        r = min(free, key=lambda r: (load[r], r))
         out[i], load[r] = r, load[r] + cost[i]
+        held[(batch[i], r)] = held.get((batch[i], r), 0) + 1
     return out
 
 
@@ -196,3 +202,20 @@ def _batch(us: list, own: list[int], rank: int, world: int, group, ortho, dtype,
     at = {j: k for k, j in enumerate(order)}
     return [whole(got[at[j] * chunk : at[j] * chunk + local(u).shape[0]], u)
             for j, u in enumerate(us)]  # fmt: skip
+
+
+def all_to_all_traffic(shapes: list[tuple[int, int]], world: int, itemsize: int = 2) -> list[dict]:
+    """The FSDP2 owners' collectives a step, from the assignment (no process needed): per batch
+    of same-shape matrices two all-to-alls, each rank sending one padded row block
+    (``ceil(rows / W)`` rows) per matrix there and, as an owner, ``W`` blocks per matrix it owns
+    back. One dict per batch: its shape, ``count`` (2), and per rank the most bytes sent."""
+    own, out = owners(shapes, world), []
+    batches: dict[tuple, list[int]] = {}
+    for i, s in enumerate(shapes):
+        batches.setdefault(tuple(s), []).append(i)
+    for shape, idx in batches.items():
+        block = math.ceil(shape[0] / world) * shape[1] * itemsize
+        most = max(sum(1 for i in idx if own[i] == r) for r in range(world))
+        out.append({"shape": shape, "count": 2, "there": len(idx) * block,
+                    "back": most * world * block})  # fmt: skip
+    return out

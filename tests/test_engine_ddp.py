@@ -83,6 +83,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             calls[:] = []
             out[name] = dict(engine=eng, ref=ref, gathers=gathers, ref_gathers=ref_gathers,
                              paths=dict(opt.path_counts), skipped=skipped,
+                             routes=[(n, r.name) for n, r in opt.last_routes],
                              device_skip=opt.device_skip_cost(), fold=opt.can_fold_clip())  # fmt: skip
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
@@ -107,6 +108,8 @@ def test_engine_splits_newton_schulz_over_two_gloo_ranks(tmp_path):
             assert (2, 5, 5) in r["gathers"]  # the lone square: one slot per rank, one empty
         for a, b in zip(results[0][name]["engine"], results[1][name]["engine"]):
             assert torch.equal(a, b), (name, "the ranks differ")
+        routes = [results[r][name]["routes"] for r in range(world)]  # each rank's, the same
+        assert routes[0] == routes[1] and {r for _, r in routes[0]} == {"engine"}, routes
         for a, b in zip(results[0][name]["skipped"], results[1][name]["skipped"]):
             assert torch.equal(a, b), (name, "the ranks differ after a skipped step")
         skipped_ref, _ = run(name, False, flagged=2)

@@ -89,19 +89,23 @@ def gpt2_small_matrices(embeddings: bool) -> list[tuple[int, int]]:
 
 def test_split_balances_gpt2_small_flops_over_8_ranks():
     """FLOPs per rank from the assignment: within 1.3x of the mean for GPT-2 small's matrices on
-    8 ranks; with the tied embedding on Muon (598 GFLOP, more than the mean) its rank holds it
-    alone, the best a whole-matrix split can do, and the other 7 are within 1.3x of theirs."""
+    8 ranks, and no batch padded beyond its count (each rank holds at most ``ceil(n / W)`` of a
+    batch: what the all-gather sends per rank). With the tied embedding on Muon (598 GFLOP, more
+    than the mean) its rank is the busiest, still below the old split's 805 on rank 0."""
     shapes = gpt2_small_matrices(embeddings=False)
-    load = ns.rank_flops(shapes, 8)
-    assert sum(load) == sum(sharded.ns_flops(s) for s in shapes)
-    assert max(load) <= 1.3 * sum(load) / 8, [f / 1e9 for f in load]
+    for merged in (True, False):
+        load = ns.rank_flops(shapes, 8, merged=merged)
+        assert sum(load) == sum(sharded.ns_flops(s) for s in shapes)
+        assert max(load) <= 1.3 * sum(load) / 8, [f / 1e9 for f in load]
     official = gpt2_small_matrices(embeddings=True)
-    own, load = ns.assign(official, 8), ns.rank_flops(official, 8)
     assert round(sharded.ns_flops(official[0]) / 1e9) == 598
-    alone = [r for r in range(8) if own.count(r) == 1 and own[0] == r]
-    assert alone == [own[0]] and max(load) == load[own[0]]
-    rest = [f for r, f in enumerate(load) if r != own[0]]
-    assert max(rest) <= 1.3 * sum(rest) / 7 and max(load) < 805e9  # the old split: 805 on rank 0
+    load = ns.rank_flops(official, 8)
+    assert max(load) == load[ns.assign(official, 8)[0]] < 805e9
+    for shapes_, merged in ((shapes, True), (shapes, False), (official, True)):
+        for g in ns.split_traffic(shapes_, 8, merged=merged):
+            n = sum(1 for s in shapes_ if tuple(sorted(s) if merged else s) ==
+                    tuple(sorted(g["shape"]) if merged else g["shape"]))  # fmt: skip
+            assert g["k"] == -(-n // 8), g  # the fewest slots a rank can send
 
 
 def test_assign_is_a_function_of_the_shapes_and_one_rank_owns_all():

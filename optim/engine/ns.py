@@ -86,7 +86,7 @@ class Stacks:
         for i, p in enumerate(params):
             m, n = p.shape
             by_shape.setdefault((n, m) if merge and m > n else (m, n), []).append(i)
-        own = assign([tuple(p.shape) for p in params], world)
+        own = assign([tuple(p.shape) for p in params], world, merged=merge)
         self.out: list = [None] * len(params)  # each matrix's slice of its stack
         self.tcols = [0] * len(params)  # the pre-pass's C_TCOLS: its columns where transposed
         self.stacks: list[Stack] = []
