@@ -57,7 +57,8 @@ def run_fast(opt, buckets: list, foreach: bool, skip, gscale) -> list:
     where the trainer's clip was folded, ``gscale``)."""
     decided = {id(b): decide(opt, b, foreach) for b in buckets}
     taken = [b for b in buckets if decided[id(b)].name == "engine"]
-    handed = engine_path.run(opt, taken, skip, gscale)  # what it handed back, if any
+    whole = len(taken) == len(buckets)  # (only a step wholly on the engine is kept)
+    handed = engine_path.run(opt, taken, skip, gscale, whole=whole)  # what it handed back
     back = {id(h) for h in handed}
     for h in handed:  # (a whole bucket, or SOAP's rotated rest of one)
         decided[id(h)] = decide(opt, h, foreach, engine="handed back by the engine")

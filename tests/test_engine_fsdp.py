@@ -46,9 +46,10 @@ def clip(opt, model) -> tuple[torch.Tensor, bool]:
 
 
 def train(case: str, wrap) -> tuple[dict, dict, int, list]:
-    """STEPS trainer steps of ``case`` on the engine; the whole parameters, the paths taken, the
-    all-reduces of the step's clips (counted by a wrapper of ``dist.all_reduce``) and the
-    global clip's norms with whether each folded."""
+    """STEPS trainer steps of ``case`` on the engine (``zero_grad(set_to_none=False)``: the
+    gradients keep their addresses, so the launch list is kept); the whole parameters, the paths
+    taken and the lists built, the all-reduces of the step's clips (counted by a wrapper of
+    ``dist.all_reduce``) and the global clip's norms with whether each folded."""
     from optim.engine import launch
 
     torch.manual_seed(0)
@@ -63,12 +64,13 @@ def train(case: str, wrap) -> tuple[dict, dict, int, list]:
             forward_backward(run, t)
             norms.append(clip(opt, model))
             opt.step()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=False)  # (the gradients stay where they are)
     finally:
         launch.dist.all_reduce = real
     whole = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
              for n, p in model.named_parameters()}  # fmt: skip
-    return whole, dict(opt.path_counts), len(reduces), norms
+    paths = {**opt.path_counts, "built": opt.engine_state.programs_built}  # (lists kept)
+    return whole, paths, len(reduces), norms
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -95,6 +97,10 @@ def test_engine_on_fsdp_shards_equals_ddp_on_two_gloo_ranks(tmp_path):
             for n in d:
                 torch.testing.assert_close(f[n], d[n], rtol=1e-12, atol=1e-14, msg=(case, n))
                 assert torch.equal(f[n], results[0][case]["fsdp"][0][n]), (case, n, "ranks")
+            # gradients that stay where they are: one launch list, kept, unless a bucket is off
+            # the engine (MARS-M's matrices under FSDP2)
+            built = paths.pop("built"), ddp_paths.pop("built")
+            assert built == ((0 if case == "mars-m" else 1), 1), (case, built)
             assert paths.get("engine", 0) >= STEPS, (case, paths)
             if case == "mars-m":  # its matrices on the owners' path, its Adam part on the engine
                 eager = set(paths) - {"engine"}  # (the CPU's default: the loop)

@@ -16,11 +16,13 @@ from test_engine import (  # noqa: E402
     SCALES,
     TOL,
     assert_same,
+    core,
     make_params,
     small_blocks,  # noqa: F401  (the autouse fixture: 16-element blocks)
 )
 
 from optim import MARS, MARS_M, Muon  # noqa: E402
+from optim.soap import SoapOptions  # noqa: E402
 
 pytestmark = pytest.mark.engine
 MAX_NORM = 3.0
@@ -166,3 +168,27 @@ def test_a_skip_flag_builds_its_own_launch_list_and_exact_mode_keeps_none():
         grads_in_place(exact_p, t)
         exact.step()
     assert built(exact) == 0 and exact.engine_state.program is None
+
+
+class OwnCorrection(MARS):
+    """MARS with a subclass's correction: its MARS bucket is not the engine's, its 1-D AdamW is."""
+
+    correction = staticmethod(lambda g, ref, kappa: g + kappa * (g - ref))
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps, f: OwnCorrection(ps, lr=1e-2, fused=f),
+    core("soap", SoapOptions(precondition_frequency=2)),
+], ids=["subclass-correction", "soap"])  # fmt: skip
+def test_a_step_partly_off_the_engine_keeps_no_launch_list(make):
+    """A bucket the engine does not take (a subclass's correction; SOAP's rotated matrices) beside
+    one it takes. With gradients that stay where they are, a kept list would run the engine's
+    part alone: none is kept, and every step equals foreach (the other buckets stepped too)."""
+    ref_p, eng_p = make_params(), make_params()
+    ref, eng = make(ref_p, False), make(eng_p, "engine")
+    for t in range(4):
+        for ps, opt in ((ref_p, ref), (eng_p, eng)):
+            grads_in_place(ps, t)
+            opt.step()
+    assert eng.path_counts == {"engine": 4, "foreach": 4} and built(eng) == 0
+    assert_same(ref_p, ref, eng_p, eng, TOL)

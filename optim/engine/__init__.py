@@ -36,9 +36,12 @@ __all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "r
            "unavailable_reason", "usable", "wanted"]  # fmt: skip
 
 
-def run(opt, buckets: list, skip: torch.Tensor | None, gscale: torch.Tensor | None = None) -> list:
+def run(opt, buckets: list, skip: torch.Tensor | None, gscale: torch.Tensor | None = None,
+        *, whole: bool = False) -> list:  # fmt: skip
     """Step the buckets the engine covers; returns the others (for the compiled/eager paths).
-    ``gscale``: the trainer's global clip folded into the step (optim/engine/clip.py), or None."""
+    ``gscale``: the trainer's global clip folded into the step (optim/engine/clip.py), or None.
+    ``whole``: ``buckets`` are every bucket of the step (only then may its launches be kept for
+    the next steps: optim/engine/steady.py)."""
     if not buckets:
         return buckets
     device_type = buckets[0].params[0].device.type
@@ -46,7 +49,7 @@ def run(opt, buckets: list, skip: torch.Tensor | None, gscale: torch.Tensor | No
         return buckets
     from optim.engine import dispatch
 
-    return dispatch.run(opt, buckets, skip, device_type, gscale)
+    return dispatch.run(opt, buckets, skip, device_type, gscale, whole)
 
 
 def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> bool:

@@ -78,9 +78,10 @@ def _global(b) -> bool:
 
 
 def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
-        gscale: torch.Tensor | None = None) -> list:  # fmt: skip
+        gscale: torch.Tensor | None = None, whole: bool = False) -> list:  # fmt: skip
     """Step what the engine covers (optim/engine/launch.py); return the buckets it left
-    (``gscale``: the folded global clip's factor, applied to the gradients it reads)."""
+    (``gscale``: the folded global clip's factor, applied to the gradients it reads;
+    ``whole``: ``buckets`` are all of the step's, so its launches may be kept)."""
     items, rest = [], []
     for b in buckets:
         item, left = split(opt, b)
@@ -105,17 +106,16 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
     for b, _ in items:
         opt.last_paths.append("engine")
         opt._swap_exact(b, skip)
-    keep(opt, items, launches, rest, steady.flags(skip, gscale))
+    keep(opt, items, launches, rest or not whole, steady.flags(skip, gscale))
     return rest
 
 
-def keep(opt, items: list, launches: list, rest: list, flags: tuple) -> None:
+def keep(opt, items: list, launches: list, rest, flags: tuple) -> None:
     """Keep the step's launches for the next steps (optim/engine/steady.py) where it ran wholly
-    on the engine and not in exact mode (whose reference buffers swap every step)."""
+    on the engine (``rest``: falsy; FSDP2 shards included: their local blocks' addresses are
+    checked) and not in exact mode (whose reference buffers swap every step)."""
     exact = not opt.is_approx and any(b.view.get("variance_reduction") for b, _ in items)
-    if (
-        rest or exact or any(_sharded(b) for b, _ in items) or not state_of(opt).keep
-    ):  # (False: bench, before)
+    if rest or exact or not state_of(opt).keep:  # (keep False: a benchmark's "before")
         state_of(opt).program = None
         return
     from optim.core import route  # (the core imports the engine: imported when it runs)

@@ -31,6 +31,8 @@ import dataclasses
 
 import torch
 
+from optim.sharded import local
+
 SCALARS = frozenset({"lr", "weight_decay", "betas", "gamma", "momentum", "initial_lr",
                      "lr_1d_factor", "betas_1d", "weight_decay_1d"})  # fmt: skip
 
@@ -42,13 +44,19 @@ def structure(group: dict) -> dict:
 
 def addresses(opt) -> tuple:
     """What a program's tables and buckets hold of the parameters: per group its identity and
-    per parameter its address, its gradient's address (-1: none) and its state dict's identity."""
+    per parameter its address, its gradient's address (-1: none) and its state dict's identity
+    (FSDP2: the addresses of the local blocks)."""
     state = opt.state
     return tuple(
         (
             id(g),
             tuple(
-                (id(p), p.data_ptr(), -1 if p.grad is None else p.grad.data_ptr(), id(state.get(p)))
+                (
+                    id(p),
+                    local(p).data_ptr(),
+                    -1 if p.grad is None else local(p.grad).data_ptr(),
+                    id(state.get(p)),
+                )
                 for p in g["params"]
             ),
         )  # fmt: skip
@@ -69,7 +77,8 @@ class Program:
         groups = {id(p): g for g in opt.param_groups for p in g["params"]}
         # no gradient kept alive: a freed gradient's block is where the next one is allocated
         lean = {id(b): dataclasses.replace(b, gs=[], cs=[]) for b, _ in items}
-        self.buckets = [(lean[id(b)], groups[id(b.params[0])] if b.shards[0] is None else None)
+        # (FSDP2: the group holds the DTensor, ``shards``; the bucket its local block)
+        self.buckets = [(lean[id(b)], groups[id(b.params[0] if b.shards[0] is None else b.shards[0])])
                         for b, _ in items]  # fmt: skip
         self.launches = launches
         for ln in launches:
@@ -96,8 +105,8 @@ class Program:
         for b, group in self.buckets:
             b.view = self.route(b.params[0], group)[1]
             b.preconditioner.group = b.view
-        for ln in self.launches:
-            ln.gscale, ln.t = gscale, ln.b.states[ln.first]["step"]
+        for ln in self.launches:  # (``owners``: the optimizer's own state dicts)
+            ln.gscale, ln.t = gscale, ln.b.owners[ln.first]["step"]
 
 
 def flags(skip: torch.Tensor | None, gscale: torch.Tensor | None) -> tuple[bool, bool]:
