@@ -74,7 +74,8 @@ def _save(tmp_path, model, dcp: bool):
     opt = torch.optim.AdamW(model.parameters())
     loader = type("L", (), {"state_dict": lambda self: {"consumed": 0}})()
     state = type("S", (), dict(step=1, tokens=0, best_val_loss=None, last_val_loss=None,
-                               last_train_loss=None, skipped_steps=0))()  # fmt: skip
+                               last_train_loss=None, skipped_steps=0, nonfinite_in_a_row=0,
+                               stopped=None, stop_message=None))()  # fmt: skip
     saver = DcpCheckpointer(asynchronous=False) if dcp else None
     ckpt.save_training_state(tmp_path, model, opt, loader, state, config={}, dist=CPU1,
                              keep=0, elapsed=lambda: 0.0, dcp_saver=saver)  # fmt: skip
@@ -189,7 +190,8 @@ def _meter(monkeypatch, clock: list[float], stderr=None) -> tuple[Meter, RunStat
     if stderr is not None:
         monkeypatch.setattr(meter_mod.sys, "stderr", stderr)
     state, records = RunState(), _Records()
-    cfg = TrainConfig(max_steps=10, batch_tokens=1000)
+    cfg = TrainConfig(max_steps=10)
+    cfg.batch_tokens = 1000  # a round count for the meter (no batch is drawn here)
     return Meter(cfg, CPU1, state, records, 1.0, lambda: 0.0), state, records
 
 
