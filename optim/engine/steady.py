@@ -4,8 +4,9 @@ A step through the core (optim/core.py) builds its buckets (a rule per tensor, s
 counts), asks the engine which it takes (``tensors_fit`` over every tensor), and builds a launch
 per bucket and step count (plan keys from every tensor's address): about 2.5 ms of Python a step
 for GPT-2 small's 75 tensors on a busy 2-core CPU, more than torch's fused AdamW with
-``clip_grad_norm_``. Where a step ran wholly on the engine, its launches are kept as a
-``Program``; the next step checks, in one pass over the parameters, that it may run them again:
+``clip_grad_norm_``. Where a step ran wholly on the engine (every bucket of the step: a list
+that left a bucket to another route would skip it), its launches are kept as a ``Program``; the
+next step checks, in one pass over the parameters, that it may run them again:
 
 - the same parameters in the same groups, each at the same address, each with a gradient at
   the same address as when the program was built (or without one where it had none), and the
@@ -21,7 +22,8 @@ this step: a schedule's lr, the bias corrections) and the kept launches run: no 
 ``tensors_fit``, no plan key. Anything else falls back to the full step, which builds a new
 program. Exact mode (its reference buffers swap every step) is not kept. A gradient at the
 same address is taken to keep the dtype and layout it was checked with when the program was
-built (the allocator's and DDP's buckets give it so).
+built (the allocator's and DDP's buckets give it so). FSDP2 shards are kept as plain tensors
+are, by their local blocks' addresses (the clips' all-reduce runs in the kept launches).
 """
 
 from __future__ import annotations
