@@ -1,0 +1,35 @@
+"""Docs tables made from benchmark records (bench/tables.py): every table that follows a
+``<!-- generated: python -m bench.tables PATH -->`` line is what its record makes."""
+
+from pathlib import Path
+
+import pytest
+
+from bench import tables
+
+DOCS = sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md"))
+
+
+def test_every_generated_table_is_its_records():
+    marked = [d for d in DOCS if tables.MARKER.search(d.read_text())]
+    assert {d.name for d in marked} >= {"optim-engine.md", "newton-schulz.md"}
+    assert [line for d in marked for line in tables.stale(d)] == []
+
+
+def test_a_table_typed_over_is_found(tmp_path):
+    rec = "bench/records/collectives-gpt2-small.json"
+    made = tables.table(rec)
+    doc = tmp_path / "x.md"
+    doc.write_text(f"<!-- generated: python -m bench.tables {rec} -->\n{made}")
+    assert tables.stale(doc) == []
+    doc.write_text(
+        f"<!-- generated: python -m bench.tables {rec} -->\n{made.replace('199', '198')}"
+    )
+    assert len(tables.stale(doc)) == 1
+
+
+def test_a_record_of_another_benchmark_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    (tmp_path / "r.json").write_text('{"command": ["python", "-m", "bench.train"]}')
+    with pytest.raises(SystemExit, match="tables are made for"):
+        tables.table("r.json")
