@@ -1,11 +1,12 @@
-"""The engine with Newton-Schulz split over DDP ranks (optim/engine/ns.py), 2 gloo processes on
-the CPU through Triton's interpreter.
+"""The engine with Newton-Schulz split over DDP ranks (optim/engine/ns.py), 2 and 4 gloo
+processes on the CPU through Triton's interpreter.
 
 Every rank holds the same (averaged) gradients, as after DDP's all-reduce. Muon and MARS-M on the
 engine, the trainer's clip folded, each rank orthogonalising the matrices it owns and gathering
 the rest: the same parameters as the foreach path's split with ``clip_grad_norm_`` (float64,
-1e-12), bit for bit the same on both ranks, one all-gather per stack a step, the clip folded and
-the non-finite decision on the device (a flagged step writes nothing). Skipped without triton.
+1e-12), bit for bit the same on every rank, each rank's routes the same, one all-gather per
+stack a step, the clip folded and the non-finite decision on the device (a flagged step writes
+nothing). Skipped without triton.
 """
 
 import pytest
@@ -90,8 +91,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_engine_splits_newton_schulz_over_two_gloo_ranks(tmp_path):
-    world = 2
+@pytest.mark.parametrize("world", [2, 4])
+def test_engine_splits_newton_schulz_over_gloo_ranks(tmp_path, world):
+    """2 and 4 ranks (on 4, every stack leaves some rank an empty slot)."""
     mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name in MAKE:
@@ -105,13 +107,14 @@ def test_engine_splits_newton_schulz_over_two_gloo_ranks(tmp_path):
                 torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-14)
             # CPU ns_fused off: one stack per shape, (4, 6), (6, 4), (5, 5), (7, 3): 4 a step
             assert len(r["gathers"]) == 4 * 4 and r["ref_gathers"] == 4 * 4, r["gathers"]
-            assert (2, 5, 5) in r["gathers"]  # the lone square: one slot per rank, one empty
-        for a, b in zip(results[0][name]["engine"], results[1][name]["engine"]):
-            assert torch.equal(a, b), (name, "the ranks differ")
+            assert (world, 5, 5) in r["gathers"]  # the lone square: one slot a rank, empty but one
+        for other in range(1, world):
+            for a, b in zip(results[0][name]["engine"], results[other][name]["engine"]):
+                assert torch.equal(a, b), (name, "the ranks differ")
+            for a, b in zip(results[0][name]["skipped"], results[other][name]["skipped"]):
+                assert torch.equal(a, b), (name, "the ranks differ after a skipped step")
         routes = [results[r][name]["routes"] for r in range(world)]  # each rank's, the same
-        assert routes[0] == routes[1] and {r for _, r in routes[0]} == {"engine"}, routes
-        for a, b in zip(results[0][name]["skipped"], results[1][name]["skipped"]):
-            assert torch.equal(a, b), (name, "the ranks differ after a skipped step")
+        assert all(r == routes[0] for r in routes) and {r for _, r in routes[0]} == {"engine"}
         skipped_ref, _ = run(name, False, flagged=2)
         for a, b in zip(results[0][name]["skipped"], skipped_ref):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

@@ -52,12 +52,14 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_sharded_newton_schulz_is_two_all_to_alls_per_shape_and_equals_one_process(tmp_path):
-    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_newton_schulz_is_two_all_to_alls_per_shape_and_equals_one_process(tmp_path, world):
+    """On 2 and 4 ranks (on 4, (5, 5) and (1, 6) leave ranks without a row)."""
+    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name, dtype, divisor in (("bf16", torch.bfloat16, 0.1), ("fp32", torch.float32, None)):
         want = orthogonalised(matrices(), dtype, divisor)
-        for rank in range(2):
+        for rank in range(world):
             got, calls = results[rank][name]
             assert calls == [dtype] * 2 * 4, calls  # 4 shapes, there and back, in NS's dtype
             for g, w in zip(got, want):
