@@ -187,6 +187,11 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         check_rule(group)
         check_hyper_schedules(group, where)
 
+    def rule_view(self, p: torch.Tensor, group: dict) -> tuple[str, dict]:
+        """``route(p, group)``: the rule for ``p`` and its group as that rule reads it (the
+        engine's kept launch list asks each step, optim/engine/steady.py)."""
+        return route(p, group)
+
     def _uses_reference(self, p: torch.Tensor, group: dict) -> bool:
         return route(p, group)[1].get("variance_reduction", False)
 

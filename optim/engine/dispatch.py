@@ -118,10 +118,8 @@ def keep(opt, items: list, launches: list, rest, flags: tuple) -> None:
     if rest or exact or not state_of(opt).keep:  # (keep False: a benchmark's "before")
         state_of(opt).program = None
         return
-    from optim.core import route  # (the core imports the engine: imported when it runs)
-
     engine = state_of(opt)
-    engine.program = steady.Program(opt, items, launches, route, flags)
+    engine.program = steady.Program(opt, items, launches, opt.rule_view, flags)
     engine.programs_built += 1
 
 
