@@ -203,7 +203,8 @@ def evaluate(cfg: EvalConfig) -> dict:
 
 def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInfo, dtype) -> None:
     """Say, before any task runs, how many rows each will score and about how long that takes
-    here (evals/estimate.py), and what ``limit=`` makes of a long one."""
+    here (evals/estimate.py), and what ``limit=`` makes of a long one. Every rank calls it
+    (finding the validation shards is a collective); rank 0 says it."""
     block, run = loaded.model.config.block_size, loaded.run_config
     rows, tokens, per_token = {}, {}, {}
     timed = functools.partial(seconds_per_token, loaded.model, dist.device, dtype)
@@ -226,8 +227,9 @@ def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInf
         return
     device = runfiles.cpu_name() if dist.device.type == "cpu" else str(dist.device)
     shares = {k: v / dist.world_size for k, v in per_token.items()}  # each rank scores 1/N
-    for line in plan_lines(rows, tokens, shares, device, cfg.limit):
-        log.info("%s", line)
+    if dist.is_main:
+        for line in plan_lines(rows, tokens, shares, device, cfg.limit):
+            log.info("%s", line)
 
 
 def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
@@ -239,8 +241,7 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
     dtype = resolve_dtype(cfg.dtype, dist.device)
     if dist.device.type == "cpu":
         tune_host_allocator()  # large logits tensors: see runtime/device.py
-    if dist.is_main:
-        announce(cfg, examples, loaded, dist, dtype)
+    announce(cfg, examples, loaded, dist, dtype)  # every rank: it reads the shards collectively
     results, interrupted = {}, None
     for name in cfg.tasks:
         try:

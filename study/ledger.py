@@ -40,8 +40,6 @@ class Ledger:
 
 def load(out: Path) -> Ledger:
     """The ledger in the study folder ``out`` (empty where it has none)."""
-    from study.results import read_csv
-
     ledger = Ledger()
     if (out / RESULTS).is_file():
         with open(out / RESULTS, newline="") as f:
@@ -65,8 +63,6 @@ def split_spec(spec: str) -> tuple[Path, str] | None:
 def ledger_row(spec: str) -> dict:
     """The typed row of ``LEDGER.csv:RUN_ID``, with its recorded command; a one-line
     SystemExit naming what is missing."""
-    from study.results import read_csv
-
     split = split_spec(spec)
     if split is None:
         raise SystemExit(f"{spec}: not LEDGER.csv:RUN_ID")
@@ -86,3 +82,17 @@ def overrides_of(spec: str) -> list[str]:
     import shlex
 
     return shlex.split(ledger_row(spec)["command"])
+
+
+def read_csv(path: Path) -> list[dict]:
+    """results.csv back, numbers as floats (the report reads only this file)."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            for k, v in r.items():
+                try:
+                    r[k] = float(v)
+                except (TypeError, ValueError):
+                    pass
+            rows.append(r)
+    return rows

@@ -12,6 +12,7 @@ from pathlib import Path
 from runtime import runfiles
 from study.curves import collapse_reason, run_curves
 from study.knobs import ran_values
+from study.ledger import read_csv  # noqa: F401 - results.csv's reader, read by the report
 from study.plan import split_variant
 from study.runner import result
 from study.state import FAILED, Study, finished_loss
@@ -160,17 +161,3 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=BASE_COLUMNS + extra + MORE_COLUMNS, restval="")
         w.writeheader()
         w.writerows(rows)
-
-
-def read_csv(path: Path) -> list[dict]:
-    """results.csv back, numbers as floats (the report reads only this file)."""
-    rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            for k, v in r.items():
-                try:
-                    r[k] = float(v)
-                except (TypeError, ValueError):
-                    pass
-            rows.append(r)
-    return rows

@@ -52,7 +52,11 @@ def test_checkpoint_round_trip_and_retention(tmp_path):
 
 def test_bad_checkpoints_are_named(tmp_path):
     path = ckpt.save_checkpoint(tmp_path, 1, _payload(), keep=0)
-    path.write_bytes(path.read_bytes()[:100])  # truncated
+    path.write_bytes(path.read_bytes()[:100])  # truncated: its checksum says so first
+    with pytest.raises(ValueError, match="fails its checksum"):
+        ckpt.load_checkpoint(path)
+    for sidecar in tmp_path.glob("**/*.sha256"):  # a checkpoint written before checksums
+        sidecar.unlink()
     with pytest.raises(ValueError, match="not a readable checkpoint"):
         ckpt.load_checkpoint(path)
     other = tmp_path / "other.pt"
