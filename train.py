@@ -189,7 +189,8 @@ def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
     except Diverged as stop:  # a state, not only a message: a rerun is refused until told
         trainer.record_divergence(stop)
         finish_run(cfg, dist, trainer.state, out_dir, parameters=trainer.raw_model.num_params(),
-                   wall_seconds=time.perf_counter() - start, elapsed_s=trainer.elapsed())  # fmt: skip
+                   wall_seconds=time.perf_counter() - start, elapsed_s=trainer.elapsed(),
+                   routes=optim_routes(trainer.optimizer))  # fmt: skip
         raise
     finally:
         trainer.logger.close()
@@ -197,7 +198,14 @@ def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
         raise Preempted(trainer.stopped_by, trainer.state.step, str(out_dir), resume_command())
     params, wall_s = trainer.raw_model.num_params(), time.perf_counter() - start
     return finish_run(cfg, dist, trainer.state, out_dir, parameters=params, wall_seconds=wall_s,
-                      elapsed_s=trainer.elapsed())  # fmt: skip
+                      elapsed_s=trainer.elapsed(), routes=optim_routes(trainer.optimizer))  # fmt: skip
+
+
+def optim_routes(optimizer) -> dict:  # noqa: ANN001
+    """The routes the optimizer's buckets took in its last step (optim/routes.py)."""
+    from optim.routes import taken
+
+    return taken(optimizer)
 
 
 def register_schemas() -> None:

@@ -103,3 +103,20 @@ def log_changes(opt, routes: list[tuple[str, Route]]) -> None:
     opt._logged_routes = summary
     for name, route, reason in summary:
         log.info("optimizer route: %s -> %s (%s)", name, route, reason)
+
+
+def taken(opt) -> dict:
+    """The routes of the optimizer's last step, for a run's summary: per route, how many
+    buckets took it and why. An optimizer outside the core (torch's AdamW, say) steps its
+    groups itself: its one entry names it and how torch was asked to step."""
+    if not hasattr(opt, "last_routes"):
+        how = [f"{k}={opt.defaults[k]}" for k in ("fused", "foreach") if k in opt.defaults]
+        reason = f"{type(opt).__module__}.{type(opt).__name__} ({', '.join(how) or 'defaults'})"
+        return {"torch": {"buckets": len(opt.param_groups), "reasons": [reason]}}
+    out: dict = {}
+    for _name, route in getattr(opt, "last_routes", None) or []:
+        entry = out.setdefault(route.name, {"buckets": 0, "reasons": []})
+        entry["buckets"] += 1
+        if route.reason not in entry["reasons"]:
+            entry["reasons"].append(route.reason)
+    return out

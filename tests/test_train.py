@@ -44,6 +44,9 @@ def test_tiny_run_writes_files_and_learns(tmp_path, sotu_dir):
     assert {"lr", "tokens_per_s", "grad_norm"} <= set(records[-1]) | set(records[-2])
     saved = json.loads((out / "summary.json").read_text())
     assert saved["steps"] == 16 and saved["final_val_loss"] == pytest.approx(val[-1])
+    routes = saved["optimizer_routes"]  # which code stepped each bucket, and why
+    assert routes and all(r in ("engine", "compiled", "foreach", "loop", "torch") for r in routes)
+    assert all(v["buckets"] >= 1 and v["reasons"] for v in routes.values())
     assert summary["best_val_loss"] == min(val)
     assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 16
 

@@ -132,7 +132,7 @@ def _start_files(out_dir: Path, config_dict: dict, meta: dict, step: int) -> Non
 
 def finish_run(
     cfg: TrainConfig, dist: DistInfo, state: RunState, out_dir: Path, *, parameters: int,
-    wall_seconds: float, elapsed_s: float,
+    wall_seconds: float, elapsed_s: float, routes: dict | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The run's summary, written by rank 0 to ``summary.json``; ``wall_seconds`` is this
     session's, ``elapsed_s`` the run's over all its sessions."""
@@ -154,6 +154,9 @@ def finish_run(
         "nonfinite_in_a_row": state.nonfinite_in_a_row,
         "stopped": state.stopped,  # "diverged": never finished (runtime/runfiles.py)
         "stop_reason": state.stop_message,
+        # the route each of the optimizer's buckets took in the last step, and why
+        # (optim/routes.py): which code a result came from
+        "optimizer_routes": routes or {},
         "out_dir": str(out_dir),
     }
     if diverged:
