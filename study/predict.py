@@ -179,6 +179,12 @@ def print_phase(ph: dict, cfg) -> None:  # noqa: ANN001
           f"{_b(p['cosine_positive_from'])}; predicted crossover: {_b(p['crossover'])}")  # fmt: skip
 
 
+def _relative(name: str) -> str:
+    """A run's spec relative to the checkout where it lies inside it."""
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    return name.replace(root, "")
+
+
 def draw(record: dict, path: Path) -> None:
     import matplotlib
 
@@ -249,12 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(device_line("cpu"))
     record = {"device": device_line("cpu"), "command": ["python", "-m", "study.predict",
-              *(sys.argv[1:] if argv is None else argv)], "runs": []}  # fmt: skip
+              *map(_relative, sys.argv[1:] if argv is None else argv)], "runs": []}  # fmt: skip
     from study import ledger
 
     sources = [(str(r), ledger.overrides_of(str(r)) if ledger.split_spec(str(r)) else
                 recorded_overrides(r)) for r in args.runs] or [("overrides", extra)]  # fmt: skip
     for i, (name, overrides) in enumerate(sources):
+        name = _relative(name)  # no machine's path in a record that may be committed
         print(f"\n{name}: {' '.join(overrides)}")
         run = probe_run(overrides, args)
         run["run"] = name
