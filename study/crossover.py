@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 from pathlib import Path
+
+from study.parts import copy_files
 
 log = logging.getLogger("study")
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,17 +74,6 @@ def study_args(batch: int, out: Path, args: argparse.Namespace) -> list[str]:
     if args.allow_dirty:
         argv.append("--allow-dirty")
     return [*argv, "--", f"ckpt_every={args.ckpt_every}"]
-
-
-def copy_files(src: Path, dst: Path, names: tuple[str, ...], *, overwrite: bool) -> list[str]:
-    """Copy the files ``names`` of ``src`` that exist into ``dst``; the names copied."""
-    done = []
-    for name in names:
-        if (src / name).is_file() and (overwrite or not (dst / name).exists()):
-            dst.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / name, dst / name)
-            done.append(name)
-    return done
 
 
 def run_batch(batch: int, args: argparse.Namespace, *, report_only: bool = False) -> int:
