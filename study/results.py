@@ -23,6 +23,8 @@ BASE_COLUMNS = [
 ]  # fmt: skip
 MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "chosen", "grid",
                 "diverged", "collapsed", "collapse", "run_dir", "cpu", "command"]  # fmt: skip
+# Written only where a row has them: ledgers written before they were read back unchanged.
+LATER_COLUMNS = ["routes"]  # before "command": the optimizer's routes (routes_text)
 
 
 def _commit(run_dir: Path) -> str:
@@ -52,22 +54,26 @@ def _cpu(run_dir: Path) -> str:
     return str(metas[0].get("cpu") or "") if metas else ""
 
 
-def parse_run_name(name: str, keys: list[str]) -> dict[str, float]:
-    """``lr-0.004_aux_lr-0.002_seed-1`` with ``keys`` ``["lr", "aux_lr"]`` -> the values and
-    the seed (the keys in order, so a key holding ``_`` parses)."""
+def ran_keys(cfg: dict, optimizer: str, keys: list[str]) -> dict[str, float]:
+    """The values of the tuned ``keys`` and the seed that a run ran with, from its own resolved
+    config (config.yaml), never from its directory's name: a knob through ``ran_values``, a
+    variant's own key (``mars-adamw:eps=tuned``) from its optimizer field."""
+    ran = ran_values(split_variant(optimizer)[0], cfg)
     out: dict[str, float] = {}
-    rest = name
-    for k in [*keys, "seed"]:
-        prefix = f"{k}-"
-        if not rest.startswith(prefix):
-            raise ValueError(f"run directory {name!r} does not spell the keys {keys}")
-        rest = rest[len(prefix) :]
-        value, _, rest = rest.partition("_") if k != "seed" else (rest, "", "")
-        while rest and not any(rest.startswith(f"{n}-") for n in [*keys, "seed"]):
-            more, _, rest = rest.partition("_")  # a value that held "_" (none do today)
-            value = f"{value}_{more}"
+    for k in keys:
+        value = ran.get(k, cfg["optimizer"].get(k))
+        if value is None:
+            raise ValueError(f"the run's config.yaml has no value of the tuned key {k!r}")
         out[k] = float(value)
+    out["seed"] = float(cfg["seed"])
     return out
+
+
+def routes_text(summary: dict) -> str:
+    """summary.json's ``optimizer_routes`` (the route each bucket took, and why: optim/routes.py)
+    as ``engine:3;foreach:2`` (buckets per route); empty for a run recorded before it was."""
+    routes = summary.get("optimizer_routes") or {}
+    return ";".join(f"{r}:{int(v.get('buckets', 0))}" for r, v in sorted(routes.items()))
 
 
 def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> dict | None:  # noqa: ANN001
@@ -77,14 +83,14 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     cfg = runfiles.read_config(run_dir) or {}
     summary = result(run_dir, state.max_steps) or {}
     keys = study.plan.keys(cell)
-    values = parse_run_name(run_dir.name, keys)
+    values = ran_keys(cfg, cell.optimizer, keys)
     elapsed = summary.get("elapsed_s") or math.nan
     tokens = summary.get("tokens") or 0
     reason = collapse_reason(loss, floor, curve)
     row = {
         "optimizer": cell.optimizer, "model": cell.model,
         "non_embedding_params": study.params[cell.model], "budget": cell.budget,
-        "tokens": tokens, "lr": values.get("lr", cfg["optimizer"].get("lr")),
+        "tokens": tokens, "lr": values.get("lr", float(cfg["optimizer"]["lr"])),
         "seed": int(values["seed"]), "role": role,
         "final_val_loss": summary.get("final_val_loss"), "best_val_loss": summary.get("best_val_loss"),
         "wall_s": elapsed, "tokens_per_s": round(tokens / elapsed) if tokens and elapsed else "",
@@ -98,6 +104,8 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
         "collapsed": int(bool(reason)), "collapse": reason,
         "run_dir": str(run_dir.relative_to(study.plan.out)), "cpu": _cpu(run_dir),
     }  # fmt: skip
+    if routes_text(summary):  # none recorded (an older run): no column from this row
+        row["routes"] = routes_text(summary)
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
     base = split_variant(cell.optimizer)[0]
     for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with
@@ -156,8 +164,13 @@ def collect(study: Study, floor: float | None = None) -> tuple[list[dict], dict[
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    extra = sorted({k for r in rows for k in r} - set(BASE_COLUMNS) - set(MORE_COLUMNS))
+    """The rows as results.csv: the base columns, the knob columns, then the rest; a later column
+    (LATER_COLUMNS) only where some row has it, blank in the rows without it."""
+    have = {k for r in rows for k in r}
+    later = [k for k in LATER_COLUMNS if k in have]
+    extra = sorted(have - set(BASE_COLUMNS) - set(MORE_COLUMNS) - set(later))
+    more = MORE_COLUMNS[:-1] + later + MORE_COLUMNS[-1:]
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=BASE_COLUMNS + extra + MORE_COLUMNS, restval="")
+        w = csv.DictWriter(f, fieldnames=BASE_COLUMNS + extra + more, restval="")
         w.writeheader()
         w.writerows(rows)

@@ -190,16 +190,27 @@ def test_provenance_tells_an_untracked_log_from_changed_code(tmp_path: Path) -> 
     assert _commit(big) == "9c65b98b60e4+dirty"
 
 
+def _ran(run) -> dict[str, float]:  # noqa: ANN001
+    """A planned run's optimizer values and seed, from its train.py overrides."""
+    ov = dict(o.split("=", 1) for o in run.overrides)
+    return {"lr": float(ov["optimizer.lr"]), "wd": float(ov["optimizer.weight_decay"]),
+            "seed": int(ov["seed"])}  # fmt: skip
+
+
 def _finish(run, loss: float, curve: list[float]) -> None:  # noqa: ANN001
-    """Write what a finished train.py run leaves: config.yaml, summary.json, metrics.jsonl."""
+    """Write what a finished train.py run leaves: config.yaml (the values it ran with, as
+    train.py resolves them), summary.json, metrics.jsonl."""
     run.out_dir.mkdir(parents=True, exist_ok=True)
     ov = dict(o.split("=", 1) for o in run.overrides)
-    cfg = {"max_steps": run.max_steps, "batch_tokens": int(ov["batch_tokens"]),
+    v = _ran(run)
+    cfg = {"max_steps": run.max_steps, "batch_tokens": int(ov["batch_tokens"]), "seed": v["seed"],
            "schedule": {"warmup_steps": int(ov["schedule.warmup_steps"]), "min_lr_ratio": 0.1},
-           "optimizer": {"lr": float(ov["optimizer.lr"])}, "data": {}}  # fmt: skip
+           "optimizer": {"lr": v["lr"], "weight_decay": v["wd"]}, "data": {}}  # fmt: skip
     (run.out_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     summary = {"steps": run.max_steps, "final_val_loss": loss, "best_val_loss": loss,
-               "tokens": run.max_steps * 2048, "elapsed_s": 10.0}  # fmt: skip
+               "tokens": run.max_steps * 2048, "elapsed_s": 10.0,
+               "optimizer_routes": {"foreach": {"buckets": 2, "reasons": ["r"]},
+                                    "engine": {"buckets": 1, "reasons": ["r"]}}}  # fmt: skip
     (run.out_dir / "summary.json").write_text(json.dumps(summary))
     recs = [{"step": 20 * i, "tokens": 0, "train_loss": x, "grad_norm": 1.0, "clip_rate": 0.0,
              "lr": 1e-3} for i, x in enumerate(curve)]  # fmt: skip
@@ -213,7 +224,7 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     the collapse flag, the tuning table and curves.csv.gz read back."""
     from study.curves import read_curves, write_curves
     from study.plan import Cell, Plan
-    from study.results import collect, parse_run_name
+    from study.results import collect
     from study.state import Study
     from study.tables import knob_table
 
@@ -222,7 +233,7 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     study, cell = Study(plan), Cell("adamw", "proxy-100k", 0.25)
 
     def loss(run) -> float:  # noqa: ANN001
-        v = parse_run_name(run.out_dir.name, ["lr", "wd"])
+        v = _ran(run)
         return 2.0 + (math.log2(v["lr"] / 0.008)) ** 2 / 10 + abs(math.log10(v["wd"] / 0.1)) / 10
 
     for _ in range(100):
@@ -241,6 +252,12 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     assert {r["wd"] for r in rows} >= {0.1, 0.03162, 0.3162}
     assert all(r["collapsed"] == int(r["final_val_loss"] >= 2.356) for r in rows)
     assert any(r["collapsed"] for r in rows) and not all(r["collapsed"] for r in rows)
+    for r in rows:  # every value from the run's own config.yaml, not from its directory's name
+        cfg = yaml.safe_load((tmp_path / r["run_dir"] / "config.yaml").read_text())
+        assert (r["lr"], r["wd"], r["seed"]) == (
+            cfg["optimizer"]["lr"], cfg["optimizer"]["weight_decay"], cfg["seed"]
+        )
+        assert r["routes"] == "engine:1;foreach:2"  # summary.json's optimizer_routes, counted
     write_curves(curves, tmp_path / "curves.csv.gz")
     back = read_curves(tmp_path / "curves.csv.gz")
     assert set(back) == {r["run_dir"] for r in rows}
@@ -252,6 +269,10 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     from study.results import read_csv, write_csv
 
     write_csv(rows, tmp_path / "results.csv")
+    head = (tmp_path / "results.csv").read_text().split("\n", 1)[0]
+    assert head.endswith(",run_dir,cpu,routes,command")
+    write_csv([{k: v for k, v in r.items() if k != "routes"} for r in rows], tmp_path / "old.csv")
+    assert "routes" not in (tmp_path / "old.csv").read_text()  # an older ledger: no column
     back_rows = read_csv(tmp_path / "results.csv")
     text = render(back_rows, {"bigram": 2.356, "collapse_floor": 2.356}, [0.25], complete=True)
     for heading in ("## Collapses and medians", "## Every pair, Holm-corrected",
@@ -266,7 +287,7 @@ def test_a_capped_search_reruns_its_lr_finalists_at_the_final_knobs(tmp_path: Pa
     finalists then run again on the selection seeds at wd 0.0316, so the swap reads both seed
     sets at the final values, and its table says the selection seeds now prefer 0.016."""
     from study.plan import Cell, Plan
-    from study.results import collect, parse_run_name
+    from study.results import collect
     from study.state import Study
     from study.tables import swap_table
 
@@ -275,7 +296,7 @@ def test_a_capped_search_reruns_its_lr_finalists_at_the_final_knobs(tmp_path: Pa
     study, cell = Study(plan), Cell("adamw", "proxy-100k", 0.25)
 
     def loss(run) -> float:  # noqa: ANN001
-        v = parse_run_name(run.out_dir.name, ["lr", "wd"])
+        v = _ran(run)
         return (
             2.0 + math.log2(v["lr"] * v["wd"] / 0.0008) ** 2 / 10 + abs(math.log10(v["wd"] / 0.01))
         )
