@@ -40,6 +40,8 @@ ALLOWED = {
         "optim",
         "runtime.commands",
         "runtime.config_files",
+        # its proxy's speed (study/proxy_speed.py) sets its process up as train.py does
+        "runtime.device",
         "runtime.distributed",
         "runtime.runfiles",
         # its gradient instruments (study/vr_probe.py, study/predict.py) replay a recorded run
