@@ -1,4 +1,4 @@
-"""The batch crossover's report (study/crossover.py): per batch, the correction's effect
+"""The batch crossover's report (study/studies/crossover.yaml, `python -m study run crossover`): per batch, the correction's effect
 ``Delta_gamma(B) = L(MARS-AdamW) - L(MARS-AdamW, gamma = 0)`` and MARS-AdamW minus AdamW, each
 the mean over the evaluation seeds of the paired per-seed differences with its 90% t-interval,
 Holm-adjusted over the batches measured (one family per comparison), beside the crossover that
@@ -77,7 +77,7 @@ def _b(x: float) -> str:
 
 def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[int]) -> str:
     pct = f"{LEVEL:.0%}"
-    lines = ["# The batch crossover (study/crossover.py)", "",
+    lines = ["# The batch crossover (`python -m study run crossover`)", "",
              "proxy-100k, 966 steps at every batch; per batch, each arm's lr tuned on its own line "
              "(selection seeds 0, 6, 7), the other knobs carried from the batch part; evaluation "
              "seeds 1-5. Differences are paired per seed; Holm over the batches of each "
@@ -89,7 +89,7 @@ def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[in
                      f"{r['hi']:+.4f}] | {r['p']:.2g} | {r['holm_p']:.2g} |")  # fmt: skip
     done = {r["batch"] for r in rows}
     lines += ["", "Evaluation seeds finished per arm (a batch without all three arms' five is "
-              "still running: the same `python -m study.crossover run` continues it):", "",
+              "still running: the same `python -m study run crossover` continues it):", "",
               "| batch | " + " | ".join(a for _, a, _ in [("", ADAMW, 0), ("", MARS, 0),
                                                           ("", OFF, 0)]) + " | complete |",
               "|---|---|---|---|---|"]  # fmt: skip

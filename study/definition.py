@@ -11,9 +11,11 @@ A definition file:
       NAME: {...}                  # in the order they are listed (see PART_KEYS)
     order: [NAME, ...]             # what `run` runs without --part (default: every part);
                                    # an entry {part: NAME, main_only: true} runs its main
-                                   # budgets alone (no reference budgets) at that point
+                                   # budgets alone (no baseline budgets) at that point
     compare:                       # python -m study.compare over the published parts
       NAME: [LABEL=PART[@MODEL:BUDGET], ...]
+    tables: [NAME, ...]            # the study's own tables over its parts (TABLES), rewritten
+                                   # after each part: crossover (study/crossover_report.py)
 
 A part starts from another when its ``center_from`` (``PART@MODEL:BUDGET``: that part's published
 ledger, results/<study>/<PART>/results.csv, at that cell; ``STUDY/PART@...`` another study's),
@@ -31,23 +33,26 @@ import yaml
 
 STUDIES = Path(__file__).resolve().parent / "studies"  # the committed definitions
 KINDS = ("study", "factorial")
+TABLES = ("crossover",)  # a definition names one of these; study/parts.py writes it
 # What a part may say, and the ``python -m study`` flag each becomes (None: said otherwise).
 PART_KEYS = {
     "kind": None, "description": None, "runs": None, "results": None, "from": None,
     "optimizers": "--optimizers", "untuned": "--untuned", "models": "--models",
-    "budgets": "--budgets", "reference_budgets": "--reference-budgets",
+    "budgets": "--budgets", "baseline_budgets": "--baseline-budgets",
     "select_seeds": "--select-seeds", "eval_seeds": "--eval-seeds",
     "batch_tokens": "--batch-tokens", "knobs": "--knobs", "centers": None,
     "center_from": None, "merge": None, "merge_only": "--merge-only", "swap": None,
     "overrides": None,
 }  # fmt: skip
+# Keys renamed so that each word has one meaning: the old spelling refused with the new one.
+RENAMED_KEYS = {"reference_budgets": "baseline_budgets"}
 # The keys that are lists, and what they hold.
 LISTS = {
     "optimizers": (str,), "untuned": (str,), "models": (str,), "knobs": (str,),
     "merge": (str,), "merge_only": (str,), "overrides": (str,), "budgets": (int, float),
-    "reference_budgets": (int, float), "select_seeds": (int,), "eval_seeds": (int,),
+    "baseline_budgets": (int, float), "select_seeds": (int,), "eval_seeds": (int,),
 }  # fmt: skip
-EXAMPLES = {"budgets": "[0.25]", "reference_budgets": "[2, 4]", "select_seeds": "[0, 6, 7]",
+EXAMPLES = {"budgets": "[0.25]", "baseline_budgets": "[2, 4]", "select_seeds": "[0, 6, 7]",
             "eval_seeds": "[1, 2, 3, 4, 5]", "models": "[proxy-100k]",
             "overrides": "[model.init_std=0.098]", "merge": "[ladder]"}  # fmt: skip
 _NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
@@ -109,6 +114,7 @@ class Definition:
     parts: dict[str, Part]
     order: list[tuple[str, bool]] = field(default_factory=list)  # (part, main budgets only)
     compare: dict[str, list[str]] = field(default_factory=dict)
+    tables: list[str] = field(default_factory=list)  # TABLES, written after each part
 
 
 def parse_ref(text: object, study: str) -> Ref:
@@ -149,10 +155,13 @@ def _build(data: object, runs_root: Path | None) -> Definition:
     """The Definition of a file's parsed YAML, checked."""
     if not isinstance(data, dict) or not isinstance(data.get("parts"), dict) or not data["parts"]:
         raise DefinitionError("a definition is a mapping with study: NAME and parts: {NAME: ...}")
-    unknown = set(data) - {"study", "defaults", "parts", "order", "compare"}
+    unknown = set(data) - {"study", "defaults", "parts", "order", "compare", "tables"}
     if unknown:
         raise DefinitionError(f"unknown key {sorted(unknown)[0]!r}: a definition has study, "
-                              "defaults, parts, order, compare")  # fmt: skip
+                              "defaults, parts, order, compare, tables")  # fmt: skip
+    tables = data.get("tables") or []
+    if not isinstance(tables, list) or any(t not in TABLES for t in tables):
+        raise DefinitionError(f"tables: {tables!r}: a list of {', '.join(TABLES)}")
     study = data.get("study")
     if not isinstance(study, str) or not _NAME.fullmatch(study):
         raise DefinitionError(f"study: {study!r}: a lower-case name, e.g. study: referee")
@@ -168,7 +177,7 @@ def _build(data: object, runs_root: Path | None) -> Definition:
                 f"part {name}: a mapping of its keys, e.g. {name}: {{budgets: [1]}}"
             )
         parts[name] = _part(study, name, {**defaults, **(values or {})}, runs_root)
-    definition = Definition(study, parts, compare=data.get("compare") or {})
+    definition = Definition(study, parts, compare=data.get("compare") or {}, tables=tables)
     definition.order = _order(data.get("order"), parts)
     check(definition)
     return definition
@@ -177,6 +186,9 @@ def _build(data: object, runs_root: Path | None) -> Definition:
 def _part(study: str, name: str, values: dict, runs_root: Path | None) -> Part:
     """One part's values (the defaults under its own), checked, with its two folders."""
     unknown = sorted(set(values) - set(PART_KEYS))
+    for key in unknown:
+        if key in RENAMED_KEYS:
+            raise DefinitionError(f"part {name}: {key} is now {RENAMED_KEYS[key]} (the same values)")
     if unknown:
         raise DefinitionError(f"part {name}: unknown key {unknown[0]!r}; a part has "
                               f"{', '.join(PART_KEYS)}")  # fmt: skip
@@ -293,10 +305,10 @@ def part_args(part: Part, parts: dict[str, Part], *, main_only: bool = False) ->
     if part.kind == "factorial":
         return ["--from", str(parts[v["from"]].runs / "results.csv"), "--out", str(part.runs)]
     argv = ["--out", str(part.runs)]
-    for key in ("optimizers", "untuned", "models", "budgets", "reference_budgets",
+    for key in ("optimizers", "untuned", "models", "budgets", "baseline_budgets",
                 "select_seeds", "eval_seeds", "batch_tokens", "knobs"):  # fmt: skip
-        if key == "reference_budgets" and main_only:
-            argv.append("--reference-budgets")
+        if key == "baseline_budgets" and main_only:
+            argv.append("--baseline-budgets")
         elif key in v:
             argv += [PART_KEYS[key], *_list(v[key])]
     for opt, knobs in (v.get("centers") or {}).items():

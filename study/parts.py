@@ -11,7 +11,9 @@ the ledgers (study/ledger.py); then runs each part (the parts named, in the defi
 none named: its ``order``) through ``python -m study`` (or ``python -m study.factorial``) and
 publishes it. ``--report-only`` rewrites the reports of the parts that have run (none named:
 every part, each once), publishing nothing; ``publish`` does that, then copies each part's files into its published folder.
-``compare`` writes the definition's comparisons from the published files. Paths are read from
+After each part, the definition's own ``tables`` are rewritten from the published files (the
+crossover's: study/crossover_report.py). ``compare`` writes the definition's comparisons from
+the published files. Paths are read from
 the checkout's root (the definitions name them from there), whatever the working directory.
 """
 
@@ -132,7 +134,24 @@ def run(definition: Definition, args: argparse.Namespace) -> int:
             return rc
         if args.command == "publish" or not (args.report_only or args.dry_run):
             publish(part)
+        if not args.dry_run:
+            write_tables(definition)
     return 0
+
+
+def write_tables(definition: Definition) -> None:
+    """The definition's own tables over its parts' published files (definition.TABLES)."""
+    for name in definition.tables:
+        if name == "crossover":  # one part per batch, in one folder: the crossover's table
+            from study import crossover_report
+
+            folders = {p.results.parent for p in definition.parts.values()}
+            if len(folders) != 1:
+                raise SystemExit(f"study {definition.name}: tables: crossover wants every part's "
+                                 "results in one folder (results/<study>/<part>)")  # fmt: skip
+            batches = [int(p.values["batch_tokens"]) for p in definition.parts.values()]
+            path = crossover_report.write(folders.pop(), batches)
+            log.info("the crossover's table: %s", path)
 
 
 def compare_all(definition: Definition) -> int:

@@ -1,5 +1,5 @@
 """The batch crossover's estimators (study/gradstats.py) on planted problems with known answers,
-and the fixed-step sweep's cells (study/crossover.py)."""
+and the fixed-step sweep's cells (study/studies/crossover.yaml, run by study/parts.py)."""
 
 import math
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from study import gradstats
-from study.crossover import budget_of, study_args
+from study import definition as defs
+from study.crossover import budget_of
 from study.plan import block_params, budget_steps
 
 
@@ -129,21 +130,26 @@ def test_bad_estimator_arguments_are_refused():
 
 
 def test_every_batch_of_the_sweep_runs_the_headlines_steps():
+    """Each part of the definition runs proxy-100k for the headline's 966 steps at its batch."""
     n = block_params("proxy-100k")
     for b in (2048, 8192, 32768, 131072, 524288):
         assert budget_steps(n, budget_of(b), b) == 966
+    parts = defs.load("crossover").parts
+    assert [p.values["batch_tokens"] for p in parts.values()] == [8192, 2048, 32768, 131072]
+    for part in parts.values():
+        (budget,) = part.values["budgets"]
+        assert budget == budget_of(part.values["batch_tokens"])
     with pytest.raises(ValueError, match="multiple of 2048"):
         budget_of(3000)
 
 
-def test_the_sweep_tunes_only_the_lr_and_checkpoints(tmp_path):
-    from study.crossover import parse
-
-    args = parse(["run", "--out", str(tmp_path)])
-    argv = study_args(32768, tmp_path / "b32768", args)
+def test_the_sweep_tunes_only_the_lr_and_checkpoints():
+    d = defs.load("crossover")
+    argv = defs.command_args(d.parts["b32768"], d.parts, {})
     assert argv[argv.index("--knobs") + 1 : argv.index("--center-from")] == ["lr"]
     assert argv[argv.index("--budgets") + 1] == "16"
     assert "mars-adamw:gamma=0" in argv and argv[-1] == "ckpt_every=100"
+    assert d.tables == ["crossover"]
 
 
 def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, capsys):
@@ -216,16 +222,24 @@ def test_delta_gamma_on_a_fake_cell_is_the_paired_mean_with_holm_over_batches(tm
     assert "| 131,072 | 0 | 0 | 0 | no |" in text and (tmp_path / "crossover.png").is_file()
 
 
-def test_publish_asks_the_study_for_its_report_only(tmp_path, monkeypatch):
-    """--report-only goes before the "--" that starts train.py's overrides (it is a study flag)."""
+def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_path, monkeypatch):
+    """`python -m study publish crossover`: --report-only goes before the "--" that starts
+    train.py's overrides (it is a study flag), and the crossover's table is rewritten after the
+    part. The old `python -m study.crossover run` is refused with the command that replaced it."""
     import study.cli
-    from study import crossover
+    from study import crossover, parts
 
+    root = tmp_path / "checkout"
+    (root / "runs" / "crossover" / "b8192" / "runs").mkdir(parents=True)
+    for rel in ("results/referee/batch/results.csv", "results/crossover/predict-headline.json"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes((parts.ROOT / rel).read_bytes())
     seen = []
     monkeypatch.setattr(study.cli, "main", lambda argv: seen.append(argv) or 0)
-    (tmp_path / "runs" / "b8192" / "runs").mkdir(parents=True)
-    args = crossover.parse(["publish", "--out", str(tmp_path / "runs"), "--results",
-                            str(tmp_path / "results"), "--batches", "8192"])  # fmt: skip
-    assert crossover.run_batch(8192, args, report_only=True) == 0
+    assert parts.main(["publish", "crossover", "--part", "b8192"], root=root) == 0
     argv = seen[0]
     assert argv.index("--report-only") < argv.index("--") and argv[-1] == "ckpt_every=100"
+    assert (root / "results" / "crossover" / "report.md").is_file()
+    assert (root / "results" / "crossover" / "crossover.png").is_file()
+    with pytest.raises(SystemExit):
+        crossover.parse(["run"])

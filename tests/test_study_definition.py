@@ -1,6 +1,6 @@
 """A study defined as data (study/definition.py, study/parts.py, study/studies/*.yaml): the
 referee's definition gives the very commands scripts/study_referee.sh ran (so every run id and
-published number stays the same), the crossover's gives study/crossover.py's, bad definitions
+published number stays the same), the crossover's gives the commands its sweep ran, bad definitions
 are refused in one line, and `run`/`publish` restore, order and publish as the script did."""
 
 import argparse
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT
-from study import cli, crossover, parts
+from study import cli, parts
 from study import definition as defs
 from study.definition import DefinitionError
 
@@ -26,19 +26,19 @@ LADDER = "results/referee/ladder/results.csv"
 # with a stand-in `python` that recorded its argv (OUT=runs/referee, JOBS=2): the known answers.
 SCRIPT = {
     "headline": ["--out", "runs/referee", "--optimizers", *OPTS, "--models", "proxy-100k",
-                 "--budgets", "1", "--reference-budgets", "2", "4", *CENTERS],
+                 "--budgets", "1", "--baseline-budgets", "2", "4", *CENTERS],
     "factorial": ["--from", "runs/referee/results.csv", "--out", "runs/referee-factorial"],
     "ladder": ["--out", "runs/referee-ladder", "--optimizers", *OPTS, "--models", "proxy-100k",
-               "--budgets", "0.25", "--reference-budgets", "2", "4", *CENTERS],
+               "--budgets", "0.25", "--baseline-budgets", "2", "4", *CENTERS],
     "ladder-up": ["--out", "runs/referee-ladder-up", "--optimizers", *OPTS, "--models",
-                  "proxy-193k", "proxy-423k", "--budgets", "0.25", "--reference-budgets", "2",
+                  "proxy-193k", "proxy-423k", "--budgets", "0.25", "--baseline-budgets", "2",
                   "4", "--knobs", "lr", "aux_lr", "--center-from", LADDER, "--center-cell",
                   "proxy-100k:0.25", "--merge", LADDER, "--no-swap"],
     "widthinit": ["--out", "runs/referee-widthinit", "--optimizers", *OPTS, "--models",
-                  "proxy-100k", "--budgets", "0.25", "--reference-budgets", "2", "4",
+                  "proxy-100k", "--budgets", "0.25", "--baseline-budgets", "2", "4",
                   "--center-from", LADDER, "--center-cell", "proxy-100k:0.25"],
     "batch": ["--out", "runs/referee-batch", "--optimizers", "adamw", "mars-adamw", "--models",
-              "proxy-100k", "--budgets", "1", "--reference-budgets", "--batch-tokens", "8192",
+              "proxy-100k", "--budgets", "1", "--baseline-budgets", "--batch-tokens", "8192",
               "--center-from", "results/referee/headline/results.csv", "--center-cell",
               "proxy-100k:1"],
 }  # fmt: skip
@@ -76,15 +76,15 @@ def test_each_part_runs_the_scripts_very_command(referee, name):
 
 def test_run_without_parts_is_the_scripts_all(referee):
     """The script's `all`: headline, ladder, widthinit, ladder-up's comparison cells (its
-    reference budgets emptied), batch, then ladder-up whole: the same studies, parsed."""
+    baseline budgets emptied), batch, then ladder-up whole: the same studies, parsed."""
     got = [(n, defs.command_args(referee.parts[n], referee.parts, {}, main_only=m))
            for n, m in defs.ordered(referee, [])]  # fmt: skip
     assert [n for n, _ in got] == ["headline", "ladder", "widthinit", "ladder-up", "batch",
                                    "ladder-up"]  # fmt: skip
     want = [SCRIPT[n] + RUN + TAIL.get(n, []) for n, _ in got]
-    want[3] = SCRIPT["ladder-up"] + RUN + ["--reference-budgets"]  # as the script wrote it
+    want[3] = SCRIPT["ladder-up"] + RUN + ["--baseline-budgets"]  # as the script wrote it
     assert [cli.parse(a) for _, a in got] == [cli.parse(a) for a in want]
-    assert got[3][1] != want[3] and cli.parse(got[3][1])[0].reference_budgets == []
+    assert got[3][1] != want[3] and cli.parse(got[3][1])[0].baseline_budgets == []
 
 
 def test_the_comparisons_are_the_scripts(referee):
@@ -98,21 +98,22 @@ def test_named_parts_run_in_the_definitions_order(referee):
         defs.ordered(referee, ["nope"])
 
 
-def test_the_crossover_definition_is_study_crossovers_batches():
-    """Each batch part gives the study that `python -m study.crossover run` runs (its ledger
-    read from the same file, its files in the same runs/crossover/b<B> and
-    results/crossover/b<B>/)."""
+def test_the_crossover_definition_gives_the_commands_the_sweep_ran():
+    """Each batch part runs the study that `python -m study.crossover run` ran before the
+    crossover became a definition (its argv captured from that command for 8,192 bytes; its
+    files in runs/crossover/b<B> and results/crossover/b<B>/)."""
     d = defs.load("crossover")
-    args = crossover.parse(["run"])
-    assert list(d.parts) == [f"b{b}" for b in crossover.BATCHES]
-    for b in crossover.BATCHES:
+    assert list(d.parts) == ["b8192", "b2048", "b32768", "b131072"]
+    ran = ["--out", "runs/crossover/b8192", "--optimizers", "adamw", "mars-adamw",
+           "mars-adamw:gamma=0", "--models", "proxy-100k", "--budgets", "4",
+           "--baseline-budgets", "--batch-tokens", "8192", "--knobs", "lr", "--center-from",
+           "results/referee/batch/results.csv", "--center-cell", "proxy-100k:1", "--no-swap",
+           "--jobs", "2", "--threads", "1", "--", "ckpt_every=100"]  # fmt: skip
+    assert defs.command_args(d.parts["b8192"], d.parts, {}) == ran
+    for b in (8192, 2048, 32768, 131072):
         part = d.parts[f"b{b}"]
         assert part.runs == Path(f"runs/crossover/b{b}")
         assert part.results == Path(f"results/crossover/b{b}")
-        theirs = crossover.study_args(b, Path(f"runs/crossover/b{b}"), args)
-        theirs[theirs.index("--center-from") + 1] = "results/referee/batch/results.csv"
-        assert defs.command_args(part, d.parts, {}) == theirs
-
 
 def write(tmp_path, text):
     path = tmp_path / "s.yaml"
@@ -300,7 +301,7 @@ def test_python_m_study_dispatches_the_study_commands_and_keeps_the_flags():
 
 def test_publish_without_parts_reports_every_part_once_whole(tmp_path, monkeypatch):
     """As the script's publish: every part in the file's order, ladder-up once and with its
-    reference budgets (the order's staging is for runs), the factorial too."""
+    baseline budgets (the order's staging is for runs), the factorial too."""
     calls = []
 
     def fake(part, definition, options, main_only):
