@@ -25,7 +25,7 @@ SETS = ("ablation", "ablation-cpu")  # the experiment folders, the sets' name pr
 BASELINE = "mars"
 QUESTIONS = {  # row -> the question it answers (in the sets' launch order)
     "mars": "baseline: MARS-AdamW (approx) as the paper runs it",
-    "adamw": "reference: the paper's AdamW at its own lr, betas and weight decay",
+    "adamw": "for comparison: the paper's AdamW at its own lr, betas and weight decay",
     "gamma0": "is the gain the variance reduction? (MARS#7): gamma = 0, all else MARS's",
     "gamma0-noclip": "is it the hyperparameters? (MARS#7): gamma 0, no clip = AdamW at all of "
     "MARS's values",

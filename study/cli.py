@@ -1,7 +1,7 @@
 """The study command (docs/study.md): tune, evaluate and report, resumable.
 
     python -m study [--out runs/study] [--optimizers adamw mars-adamw muon mars-m moonlight]
-                    [--models proxy-100k] [--budgets 1] [--reference-budgets 2 4]
+                    [--models proxy-100k] [--budgets 1] [--baseline-budgets 2 4]
                     [--select-seeds 0 6 7] [--eval-seeds 1 2 3 4 5]
                     [--knobs lr aux_lr wd beta2 warmup] [--center OPT:KNOB=VALUE ...]
                     [--untuned OPT ...] [--merge OTHER/results.csv ... [--merge-only OPT ...]]
@@ -14,8 +14,8 @@ Per (optimizer, model, budget): every knob tuned the same way for every optimize
 by coordinate descent until a whole pass moves none, each line a successive halving (a lattice
 bracketed on the first selection seed, its best few on every selection seed, the choice the
 lowest mean over them, bracketed by worse means); then the evaluation seeds at the chosen values
-(and the final lr line's finalists, to measure selection error). The reference (AdamW) also runs
-at each --reference-budgets multiple of every budget (its lrs tuned, the other knobs carried), so
+(and the final lr line's finalists, to measure selection error). The baseline (AdamW) also runs
+at each --baseline-budgets multiple of every budget (its lrs tuned, the other knobs carried), so
 loss gaps become data-equivalent speedups. Then OUT/results.csv (one row per run), curves.csv.gz
 (every run's curves) and OUT/report.md with its figures. The same command again continues an
 interrupted study; it refuses a working tree with uncommitted changes (--allow-dirty).
@@ -42,9 +42,23 @@ log = logging.getLogger("study")
 OPTIMIZERS = ["adamw", "mars-adamw", "muon", "mars-m", "moonlight"]
 
 
+# Flags renamed so that each word has one meaning (``reference``: MARS's reference gradient;
+# the study's AdamW is its baseline): the old spelling is refused with the new one.
+RENAMED = {"--reference-budgets": "--baseline-budgets"}
+
+
+def refuse_renamed(argv: list[str], renamed: dict[str, str] = RENAMED) -> None:
+    """One line naming the new spelling of a renamed flag (``--old`` or ``--old=...``)."""
+    for arg in argv:
+        new = renamed.get(arg.split("=", 1)[0])
+        if new:
+            raise SystemExit(f"study: {arg.split('=', 1)[0]} is now {new} (the same values)")
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
+    refuse_renamed(argv)
     ap = argparse.ArgumentParser(prog="python -m study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--out", type=Path, default=Path("runs/study"))
@@ -52,7 +66,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--models", nargs="+", default=["proxy-100k"])
     ap.add_argument("--budgets", nargs="+", type=float, default=[1.0],
                     help="tokens per block parameter / 20 (1 = Chinchilla)")  # fmt: skip
-    ap.add_argument("--reference-budgets", nargs="*", type=float, default=[2.0, 4.0])
+    ap.add_argument("--baseline-budgets", nargs="*", type=float, default=[2.0, 4.0],
+                    help="multiples of each budget at which the baseline (AdamW) also runs, its "
+                    "lrs tuned: its loss curve turns gaps into speedups (none: no speedups)")  # fmt: skip
     ap.add_argument("--eval-seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     ap.add_argument("--select-seeds", nargs="+", type=int, default=[0, 6, 7],
                     help="seeds that choose (by the mean over them); disjoint from --eval-seeds")  # fmt: skip
@@ -100,7 +116,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def check_args(args: argparse.Namespace) -> None:
     """Refuse, in one line before anything is written, a value the study cannot run with."""
-    positive = {"--budgets": args.budgets, "--reference-budgets": args.reference_budgets}
+    positive = {"--budgets": args.budgets, "--baseline-budgets": args.baseline_budgets}
     for name, values in positive.items():
         bad = [v for v in values if not (math.isfinite(v) and v > 0)]
         if bad:
@@ -184,7 +200,7 @@ def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
     for opt, given in parse_centers(args.center).items():
         centers.setdefault(opt, {}).update({k.rsplit(".", 1)[-1]: v for k, v in given.items()})
     return Plan(out=out, optimizers=args.optimizers, models=args.models, budgets=args.budgets,
-                reference_budgets=args.reference_budgets, select_seeds=args.select_seeds,
+                baseline_budgets=args.baseline_budgets, select_seeds=args.select_seeds,
                 eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, knobs=args.knobs,
                 extra=extra, centers=centers, untuned=args.untuned,
                 finalists=args.finalists, max_passes=args.max_passes, swap=not args.no_swap,

@@ -34,7 +34,7 @@ import numpy as np
 from analysis.stats import LEVEL, holm, mean_interval, paired_interval, paired_p_value
 from study.knobs import KNOB_ORDER
 from study.results import read_csv
-from study.tables import REFERENCE, eval_losses
+from study.tables import BASELINE, BASELINE_ROW, eval_losses
 
 ALPHA = 1 - LEVEL  # a difference holds after correction at Holm p <= ALPHA
 
@@ -187,8 +187,8 @@ def gap_changes(cells: list[Cell]) -> tuple[list[str], list[str]]:
     """Per optimizer with AdamW in every cell: its per-seed gap to AdamW in each later cell minus
     in the first, and (three cells or more on a size axis) the per-seed slope of the gap against
     log2 of the axis; t-intervals over the seeds every cell shares, Holm over the optimizers."""
-    opts = sorted(set.intersection(*(set(c.losses) for c in cells)) - {REFERENCE})
-    if len(cells) < 2 or not all(REFERENCE in c.losses for c in cells) or not opts:
+    opts = sorted(set.intersection(*(set(c.losses) for c in cells)) - {BASELINE})
+    if len(cells) < 2 or not all(BASELINE in c.losses for c in cells) or not opts:
         return [], []
     axis = _axis(cells)
     slope_on = axis is not None and len(cells) >= 3
@@ -199,11 +199,11 @@ def gap_changes(cells: list[Cell]) -> tuple[list[str], list[str]]:
              "|" + "---|" * (len(head) + 1)]  # fmt: skip
     ps, rows = [], []
     for opt in opts:
-        seeds = sorted(set.intersection(*(set(c.losses[opt]) & set(c.losses[REFERENCE])
+        seeds = sorted(set.intersection(*(set(c.losses[opt]) & set(c.losses[BASELINE])
                                           for c in cells)))  # fmt: skip
         if len(seeds) < 2:
             continue
-        g = np.array([[c.losses[opt][s] - c.losses[REFERENCE][s] for s in seeds] for c in cells])
+        g = np.array([[c.losses[opt][s] - c.losses[BASELINE][s] for s in seeds] for c in cells])
         cols = []
         for j in range(1, len(cells)):
             iv = mean_interval(g[j] - g[0])
@@ -242,7 +242,7 @@ def missing_note(cells: list[Cell]) -> list[str]:
 def render(cells: list[Cell], sources: list[str]) -> str:
     tests = pair_tests(cells)
     pct = f"{LEVEL:.0%}"
-    opts = sorted({o for c in cells for o in c.losses}, key=lambda o: (o != REFERENCE, o))
+    opts = sorted({o for c in cells for o in c.losses}, key=lambda o: (o != BASELINE, o))
     setup = ["| cell | model | N (block params) | budget | tokens | batch | optimizers (eval seeds) |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in cells:
@@ -259,10 +259,10 @@ def render(cells: list[Cell], sources: list[str]) -> str:
                 continue
             mean = float(np.mean(list(c.losses[o].values())))
             col = f"; {c.collapsed[o]}/{len(c.losses[o])} collapsed" if c.collapsed.get(o) else ""
-            if o == REFERENCE:
-                row.append(f"{mean:.4f} (reference){col}")
+            if o == BASELINE:
+                row.append(f"{mean:.4f} ({BASELINE_ROW}){col}")
                 continue
-            g = _gap(tests, i, REFERENCE, o)
+            g = _gap(tests, i, BASELINE, o)
             if g is None:
                 row.append(f"{mean:.4f}{col}")
                 continue
@@ -317,10 +317,10 @@ def figure(cells: list[Cell], path: Path) -> None:
     xs = axis[1] if axis else list(range(len(cells)))
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     every = sorted({o for c in cells for o in c.losses})  # the colours of study/figures.py
-    opts = [o for o in every if o != REFERENCE]
+    opts = [o for o in every if o != BASELINE]
     for k, o in enumerate(opts):
-        pts = [(x + 0.03 * (k - len(opts) / 2), paired_interval(c.losses[REFERENCE], c.losses[o]))
-               for x, c in zip(xs, cells) if o in c.losses and REFERENCE in c.losses]  # fmt: skip
+        pts = [(x + 0.03 * (k - len(opts) / 2), paired_interval(c.losses[BASELINE], c.losses[o]))
+               for x, c in zip(xs, cells) if o in c.losses and BASELINE in c.losses]  # fmt: skip
         if not pts:
             continue
         x, iv = zip(*pts)

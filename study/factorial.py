@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = variants(base, _beta2(adamw))
     model, budget = base["model"], base["budget"]
     study_args = ["--out", str(args.out), "--optimizers", *cells, "--untuned", *cells,
-                  "--models", model, "--budgets", f"{budget:g}", "--reference-budgets",
+                  "--models", model, "--budgets", f"{budget:g}", "--baseline-budgets",
                   "--center-from", str(args.source), "--center-cell", f"{model}:{budget:g}",
                   "--merge", str(args.source), "--merge-only", "adamw", BASE, *rest]  # fmt: skip
     code = cli.main(study_args)
@@ -125,7 +125,7 @@ def _beta2(adamw: dict) -> float:
 
 def chosen_pair(rows: list[dict]) -> tuple[dict, dict] | None:
     """MARS-AdamW's chosen evaluation row and AdamW's in the same cell (model and budget), or
-    None while either is missing. The source also holds AdamW's reference budgets (2x, 4x, whose
+    None while either is missing. The source also holds AdamW's baseline budgets (2x, 4x, whose
     carried knobs are blank), which must not stand in for AdamW at MARS-AdamW's budget."""
     base = next((r for r in rows if r.get("optimizer") == BASE and _is_chosen_eval(r)), None)
     if base is None:

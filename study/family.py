@@ -24,7 +24,7 @@ from pathlib import Path
 
 from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.results import read_csv
-from study.tables import REFERENCE, eval_losses
+from study.tables import BASELINE, eval_losses
 from study.variant import Variant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def factorial_tests(cells: dict) -> list[dict]:
 
 
 def gap(cells: dict, opt: str, model: str, budget: float) -> dict | None:
-    o, a = cells.get((opt, model, budget)), cells.get((REFERENCE, model, budget))
+    o, a = cells.get((opt, model, budget)), cells.get((BASELINE, model, budget))
     if not o or not a:
         return None
     return {s: o[s] - a[s] for s in set(o) & set(a)}
@@ -103,7 +103,7 @@ def across_tests(losses: dict[str, dict]) -> list[dict]:
         opts = {o for (o, m, b) in losses[pa] if (m, b) == (ma, ba)} & {
             o for (o, m, b) in losses[pb] if (m, b) == (mb, bb)
         }
-        for opt in sorted(opts - {REFERENCE}):
+        for opt in sorted(opts - {BASELINE}):
             before, after = gap(losses[pa], opt, ma, ba), gap(losses[pb], opt, mb, bb)
             if before and after:
                 t = _test("across", f"{name}: {opt}'s gap to AdamW", before, after)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.colours import COLOURS, colour_of  # noqa: F401 - re-exported for the study's figures
-from study.tables import REFERENCE, eval_losses, tuned_knobs
+from study.tables import BASELINE, eval_losses, tuned_knobs
 
 
 def _plt():  # noqa: ANN202
@@ -117,7 +117,7 @@ def study_figure(rows: list[dict], floors: dict, path: Path) -> None:
     tokens = {(r["model"], r["budget"]): r["tokens"] for r in rows if r["role"] == "eval"}
     for model in sorted({m for (_, m, _) in losses}):
         ref = sorted((tokens[(m, bu)], np.mean(list(s.values())))
-                     for (o, m, bu), s in losses.items() if o == REFERENCE and m == model)  # fmt: skip
+                     for (o, m, bu), s in losses.items() if o == BASELINE and m == model)  # fmt: skip
         if ref:
             b.plot(*zip(*ref), "k-", lw=1, label=f"AdamW {model} (mean of seeds)")
     for i, ((opt, model, budget), seeds) in enumerate(sorted(losses.items())):

@@ -105,8 +105,8 @@ class Plan:
     optimizers: list[str]
     models: list[str]
     budgets: list[float]
-    reference: str = "adamw"
-    reference_budgets: list[float] = field(default_factory=lambda: [2.0, 4.0])  # x each budget
+    baseline: str = "adamw"
+    baseline_budgets: list[float] = field(default_factory=lambda: [2.0, 4.0])  # x each budget
     # seeds that choose (by the mean over them) and seeds that evaluate: disjoint, and the same
     # for every optimizer (a seed fixes the initial weights and the data order)
     select_seeds: list[int] = field(default_factory=lambda: [0, 6, 7])
@@ -125,8 +125,8 @@ class Plan:
     cap: int = 9  # values per line at most (a cap, flagged)
     swap: bool = True  # the final lr line's finalists also on the evaluation seeds
     evals: int = 2  # validation evaluations per run (the last at the end)
-    # knobs the reference's extra budgets tune; the rest carried from its main budget
-    reference_knobs: tuple[str, ...] = ("lr", "aux_lr")
+    # knobs the baseline's extra budgets tune; the rest carried from its main budget
+    baseline_knobs: tuple[str, ...] = ("lr", "aux_lr")
 
     def __post_init__(self) -> None:
         self.centers = {o: {short(k): v for k, v in c.items()} for o, c in self.centers.items()}
@@ -164,13 +164,13 @@ class Plan:
             raise ValueError("at least 2 evaluation seeds are needed for an interval (5 advised)")
 
     def cells(self) -> list[Cell]:
-        """Every cell, the main budgets first (all optimizers), then the reference's extra
+        """Every cell, the main budgets first (all optimizers), then the baseline's extra
         budgets, cheapest first: an interrupted study has the comparisons before the speedups."""
         main = [Cell(o, m, b) for m in self.models for b in self.budgets for o in self.optimizers]
         extra = sorted(
-            {b * r for b in self.budgets for r in self.reference_budgets} - set(self.budgets)
+            {b * r for b in self.budgets for r in self.baseline_budgets} - set(self.budgets)
         )
-        ref = [Cell(self.reference, m, b) for b in extra for m in self.models]
+        ref = [Cell(self.baseline, m, b) for b in extra for m in self.models]
         return main + ref
 
     def is_main(self, cell: Cell) -> bool:
@@ -187,7 +187,7 @@ class Plan:
             own = list(self.centers.get(cell.optimizer, {}))
             return [k for k in KNOBS if k in own] + [k for k in own if k not in KNOBS]
         knobs = self.knobs if self.is_main(cell) else [
-            k for k in self.knobs if k in self.reference_knobs]  # fmt: skip
+            k for k in self.knobs if k in self.baseline_knobs]  # fmt: skip
         extra = [k for k in Variant.parse(cell.optimizer).tuned if k not in knobs]
         if "aux_lr" in extra:  # adamw:aux_lr=tuned in a study that does not tune aux_lr
             extra.remove("aux_lr")

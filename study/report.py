@@ -25,7 +25,8 @@ from study.curves import read_curves, write_curves
 from study.figures import curves_figure, study_figure
 from study.results import collect, read_csv, write_csv
 from study.tables import (
-    REFERENCE,
+    BASELINE,
+    BASELINE_ROW,
     collapse_table,
     commits,
     cpus,
@@ -70,16 +71,16 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
         sd = f"{vals.std(ddof=1):.4f}" if len(vals) > 1 and np.all(np.isfinite(vals)) else "-"
         cells = [model, f"{budget:g}x", opt, str(len(vals)), f"{vals.mean():.4f} ({sd})",
                  f"{np.median(vals):.4f}", f"{collapsed[(opt, model, budget)]}/{len(vals)}"]  # fmt: skip
-        ref = losses.get((REFERENCE, model, budget))
-        if opt == REFERENCE or not ref:
+        ref = losses.get((BASELINE, model, budget))
+        if opt == BASELINE or not ref:
             lines.append(
                 "| "
-                + " | ".join(cells + ["reference" if opt == REFERENCE else "no AdamW runs", "", ""])
+                + " | ".join(cells + [BASELINE_ROW if opt == BASELINE else "no AdamW runs", "", ""])
                 + " |"
             )
             continue
         gap = paired_interval(ref, seeds)
-        p = holm_p.get((model, budget, *sorted((opt, REFERENCE))))
+        p = holm_p.get((model, budget, *sorted((opt, BASELINE))))
         side = "lower" if gap.hi < 0 else "higher"
         if not gap.significant:
             verdict = "no (interval holds 0)"
@@ -90,7 +91,7 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
         else:  # the interval excludes 0, the family-wise test does not
             verdict = f"not after correction ({side} before it; Holm p {p:.2g})"
         curve = {tokens[(model, b)]: s for (o, m, b), s in losses.items()
-                 if o == REFERENCE and m == model and (model, b) in tokens}  # fmt: skip
+                 if o == BASELINE and m == model and (model, b) in tokens}  # fmt: skip
         if len(curve) < 2:  # one AdamW budget: no curve to read a speedup off
             sp_text = "n/a (AdamW at one budget)"
         else:
@@ -106,12 +107,12 @@ def comparison_table(rows: list[dict], main_budgets: list[float], *, bootstrap: 
     return lines
 
 
-def reference_table(rows: list[dict]) -> list[str]:
+def baseline_table(rows: list[dict]) -> list[str]:
     losses = eval_losses(rows)
     tokens = {(r["model"], r["budget"]): r["tokens"] for r in rows if r["role"] == "eval"}
     lines = ["| model | budget | tokens | seeds | AdamW mean loss (sd) |", "|---|---|---|---|---|"]
     for (opt, model, budget), seeds in sorted(losses.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if opt == REFERENCE:
+        if opt == BASELINE:
             v = np.array(list(seeds.values()))
             sd = f"{v.std(ddof=1):.4f}" if len(v) > 1 else "-"
             lines.append(
@@ -204,7 +205,7 @@ def render(rows: list[dict], floors: dict, main_budgets: list[float], *, complet
         "chosen values' mean on the selection seeds that chose them minus their mean on the "
         "evaluation seeds (negative: the choice flattered itself).", "",
         *swap_table(rows, main_budgets), "",
-        "## AdamW across budgets", "", *reference_table(rows), "",
+        "## AdamW across budgets", "", *baseline_table(rows), "",
         "## Tuning: every knob's values, the choice, the runs spent", "", *knob_table(rows), "",
         "## Which parameters each optimizer trains, with which update and lr", "",
         *routing_table(rows), "",

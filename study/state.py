@@ -3,7 +3,7 @@ study resumes, on a fresh clone too: study/ledger.py):
 the tuning (study/tuner.py: coordinate descent to the joint optimum, chosen by the mean over the
 selection seeds), then the evaluation seeds at the chosen values, and, for the main budgets, the
 final lr line's finalists on the evaluation seeds too (the swap that measures selection error).
-A reference budget (AdamW at 2x, 4x) tunes its lrs from its main budget's choice and carries the
+A baseline budget (AdamW at 2x, 4x) tunes its lrs from its main budget's choice and carries the
 other knobs from there.
 """
 
@@ -108,7 +108,7 @@ class Study:
         return Run(self.overrides(cell, values, seed), out_dir, self.steps(cell))
 
     def start(self, cell: Cell) -> dict[str, float] | None:
-        """Every knob's starting or fixed value; a reference budget's carried knobs come from
+        """Every knob's starting or fixed value; a baseline budget's carried knobs come from
         its main budget's choice (None while that is not chosen yet)."""
         plan = self.plan
         keys = plan.keys(cell)
@@ -127,7 +127,7 @@ class Study:
         state = CellState(cell, self.steps(cell))
         self.states[cell] = state
         start = self.start(cell)
-        if start is None:  # a reference budget waits for its main budget's choice
+        if start is None:  # a baseline budget waits for its main budget's choice
             return state
         keys = plan.keys(cell)
 

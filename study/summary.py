@@ -21,7 +21,7 @@ from analysis.speedup import data_equivalent_speedup
 from analysis.stats import LEVEL, paired_interval
 from study.figures import colour_of
 from study.results import read_csv
-from study.tables import REFERENCE, eval_losses
+from study.tables import BASELINE, eval_losses
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZERS = ["mars-adamw", "muon", "mars-m", "moonlight"]  # the columns, beside AdamW's loss
@@ -59,13 +59,13 @@ def cells_of(rows: list[dict], note: str) -> list[Cell]:
     batch = {(r["model"], r["budget"]): r["batch_tokens"] for r in rows if r["role"] == "eval"}
     out = []
     for model, budget in sorted({(m, b) for (_o, m, b) in losses}):
-        ref = losses.get((REFERENCE, model, budget))
+        ref = losses.get((BASELINE, model, budget))
         others = {o: s for (o, m, b), s in losses.items() if (m, b) == (model, budget)
                   and o in OPTIMIZERS}  # fmt: skip
         if not ref or not others:
             continue
         curve = {tokens[(model, b)]: s for (o, m, b), s in losses.items()
-                 if o == REFERENCE and m == model and (model, b) in tokens}  # fmt: skip
+                 if o == BASELINE and m == model and (model, b) in tokens}  # fmt: skip
         cell = Cell(f"{model}, {budget:g}x, {batch[(model, budget)]:,.0f} B"
                     + (f", {note}" if note else ""),
                     sum(ref.values()) / len(ref), {}, {})  # fmt: skip

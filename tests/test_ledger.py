@@ -12,7 +12,7 @@ from study.state import Study
 
 PART = ROOT / "results" / "referee" / "batch"
 ARGS = ["--optimizers", "adamw", "mars-adamw", "--models", "proxy-100k", "--budgets", "1",
-        "--reference-budgets", "--batch-tokens", "8192", "--center-from",
+        "--baseline-budgets", "--batch-tokens", "8192", "--center-from",
         str(ROOT / "results" / "referee" / "headline" / "results.csv"), "--center-cell", "proxy-100k:1"]  # fmt: skip
 
 

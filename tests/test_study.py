@@ -282,7 +282,7 @@ def test_an_ablation_variant_runs_untuned_at_given_values(tmp_path: Path) -> Non
     opt = "mars-soap:gamma=0"
     values = {"lr": 0.064, "aux_lr": 0.016}
     plan = Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[0.25],
-                reference_budgets=[], untuned=[opt], centers={opt: values})  # fmt: skip
+                baseline_budgets=[], untuned=[opt], centers={opt: values})  # fmt: skip
     state = Study(plan).update(Cell(opt, "proxy-100k", 0.25))
     assert state.chosen == values and set(state.flags.values()) == {"fixed"}
     assert len(state.pending) == 5 and all("/eval/" in str(r.out_dir) for r in state.pending)
@@ -333,7 +333,7 @@ def test_a_variant_can_tune_a_key_of_its_own(tmp_path: Path) -> None:
         "mars-adamw", ["optimizer.betas=[0.9,0.95]", "batch_tokens=8192"])  # fmt: skip
     assert dir_name(opt) == "adamw@aux_lr-tuned"
     plan = Plan(out=tmp_path, optimizers=["adamw", opt, "adamw:eps=tuned"], knobs=["lr"],
-                models=["proxy-100k"], budgets=[0.25], reference_budgets=[],
+                models=["proxy-100k"], budgets=[0.25], baseline_budgets=[],
                 centers={opt: {"optimizer.lr": 0.016}, "adamw:eps=tuned": {"eps": 1e-8}})  # fmt: skip
     cell = Cell(opt, "proxy-100k", 0.25)
     assert plan.keys(cell) == ["lr", "aux_lr"]
@@ -356,7 +356,7 @@ def test_a_variants_batch_sets_its_steps(tmp_path: Path) -> None:
 
     opt = "mars-adamw:batch_tokens=8192,mode=exact"
     plan = Plan(out=tmp_path, optimizers=[opt], models=["proxy-100k"], budgets=[1.0],
-                reference_budgets=[], untuned=[opt], centers={opt: {"lr": 0.004}})  # fmt: skip
+                baseline_budgets=[], untuned=[opt], centers={opt: {"lr": 0.004}})  # fmt: skip
     study = Study(plan)
     run = study.update(Cell(opt, "proxy-100k", 1.0)).pending[0]
     assert run.max_steps == budget_steps(98848, 1.0, 8192)

@@ -14,13 +14,14 @@ BAD = [
     (["--budgets", "-1"], "--budgets -1: budgets are positive"),
     (["--budgets", "0"], "--budgets 0: budgets are positive"),
     (["--budgets", "nan"], "--budgets nan: budgets are positive"),
-    (["--reference-budgets", "0"], "--reference-budgets 0"),
+    (["--baseline-budgets", "0"], "--baseline-budgets 0"),
     (["--jobs", "0"], "--jobs 0: at least 1"),
     (["--jobs", "-3"], "--jobs -3: at least 1"),
     (["--threads", "0"], "--threads 0: at least 1"),
     (["--batch-tokens", "-5"], "--batch-tokens -5: at least 1"),
     (["--collapse-floor", "nan"], "--collapse-floor nan: a finite loss"),
     (["--models", "nope"], "unknown model 'nope'"),
+    (["--reference-budgets", "2"], "--reference-budgets is now --baseline-budgets"),  # renamed
 ]
 
 
@@ -67,7 +68,18 @@ def test_a_stop_asks_every_running_command_to_checkpoint_and_names_the_continuin
 def test_report_only_on_an_unfinished_study_says_partial(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="study")
     assert main(["--out", str(tmp_path / "s"), "--optimizers", "adamw", "--budgets", "0.25",
-                 "--reference-budgets", "--report-only"]) == 0  # fmt: skip
+                 "--baseline-budgets", "--report-only"]) == 0  # fmt: skip
     msgs = [r.getMessage() for r in caplog.records]
     assert any("PARTIAL" in m and "continues them" in m for m in msgs)
     assert not any(m.startswith("study done") for m in msgs)
+
+
+def test_a_renamed_definition_key_is_refused_with_its_new_name(tmp_path):
+    """``reference_budgets`` (a definition's key before ``reference`` kept one meaning, MARS's
+    reference gradient) is refused in one line naming ``baseline_budgets``."""
+    from study import definition as defs
+
+    path = tmp_path / "s.yaml"
+    path.write_text("study: s\ndefaults: {reference_budgets: []}\nparts: {a: {budgets: [1]}}\n")
+    with pytest.raises(defs.DefinitionError, match="a: reference_budgets is now baseline_budgets"):
+        defs.load(str(path))

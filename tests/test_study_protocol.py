@@ -229,7 +229,7 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     from study.tables import knob_table
 
     plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
-                reference_budgets=[], knobs=["lr", "wd"])  # fmt: skip
+                baseline_budgets=[], knobs=["lr", "wd"])  # fmt: skip
     study, cell = Study(plan), Cell("adamw", "proxy-100k", 0.25)
 
     def loss(run) -> float:  # noqa: ANN001
@@ -292,7 +292,7 @@ def test_a_capped_search_reruns_its_lr_finalists_at_the_final_knobs(tmp_path: Pa
     from study.tables import swap_table
 
     plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
-                reference_budgets=[], knobs=["lr", "wd"], max_passes=1)  # fmt: skip
+                baseline_budgets=[], knobs=["lr", "wd"], max_passes=1)  # fmt: skip
     study, cell = Study(plan), Cell("adamw", "proxy-100k", 0.25)
 
     def loss(run) -> float:  # noqa: ANN001
@@ -341,7 +341,7 @@ def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
         centers_from(tmp_path / "nope.csv", None, cells)
     opt = "mars-adamw:gamma=0.0,betas=[0.9,0.95],weight_decay_1d=0.0"
     plan = Plan(out=tmp_path / "f", optimizers=[opt], models=["proxy-100k"], budgets=[1.0],
-                reference_budgets=[], untuned=[opt], centers={opt: centers[opt]})  # fmt: skip
+                baseline_budgets=[], untuned=[opt], centers={opt: centers[opt]})  # fmt: skip
     assert plan.keys(Cell(opt, "proxy-100k", 1.0)) == ["lr", "aux_lr", "wd", "warmup"]
     run = Study(plan).update(Cell(opt, "proxy-100k", 1.0)).pending[0]
     assert "optimizer.betas=[0.9,0.95]" in run.overrides and "optimizer.gamma=0.0" in run.overrides
@@ -362,7 +362,7 @@ def test_dry_run_prints_one_command_per_run_with_the_device(tmp_path: Path, capl
     caplog.set_level(logging.INFO, logger="study")
     out = tmp_path / "s"
     assert main(["--out", str(out), "--optimizers", "adamw", "--budgets", "0.25",
-                 "--reference-budgets", "--knobs", "lr", "--device", "cuda", "--jobs", "2",
+                 "--baseline-budgets", "--knobs", "lr", "--device", "cuda", "--jobs", "2",
                  "--dry-run"]) == 0  # fmt: skip
     cmds = [r.getMessage() for r in caplog.records if r.getMessage().startswith("+ ")]
     assert len(cmds) == 2 and all("device=cuda" in c and "train.py" in c for c in cmds)
@@ -414,7 +414,7 @@ def test_factorial_effects_recover_planted_factors() -> None:
         rows.append({"optimizer": "adamw", "role": "eval", "chosen": 1.0, "beta2": 0.95,
                      "seed": float(s), "final_val_loss": 1.8 - 0.02 + e, "model": "m",
                      "budget": 1.0})  # fmt: skip
-        # AdamW's reference budget in the same results.csv (its carried beta2 blank): not the gap's
+        # AdamW's baseline budget in the same results.csv (its carried beta2 blank): not the gap's
         rows.append({"optimizer": "adamw", "role": "eval", "chosen": 1.0, "beta2": "",
                      "seed": float(s), "final_val_loss": 1.5 + e, "model": "m", "budget": 2.0})  # fmt: skip
     exact, batch = variants(chosen, 0.95)[7:]
