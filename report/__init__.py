@@ -2,7 +2,7 @@
 
 ``runs`` reads run directories (task metadata from ``evals/tasks.py``), ``conditions`` where and
 how fast each ran, ``published`` the published values (docs/published.yaml), ``analysis``
-computes variants, seeds, budgets and curves, ``time_to_loss`` the speedups (the baseline's
+computes variants, seeds, token columns and curves, ``time_to_loss`` the speedups (the baseline's
 tokens or seconds to its best loss over an optimizer's), ``fits`` the loss-against-compute fits,
 ``sections`` assembles the report,
 ``render`` writes its Markdown and ``figures`` its plots; ``cli`` is the command line.

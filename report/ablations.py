@@ -56,9 +56,9 @@ def compute(run: rr.Run) -> float:
     return run.tokens * passes_per_step(run)
 
 
-def best_within_compute(run: rr.Run, budget: float | None) -> float | None:
-    """Best trained validation loss at or below ``budget`` forward-backward tokens."""
-    tokens = None if budget is None else budget / passes_per_step(run)
+def best_within_compute(run: rr.Run, limit: float | None) -> float | None:
+    """Best trained validation loss at or below ``limit`` forward-backward tokens."""
+    tokens = None if limit is None else limit / passes_per_step(run)
     return run.best_within(tokens)
 
 
@@ -112,8 +112,8 @@ def entry_row(row: str, runs: list[rr.Run], base: dict[str, Any] | None) -> dict
     """One table row from the runs (seeds) of one entry; ``base`` is the baseline's row."""
     best, best_std = _mean_std([r.best_val_loss for r in runs])
     final, final_std = _mean_std([final_loss(r) for r in runs])
-    budget = base["compute"] if base else None
-    at_equal, _ = _mean_std([best_within_compute(r, budget) for r in runs])
+    base_compute = base["compute"] if base else None
+    at_equal, _ = _mean_std([best_within_compute(r, base_compute) for r in runs])
     items = runs[0].variant_items
     out = {
         "row": row,

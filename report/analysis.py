@@ -1,4 +1,4 @@
-"""The numbers of ``python -m report``: variants, seeds, budgets and curves.
+"""The numbers of ``python -m report``: variants, seeds, token columns and curves.
 
 Runs of one (dataset, model size, optimizer label) whose configs differ only in the seed and
 bookkeeping keys are seeds of one *variant*; runs differing in anything else (an lr sweep) are
@@ -20,11 +20,11 @@ import yaml
 from report.published import Published
 from report.runs import Run, order_key
 
-PAPER_BUDGETS = {"5B": 5e9, "20B": 20e9, "50B": 50e9}
-# A run within this fraction of a budget has reached it (the paper's "50B" is 49.15B tokens).
+PAPER_COLUMNS = {"5B": 5e9, "20B": 20e9, "50B": 50e9}  # the published tables' token columns
+# A run within this fraction of a column's tokens has reached it (the paper's "50B" is 49.15B tokens).
 REACH_TOLERANCE = 0.02
-# A cell whose last evaluation lies more than this fraction of the budget before it is marked:
-# its value is the loss then, not at the budget.
+# A cell whose last evaluation lies more than this fraction of its column's tokens before them is
+# marked: its value is the loss then, not at the column's tokens.
 EVAL_GAP = 0.1
 AUTO_FRACTIONS = (0.1, 0.4, 1.0)
 
@@ -138,11 +138,11 @@ def shared_seed_notes(key: tuple[str, str, str], variant: Variant) -> list[str]:
     return out
 
 
-# ---- budgets and table cells --------------------------------------------------------------
+# ---- token columns and table cells ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Budget:
+class TokenColumn:
     """A column: best loss among evals at <= ``tokens`` tokens (None: the whole run)."""
 
     label: str
@@ -160,7 +160,7 @@ def format_tokens(tokens: float, like: float | None = None) -> str:
     return f"{tokens / 1e3:.3g}K"
 
 
-def parse_budgets(spec: str) -> list[float] | None:
+def parse_at_tokens(spec: str) -> list[float] | None:
     """``auto`` -> None; ``5e9,20e9,50e9`` (or ``5B,20B,50B``, ``250M``) -> token counts."""
     if spec.strip() == "auto":
         return None
@@ -174,53 +174,57 @@ def parse_budgets(spec: str) -> list[float] | None:
             value = -1.0
         if not value > 0:
             raise ValueError(
-                f"bad budget {part!r} in --budgets {spec!r}; use auto or token "
+                f"bad token count {part!r} in --at-tokens {spec!r}; use auto or token "
                 "counts such as 5e9,20e9,50e9 (or 5B,20B,50B)"
             )
         values.append(value)
     return sorted(values)
 
 
-def dataset_budgets(values: list[float] | None, longest: float) -> list[Budget]:
+def token_columns(values: list[float] | None, longest: float) -> list[TokenColumn]:
     """The columns of one dataset's table; ``longest`` is its longest run's token count.
 
     auto: the paper's 5B/20B/50B (50B = the whole run) when the longest run has >= 1e9 tokens,
     else 10%/40%/100% of the longest run (100% = the whole run).
     """
     if values is None and longest >= 1e9:
-        return [Budget("5B", 5e9, "5B"), Budget("20B", 20e9, "20B"), Budget("50B", None, "50B")]
+        return [
+            TokenColumn("5B", 5e9, "5B"),
+            TokenColumn("20B", 20e9, "20B"),
+            TokenColumn("50B", None, "50B"),
+        ]
     if values is None:
         return [
-            Budget(format_tokens(f * longest, like=longest), None if f == 1.0 else f * longest)
+            TokenColumn(format_tokens(f * longest, like=longest), None if f == 1.0 else f * longest)
             for f in AUTO_FRACTIONS
         ]
-    paper = {v: k for k, v in PAPER_BUDGETS.items()}
-    return [Budget(format_tokens(v), v, paper.get(v)) for v in values]
+    paper = {v: k for k, v in PAPER_COLUMNS.items()}
+    return [TokenColumn(format_tokens(v), v, paper.get(v)) for v in values]
 
 
-def reached(run: Run, budget: Budget) -> bool:
-    """Has ``run`` trained through ``budget`` (so that its cell will not change any more)?"""
-    if budget.tokens is None:
+def reached(run: Run, column: TokenColumn) -> bool:
+    """Has ``run`` trained through ``column``'s tokens (so that its cell will not change any more)?"""
+    if column.tokens is None:
         return run.finished
-    return run.tokens >= budget.tokens * (1 - REACH_TOLERANCE)
+    return run.tokens >= column.tokens * (1 - REACH_TOLERANCE)
 
 
-def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict[str, Any]:
-    """One table cell: mean (± std) over seeds of the best loss within the budget.
+def variant_cell(variant: Variant, column: TokenColumn, published: Published) -> dict[str, Any]:
+    """One table cell: mean (± std) over seeds of the best loss within the column's tokens.
 
-    Evaluations after step 0 only (``Run.trained_evals``); ``early`` marks a reached budget whose
+    Evaluations after step 0 only (``Run.trained_evals``); ``early`` marks a reached column whose
     last evaluation came more than EVAL_GAP of it before (the value is the loss then).
     """
-    bests = variant.per_seed(lambda r: r.best_within(budget.tokens))
-    last = [t for t in (r.last_eval_within(budget.tokens) for r in variant.runs) if t is not None]
+    bests = variant.per_seed(lambda r: r.best_within(column.tokens))
+    last = [t for t in (r.last_eval_within(column.tokens) for r in variant.runs) if t is not None]
     cell: dict[str, Any] = {
         "size": variant.size,
-        "budget": budget.label,
-        "budget_tokens": budget.tokens,
+        "column": column.label,
+        "column_tokens": column.tokens,
         "mean": statistics.fmean(bests) if bests else None,
         "std": statistics.stdev(bests) if len(bests) > 1 else None,
         "n_seeds": len(bests),
-        "reached": all(reached(r, budget) for r in variant.runs),
+        "reached": all(reached(r, column) for r in variant.runs),
         "eval_tokens": min(last, default=None),
         "early": False,
         "paper": None,
@@ -228,10 +232,10 @@ def variant_cell(variant: Variant, budget: Budget, published: Published) -> dict
         "paper_source": None,
         "diff": None,
     }
-    if budget.tokens is not None and last and cell["reached"]:
-        cell["early"] = min(last) < (1 - EVAL_GAP) * budget.tokens
-    pub = budget.paper and published.val_loss(
-        variant.dataset, variant.size, variant.label, budget.paper
+    if column.tokens is not None and last and cell["reached"]:
+        cell["early"] = min(last) < (1 - EVAL_GAP) * column.tokens
+    pub = column.paper and published.val_loss(
+        variant.dataset, variant.size, variant.label, column.paper
     )
     if pub:
         cell.update(

@@ -1,6 +1,6 @@
 """The papers' tables and figures from finished (or still running) training runs.
 
-    python -m report runs/owt/ 'runs/fw/*' --out reports/owt [--budgets auto|5e9,20e9,50e9]
+    python -m report runs/owt/ 'runs/fw/*' --out reports/owt [--at-tokens auto|5e9,20e9,50e9]
         [--baseline adamw] [--title TEXT]
 
 Arguments are run directories (``config.yaml`` + ``metrics.jsonl``), globs, parent directories
@@ -120,8 +120,8 @@ def write_csvs(report: dict[str, Any], out: Path) -> None:
         "dataset",
         "size",
         "optimizer",
-        "budget",
-        "budget_tokens",
+        "column",
+        "column_tokens",
         "mean",
         "std",
         "n_seeds",
@@ -170,13 +170,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--out", required=True, type=Path, help="directory for the report files")
     p.add_argument(
-        "--budgets",
+        "--at-tokens",
         default="auto",
-        help="auto (5B/20B/50B, or 10/40/100%% of small runs) or e.g. 5e9,20e9,50e9",
+        help="the val-loss table's token columns: auto (5B/20B/50B, or 10/40/100%% of small "
+        "runs) or e.g. 5e9,20e9,50e9",
     )
     p.add_argument("--baseline", default="adamw", help="optimizer of the speedup (default adamw)")
     p.add_argument("--title", default="MARS reproduction report")
     p.add_argument("--published", type=Path, default=PUBLISHED, help=argparse.SUPPRESS)
+    words = sys.argv[1:] if argv is None else argv
+    # --budgets was renamed: a budget is the study's multiple of Chinchilla (docs/study.md)
+    if any(w == "--budgets" or w.startswith("--budgets=") for w in words):
+        raise SystemExit("report: --budgets is now --at-tokens (the same values: the val-loss "
+                         "table's token columns)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -184,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     """Find and read the runs, build the report, write its files and print it."""
     args = parse_args(argv)
     try:  # fail on bad options before reading anything
-        ana.parse_budgets(args.budgets)
+        ana.parse_at_tokens(args.at_tokens)
         ana.Published.load(args.published)
     except ValueError as exc:
         raise SystemExit(f"report: {exc}") from None
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     report = build_report(
         runs,
         out=out,
-        budgets=args.budgets,
+        at_tokens=args.at_tokens,
         baseline=args.baseline,
         title=args.title,
         published_path=args.published,

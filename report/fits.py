@@ -1,9 +1,9 @@
 """Loss against compute, fitted per optimizer, and the effective speedup over the baseline.
 
-Each optimizer's runs at different model sizes or token budgets give points (C, L): C the
+Each optimizer's runs at different model sizes or token counts give points (C, L): C the
 training compute in FLOPs (the model's training FLOPs per token, ``flops_per_token``, times the
 run's tokens), L the mean over seeds of each seed's best validation loss. A point is one (size,
-budget): of the variants at one compute (an lr sweep) the one with the lowest mean best loss.
+token count): of the variants at one compute (an lr sweep) the one with the lowest mean best loss.
 Unfinished runs are left out. Per optimizer the fit is
 
     L(C) = L_inf + A * C^(-alpha)
@@ -87,7 +87,7 @@ def fit_power_law(compute: np.ndarray, loss: np.ndarray) -> PowerLaw | None:
     if len(np.unique(c)) < MIN_POINTS or np.any(c <= 0):
         raise ValueError(
             f"a power-law fit needs {MIN_POINTS} or more distinct positive compute values, got "
-            f"{sorted(set(c.tolist()))}; add runs at more model sizes or token budgets"
+            f"{sorted(set(c.tolist()))}; add runs at more model sizes or token counts"
         )
     x = np.log(c) - np.log(c).mean()  # centred: a well-conditioned line
     top = float(y.min())
@@ -128,7 +128,7 @@ def effective_speedup(law: PowerLaw, base: PowerLaw, compute: float) -> float:
 
 @dataclass
 class Point:
-    """One (size, budget) of one optimizer: its compute and each seed's best loss."""
+    """One (size, run length) of one optimizer: its compute and each seed's best loss."""
 
     size: str
     compute: float
@@ -366,7 +366,7 @@ def method_note(baseline: str) -> str:
     return (
         "L(C) = L_inf + A C^-alpha fitted per optimizer by least squares to its mean best "
         "validation loss at each compute C = training FLOPs per token x tokens (runs at several "
-        "model sizes or budgets; the lowest-loss variant at each). With three points the fit "
+        "model sizes or token counts; the lowest-loss variant at each). With three points the fit "
         f"interpolates them. Effective speedup at C: the compute {baseline}'s fit needs to reach "
         f"the optimizer's fitted loss at C, over C; in brackets the {LEVEL:.0%} interval from "
         f"{RESAMPLES} bootstrap resamples of each point's seeds (numpy seed {BOOTSTRAP_SEED}), "

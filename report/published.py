@@ -11,7 +11,7 @@ import yaml
 
 @dataclass
 class Published:
-    """The published tables: ``kind`` val_loss (label -> size -> budget -> loss) or downstream."""
+    """The published tables: ``kind`` val_loss (label -> size -> token column -> loss) or downstream."""
 
     tables: list[dict[str, Any]]
 
@@ -40,11 +40,11 @@ class Published:
     def of_kind(self, kind: str, dataset: str) -> list[dict[str, Any]]:
         return [t for t in self.tables if t["kind"] == kind and t["dataset"] == dataset]
 
-    def val_loss(self, dataset: str, size: str, label: str, budget: str) -> dict | None:
+    def val_loss(self, dataset: str, size: str, label: str, column: str) -> dict | None:
         """``{value, approximate, source}`` for one cell; exact tables win over plot readings."""
         hits = []
         for t in self.of_kind("val_loss", dataset):
-            value = ((t["values"].get(label) or {}).get(size) or {}).get(budget)
+            value = ((t["values"].get(label) or {}).get(size) or {}).get(column)
             if value is not None:
                 hits.append(
                     {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from evals import tasks as et
-from report.analysis import EVAL_GAP, PAPER_BUDGETS, format_tokens
+from report.analysis import EVAL_GAP, PAPER_COLUMNS, format_tokens
 from report.fits import fit_tables
 from report.fits import method_note as fits_note
 from report.runs import order_key, size_name
@@ -49,38 +49,38 @@ def cell_text(cell: dict[str, Any] | None) -> str:
 
 
 def render_val_loss(section: dict[str, Any]) -> str:
-    """One dataset's table: rows optimizer, columns budget x size (the paper's layout)."""
+    """One dataset's table: rows optimizer, columns tokens x size (the paper's layout)."""
     sizes = section["sizes"]
-    # a budget before every run's first evaluation after step 0 has no value: no column
-    valued = {c["budget"] for r in section["rows"] for c in r["cells"] if c["mean"] is not None}
-    budgets = [b for b in section["budgets"] if b["label"] in valued]
-    dropped = [b["label"] for b in section["budgets"] if b["label"] not in valued]
-    headers = ["optimizer"] + [f"{size_name(s)} {b['label']}" for b in budgets for s in sizes]
+    # a token column before every run's first evaluation after step 0 has no value: left out
+    valued = {c["column"] for r in section["rows"] for c in r["cells"] if c["mean"] is not None}
+    columns = [b for b in section["columns"] if b["label"] in valued]
+    dropped = [b["label"] for b in section["columns"] if b["label"] not in valued]
+    headers = ["optimizer"] + [f"{size_name(s)} {b['label']}" for b in columns for s in sizes]
     rows = []
     for row in section["rows"]:
-        by_key = {(c["budget"], c["size"]): c for c in row["cells"]}
+        by_key = {(c["column"], c["size"]): c for c in row["cells"]}
         rows.append(
             [row["optimizer"]]
-            + [cell_text(by_key.get((b["label"], s))) for b in budgets for s in sizes]
+            + [cell_text(by_key.get((b["label"], s))) for b in columns for s in sizes]
         )
-    whole = [b["label"] for b in budgets if b["tokens"] is None]
+    whole = [b["label"] for b in columns if b["tokens"] is None]
     notes = [
         "Best (lowest) validation loss among the evaluations at or below each column's token "
-        "budget; the mean over seeds, ± the sample standard deviation when there are several.",
-        f"`{NOT_REACHED}` not reached yet: the run has not trained through that budget (it is "
-        "unfinished or shorter); the value is its best so far. `–`: no evaluation after step 0 "
-        "at or below the budget (the step-0 loss, of the untrained model, is never a budget's).",
+        "count; the mean over seeds, ± the sample standard deviation when there are several.",
+        f"`{NOT_REACHED}` not reached yet: the run has not trained through that many tokens (it "
+        "is unfinished or shorter); the value is its best so far. `–`: no evaluation after step "
+        "0 at or below them (the step-0 loss, of the untrained model, is never a column's).",
     ]
     if dropped:
         notes.append(
-            f"Left out: {', '.join(dropped)}, budgets that come before the first evaluation of "
+            f"Left out: {', '.join(dropped)}, columns that come before the first evaluation of "
             "every run (evaluate earlier, `eval_every`, to fill them)."
         )
     if any(c.get("early") for r in section["rows"] for c in r["cells"]):
         notes.append(
-            f"`{EARLY}` the last evaluation at or below the budget is more than "
-            f"{EVAL_GAP:.0%} of it before the budget: the value is the loss then, not at the "
-            "budget (evaluate more often to fill the column)."
+            f"`{EARLY}` the last evaluation at or below the column's tokens is more than "
+            f"{EVAL_GAP:.0%} of them before them: the value is the loss then, not at the "
+            "column's tokens (evaluate more often to fill the column)."
         )
     if whole:
         paper = (
@@ -95,21 +95,21 @@ def render_val_loss(section: dict[str, Any]) -> str:
 
 
 def render_published(t: dict[str, Any]) -> str:
-    """A published val-loss table as printed in its source (the budget x size layout)."""
+    """A published val-loss table as printed in its source (the tokens x size layout)."""
     values = t["values"]
     sizes = sorted({s for per in values.values() for s in per}, key=lambda s: order_key("size", s))
-    budgets = [
+    columns = [
         b
-        for b in PAPER_BUDGETS
+        for b in PAPER_COLUMNS
         if any(b in (per.get(s) or {}) for per in values.values() for s in sizes)
     ]
-    headers = ["optimizer"] + [f"{size_name(s)} {b}" for b in budgets for s in sizes]
+    headers = ["optimizer"] + [f"{size_name(s)} {b}" for b in columns for s in sizes]
     approx = "≈" if t.get("approximate") else ""
     rows = [
         [label]
         + [
             f"{approx}{v:.3f}" if (v := (per.get(s) or {}).get(b)) is not None else "–"
-            for b in budgets
+            for b in columns
             for s in sizes
         ]
         for label, per in values.items()
@@ -253,7 +253,7 @@ def render(report: dict[str, Any]) -> str:
         f"# {report['title']}",
         "",
         f"{len(runs)} runs ({done} finished, {len(runs) - done} unfinished); "
-        f"generated {report['generated']}; budgets {report['budgets']}; "
+        f"generated {report['generated']}; token columns {report['at_tokens']}; "
         f"published values from {report['published_file']}.",
     ]
     for section in report["val_loss"]:

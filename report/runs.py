@@ -215,7 +215,7 @@ class Run:
 
     def trained_evals(self, tokens: float | None) -> list[EvalPoint]:
         """The evals after step 0 at <= ``tokens`` tokens (None: all). The step-0 eval is the
-        untrained model's loss: it is never the loss "at" a budget, however early the budget."""
+        untrained model's loss: it is never the loss "at" a token column, however early the column."""
         return [p for p in self.evals if p.step > 0 and (tokens is None or p.tokens <= tokens)]
 
     def best_within(self, tokens: float | None) -> float | None:

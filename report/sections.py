@@ -143,14 +143,14 @@ def missing_runs(runs: list[rr.Run], published: ana.Published) -> list[dict[str,
 
 
 def val_loss_sections(
-    groups: Groups, budget_values: list[float] | None, published: ana.Published
+    groups: Groups, at_tokens: list[float] | None, published: ana.Published
 ) -> list[dict[str, Any]]:
-    """One table per dataset: rows optimizer, cells per (budget, size), published tables."""
+    """One table per dataset: rows optimizer, cells per (token column, size), published tables."""
     sections = []
     for dataset in dict.fromkeys(k[0] for k in groups):
         keys = [k for k in groups if k[0] == dataset]
         longest = max(r.tokens for k in keys for v in groups[k] for r in v.runs)
-        budgets = ana.dataset_budgets(budget_values, longest)
+        columns = ana.token_columns(at_tokens, longest)
         sizes = sorted({k[1] for k in keys}, key=lambda s: rr.order_key("size", s))
         labels = sorted({k[2] for k in keys}, key=lambda lab: rr.order_key("label", lab))
         rows = [
@@ -158,7 +158,7 @@ def val_loss_sections(
                 "optimizer": label,
                 "cells": [
                     ana.variant_cell(groups[(dataset, s, label)][0], b, published)
-                    for b in budgets
+                    for b in columns
                     for s in sizes
                     if (dataset, s, label) in groups
                 ],
@@ -176,7 +176,7 @@ def val_loss_sections(
                 "sizes": sizes,
                 "rows": rows,
                 "published": tables,
-                "budgets": [vars(b) for b in budgets],
+                "columns": [vars(b) for b in columns],
             }
         )
     return sections
@@ -331,7 +331,7 @@ def build_report(
     runs: list[rr.Run],
     *,
     out: Path,
-    budgets: str,
+    at_tokens: str,
     baseline: str,
     title: str,
     published_path: Path,
@@ -340,11 +340,11 @@ def build_report(
 ) -> dict[str, Any]:
     """Every section of the report as plain data; figures are written into ``out``.
 
-    ``budgets`` is the --budgets text, ``baseline`` an optimizer name or row label; a bad
-    --budgets or published file is a ValueError naming it.
+    ``at_tokens`` is the --at-tokens text, ``baseline`` an optimizer name or row label; a bad
+    --at-tokens or published file is a ValueError naming it.
     """
     published = ana.Published.load(published_path)
-    budget_values = ana.parse_budgets(budgets)
+    token_counts = ana.parse_at_tokens(at_tokens)
     groups = ana.group_variants(runs, warnings)
     variant_of = {r.path: v for vs in groups.values() for v in vs for r in v.runs}
     labels = {k[2] for k in groups}
@@ -352,10 +352,10 @@ def build_report(
     report = {
         "title": title,
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
-        "budgets": budgets,
+        "at_tokens": at_tokens,
         "baseline": base,
         "published_file": rel(published_path),
-        "val_loss": val_loss_sections(groups, budget_values, published),
+        "val_loss": val_loss_sections(groups, token_counts, published),
         "variants": variant_rows(groups),
         "downstream": downstream_sections(groups, published, extra_lm_rows(extra, warnings)),
         "speedup": speedup_sections(groups, base),

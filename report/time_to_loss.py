@@ -9,7 +9,7 @@ by side.
 - Between two evaluations the loss is interpolated linearly in log x (log tokens, log seconds),
   closer to a loss curve's shape than linear in x; from x = 0 (the step-0 evaluation) linearly.
 - An optimizer that never gets down to L* within its run is "not reached": its speedup is below
-  the baseline's x over its whole run's x (it would need more than its whole budget).
+  the baseline's x over its whole run's x (it would need more tokens than its whole run).
 - Interval: ``RESAMPLES`` bootstrap resamples (numpy ``default_rng(BOOTSTRAP_SEED + the row's
   index)``, so a report is reproducible):
   each optimizer's seeds, the baseline's included, resampled with replacement, L* and the speedup

@@ -124,14 +124,14 @@ def run_report(tmp_path: Path, *paths, extra=()) -> tuple[dict, str, Path]:
 def cells(rep: dict, dataset: str, optimizer: str) -> dict:
     section = next(s for s in rep["val_loss"] if s["dataset"] == dataset)
     row = next(r for r in section["rows"] if r["optimizer"] == optimizer)
-    return {(c["size"], c["budget"]): c for c in row["cells"]}
+    return {(c["size"], c["column"]): c for c in row["cells"]}
 
 
 def linear(start: float, slope: float, offset: float = 0.0):
     return lambda step: start - slope * step + offset
 
 
-def test_val_loss_table_budgets_seeds_paper_and_unfinished(tmp_path, capsys):
+def test_val_loss_table_token_columns_seeds_paper_and_unfinished(tmp_path, capsys):
     runs = tmp_path / "runs"
     # AdamW: 3.9 at step 0 down to 2.9 at step 100; seed 1 is 0.004 higher.
     make_run(runs, "adamw-s0", linear(3.9, 0.01), seed=0)
@@ -142,7 +142,7 @@ def test_val_loss_table_budgets_seeds_paper_and_unfinished(tmp_path, capsys):
     )
     make_run(runs, "muon", lambda s: None, optimizer="muon")  # no evaluation at all
     rep, md, out = run_report(tmp_path, runs)
-    assert [b["label"] for b in rep["val_loss"][0]["budgets"]] == ["5B", "20B", "50B"]
+    assert [b["label"] for b in rep["val_loss"][0]["columns"]] == ["5B", "20B", "50B"]
     adamw = cells(rep, "OpenWebText", "AdamW")
     # 5B: the last eval at <= 5e9 tokens is step 10 (4.9B); 20B: step 40; 50B: step 100.
     assert adamw[("small", "5B")]["mean"] == pytest.approx(3.802)
@@ -173,18 +173,20 @@ def test_val_loss_table_budgets_seeds_paper_and_unfinished(tmp_path, capsys):
     assert all(m["dataset"] == "OpenWebText" for m in rep["missing"])
     assert "val_loss_openwebtext_small_tokens.png" in {f["file"] for f in rep["figures"]}
     assert "## Validation loss: OpenWebText" in capsys.readouterr().out  # also printed
-    # Explicit budgets: 50B includes the whole 49.15B-token run, which counts as reaching it.
-    rep, md, _ = run_report(tmp_path / "explicit", runs, extra=["--budgets", "5e9,20B,50e9"])
+    # Explicit token columns: 50B includes the whole 49.15B-token run, which counts as reaching it.
+    rep, md, _ = run_report(tmp_path / "explicit", runs, extra=["--at-tokens", "5e9,20B,50e9"])
     explicit = cells(rep, "OpenWebText", "AdamW")[("small", "50B")]
     assert explicit["mean"] == pytest.approx(2.902) and explicit["reached"]
     assert "2.902 ± 0.003 (paper 2.885, +0.017)" in md
-    with pytest.raises(SystemExit, match="bad budget 'lots'"):
-        report.main([str(runs), "--out", str(tmp_path / "x"), "--budgets", "5e9,lots"])
+    with pytest.raises(SystemExit, match="bad token count 'lots'"):
+        report.main([str(runs), "--out", str(tmp_path / "x"), "--at-tokens", "5e9,lots"])
+    with pytest.raises(SystemExit, match="--budgets is now --at-tokens"):  # renamed: one meaning
+        report.main([str(runs), "--out", str(tmp_path / "x"), "--budgets", "5e9"])
     csv_text = (out / "val_loss.csv").read_text()
-    assert csv_text.startswith("dataset,size,optimizer,budget") and "MARS-approx" in csv_text
+    assert csv_text.startswith("dataset,size,optimizer,column,column_tokens") and "MARS-approx" in csv_text
 
 
-def test_lr_sweep_variants_and_small_run_budgets(tmp_path):
+def test_lr_sweep_variants_and_small_run_token_columns(tmp_path):
     sweep = tmp_path / "sweep"
     for i, (lr, offset) in enumerate([(0.001, 0.3), (0.003, 0.0), (0.01, 0.2)]):
         for seed in (0, 1) if lr == 0.003 else (0,):
@@ -201,9 +203,9 @@ def test_lr_sweep_variants_and_small_run_budgets(tmp_path):
             )
     rep, md, out = run_report(tmp_path, sweep)
     # 100 steps of 2,048 tokens: columns at 10% / 40% / 100% of 204,800 tokens.
-    budgets = rep["val_loss"][0]["budgets"]
-    assert [b["label"] for b in budgets] == ["0.0205M", "0.0819M", "0.205M"]
-    assert [b["tokens"] for b in budgets] == [pytest.approx(20480), pytest.approx(81920), None]
+    columns = rep["val_loss"][0]["columns"]
+    assert [b["label"] for b in columns] == ["0.0205M", "0.0819M", "0.205M"]
+    assert [b["tokens"] for b in columns] == [pytest.approx(20480), pytest.approx(81920), None]
     variants = [v for v in rep["variants"] if v["optimizer"] == "MARS-approx"]
     assert sorted(v["variant"] for v in variants) == [
         "optimizer.lr=0.001",
@@ -261,7 +263,7 @@ def step0_curve(start: float = 4.0, slope: float = 0.005):
     return lambda step: 10.9 if step == 0 else start - slope * step
 
 
-def test_budget_columns_never_read_the_step0_loss(tmp_path):
+def test_token_columns_never_read_the_step0_loss(tmp_path):
     runs = tmp_path / "runs"
     for name in ("adamw", "muon"):  # evals at steps 0, 25, 50, 75, 100 of 2,048 tokens
         make_run(
@@ -269,7 +271,7 @@ def test_budget_columns_never_read_the_step0_loss(tmp_path):
             batch_tokens=2048, eval_every=25,
         )  # fmt: skip
     rep, md, _ = run_report(tmp_path, runs)
-    labels = [b["label"] for b in rep["val_loss"][0]["budgets"]]
+    labels = [b["label"] for b in rep["val_loss"][0]["columns"]]
     for optimizer in ("AdamW", "Muon"):
         first, middle, whole = (cells(rep, "sotu", optimizer)[("tiny", b)] for b in labels)
         assert first["mean"] is None  # 10% = step 10: only the step-0 eval lies below it
@@ -277,9 +279,9 @@ def test_budget_columns_never_read_the_step0_loss(tmp_path):
         assert middle["early"] and middle["eval_tokens"] == 25 * 2048  # ... marked as early
         assert whole["mean"] == pytest.approx(3.5) and not whole["early"]
     assert "10.900" not in md and "| AdamW |  | 3.875† | 3.500 |" not in md
-    assert "| AdamW | 3.875† | 3.500 |" in md  # the first budget's column, all "–", left out
-    assert f"Left out: {labels[0]}, budgets that come before the first evaluation" in md
-    assert "never a budget's" in md and "`†` the last evaluation" in md
+    assert "| AdamW | 3.875† | 3.500 |" in md  # the first token column, all "–", left out
+    assert f"Left out: {labels[0]}, columns that come before the first evaluation" in md
+    assert "never a column's" in md and "`†` the last evaluation" in md
     assert all(r["best_val_loss"] == pytest.approx(3.5) for r in rep["runs"])
 
 

@@ -1,4 +1,4 @@
-"""What a report cell or figure says in the cases a first user met (issue 30): a budget before
+"""What a report cell or figure says in the cases a first user met (issue 30): a token column before
 the first evaluation, a run in progress, a wall-clock target not reached, curves on top of each
 other, and differences too small to see on the whole loss axis."""
 
@@ -10,21 +10,21 @@ from report.render import render_val_loss
 from report.time_to_loss import cell_text, speedup_cell
 
 
-def cell(budget, mean):
-    return {"budget": budget, "size": "tiny", "mean": mean, "std": None, "reached": True,
+def cell(column, mean):
+    return {"column": column, "size": "tiny", "mean": mean, "std": None, "reached": True,
             "paper": None, "paper_approximate": False, "diff": None}  # fmt: skip
 
 
-def test_a_budget_before_every_first_evaluation_is_left_out_and_said():
+def test_a_token_column_before_every_first_evaluation_is_left_out_and_said():
     section = {
-        "budgets": [{"label": "1M", "tokens": 1e6}, {"label": "4M", "tokens": 4e6}],
+        "columns": [{"label": "1M", "tokens": 1e6}, {"label": "4M", "tokens": 4e6}],
         "sizes": ["tiny"],
         "rows": [{"optimizer": "AdamW", "cells": [cell("1M", None), cell("4M", 6.3)]}],
     }
     text = render_val_loss(section)
     header = text.splitlines()[0]
     assert "4M" in header and "1M" not in header
-    assert "Left out: 1M, budgets that come before the first evaluation" in text
+    assert "Left out: 1M, columns that come before the first evaluation" in text
 
 
 def curves(x, *seeds):
