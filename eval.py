@@ -6,10 +6,10 @@
     python eval.py checkpoint=out/hf-gpt2 tasks=[hellaswag]    # a Hugging Face GPT-2 directory
     torchrun --nproc_per_node=8 eval.py checkpoint=runs/NAME tasks=[all]
 
-``val`` is the validation loss over the run's validation shards with the run's budget
-(``eval_tokens``), micro-batch and sequence length, through the same code as training, so it
-equals the ``val_loss`` that training logged for that checkpoint (``val_tokens=0``: the whole
-split). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
+``val`` is the validation loss over the run's validation shards with the run's number of
+validation tokens (``eval_tokens``), micro-batch and sequence length, through the same code as
+training, so it equals the ``val_loss`` that training logged for that checkpoint
+(``val_tokens=0``: the whole split). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
 ``evals/scoring.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
 of the paper's table. Before it starts it says how many rows each task scores and about how
 long that takes here (``evals/estimate.py``); Ctrl-C keeps the tasks finished, written as partial.
@@ -96,7 +96,7 @@ def validation(loaded: LoadedModel, cfg: EvalConfig, dist: DistInfo, dtype) -> d
     run = loaded.run_config
     files = _val_files(loaded, cfg, dist)
     seq_len = run.get("seq_len") or loaded.model.config.block_size
-    budget = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
+    val_tokens = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
     micro = cfg.val_batch_size or run.get("micro_batch_size") or 8
     batches = val_batches(
         files,
@@ -104,11 +104,11 @@ def validation(loaded: LoadedModel, cfg: EvalConfig, dist: DistInfo, dtype) -> d
         seq_len=seq_len,
         rank=dist.rank,
         world_size=dist.world_size,
-        max_tokens=budget,
+        max_tokens=val_tokens,
         device=dist.device,
     )
     loss = validation_loss(loaded.model, batches, dist.device, dtype)
-    tokens = num_val_windows(files, seq_len=seq_len, max_tokens=budget) * seq_len
+    tokens = num_val_windows(files, seq_len=seq_len, max_tokens=val_tokens) * seq_len
     return {
         "loss": loss,
         "ppl": math.exp(min(loss, 50.0)),
@@ -211,12 +211,14 @@ def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInf
     for name in cfg.tasks:
         if name == "val":
             seq_len = run.get("seq_len") or block
-            budget = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
+            val_tokens = (
+                run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
+            )
             try:
                 files = _val_files(loaded, cfg, dist)
             except SystemExit:
                 continue  # said again, with its fix, when the task runs
-            tokens[name] = num_val_windows(files, seq_len=seq_len, max_tokens=budget) * seq_len
+            tokens[name] = num_val_windows(files, seq_len=seq_len, max_tokens=val_tokens) * seq_len
             rows[name] = tokens[name] // seq_len
             per_token[name] = timed(seq_len, cfg.val_batch_size or run.get("micro_batch_size") or 8)
         else:

@@ -329,7 +329,7 @@ def val_batches(
     which the loss ignores). So a compiled model sees one shape (no recompilation, no dynamic
     graph) and every rank runs the same number of forward passes. Without ``pad`` the last
     batch may be short and ranks may differ by a batch. Either way, reduce sums over the real
-    targets (``y != -1``), not per-batch means. A fixed ``max_tokens`` budget makes validation
+    targets (``y != -1``), not per-batch means. A fixed ``max_tokens`` makes validation
     losses comparable across runs and world sizes.
     """
     # Not a generator itself, so bad arguments raise here rather than at the first next().

@@ -1,4 +1,4 @@
-"""Validation loss over a fixed token budget spread across ranks (shared by train and eval)."""
+"""Validation loss over a fixed number of tokens spread across ranks (shared by train and eval)."""
 
 from __future__ import annotations
 
