@@ -51,7 +51,6 @@ from optim.options import PREFIX, OptimizerConfig, check_option, choice, config_
 from optim.preconditioners import AdamOptions, NewtonSchulzOptions, options_from
 from optim.registry import register
 from optim.rule import Rule, Split1D, VarianceReduction
-from optim.sharded import refuse_sharded
 from optim.soap import SoapFields
 
 MARS_TYPES = {"mars-adamw": "adam", "mars-lion": "sign", "mars-shampoo": "newton-schulz"}
@@ -270,7 +269,6 @@ class MarsSoapConfig(MarsConfig, SoapFields):
 
 @register("mars-soap", MarsSoapConfig, "MARS with the SOAP preconditioner")
 def build_mars_soap(model: nn.Module, cfg: MarsSoapConfig) -> torch.optim.Optimizer:
-    refuse_sharded(model.parameters(), "mars-soap", "its eigenbases need whole matrices")
     return build_mars(model, cfg)
 
 

@@ -48,7 +48,6 @@ from optim.options import OptimizerConfig, check_option, choice
 from optim.preconditioners import AdamOptions, NewtonSchulzOptions, options_from
 from optim.registry import register
 from optim.rule import Rule, VarianceReduction
-from optim.sharded import refuse_sharded
 
 # algorithm -> (momentum form, variance reduction)
 ALGORITHMS = {
@@ -281,7 +280,6 @@ class NorMuonConfig(OptimizerConfig):
 
 @register("normuon", NorMuonConfig, "NorMuon: Muon with a per-row second moment")
 def build_normuon(model: nn.Module, cfg: NorMuonConfig) -> torch.optim.Optimizer:
-    refuse_sharded(model.parameters(), "normuon", "its row statistics need whole matrices")
     matrices, rest = split_by_kind(model, ("matrix",))
     ns = options_from("normuon", cfg)
     main = Rule(momentum="ema-nesterov", preconditioner="normuon", options=ns).group_keys()

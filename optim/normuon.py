@@ -15,8 +15,14 @@ The other tensors (embeddings, head, gains) take the reference's auxiliary Adam:
 Differences from the reference: the normalisation runs in the parameter's dtype (the reference
 works on NS5's bfloat16 output); the gradient is not overwritten by the Nesterov lerp (the
 reference writes ``u`` into ``p.grad``); a parameter without a gradient is skipped (the
-reference steps it with a zero gradient so that its all-gather stays in step). Under FSDP2
-NorMuon refuses to run (use DDP).
+reference steps it with a zero gradient so that its all-gather stays in step).
+
+Under FSDP2 Newton-Schulz runs on owner ranks as Muon's does (optim/sharded.py) and its result
+comes back as each rank's rows; the row second moment is a row statistic, so it lives sharded
+with its rows (``second_momentum_buffer``: Shard(0), rows x 1, the same rows as the
+parameter's) and is updated where the rows are, with no traffic. Only the kept norm needs the
+whole matrix: ``||O||_F`` and ``||O'||_F`` are sums of squares of the rows, all-reduced, both of
+every matrix in one call a step (``normalise_rows_sharded``).
 
 The normalisation is batched by shape as Newton-Schulz is (``ns_batched``, default True):
 ``normalise_rows_batched`` works on Newton-Schulz's own per-shape stacks (no copy) and updates
@@ -31,7 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
+from optim import sharded
 from optim.momentum import MOMENTA, Momentum
 from optim.options import validator
 from optim.preconditioners import (
@@ -86,15 +94,20 @@ class NorMuon(NewtonSchulz):
     Options = NorMuonOptions
 
     def init_state(self, p: torch.Tensor, state: dict) -> None:
-        if is_sharded(p):
-            raise ValueError("normuon does not run under FSDP (parallel=fsdp): its row "
-                             "statistics need whole matrices; use DDP")  # fmt: skip
-        state["second_momentum_buffer"] = p.new_zeros(p.shape[0], 1)
+        if is_sharded(p):  # its rows where the parameter's are (module docstring)
+            state["second_momentum_buffer"] = sharded.sharded_zeros(p, (p.shape[0], 1))
+        else:
+            state["second_momentum_buffer"] = p.new_zeros(p.shape[0], 1)
 
     def direction(self, states, us, cs, gs, *, beta1, foreach):
         # Batched by shape as Newton-Schulz is (``ns_batched``; False: the per-matrix loop)
         step = super().direction(states, us, cs, gs, beta1=beta1, foreach=foreach)
         seconds = [s["second_momentum_buffer"] for s in states]
+        shards = [u if is_sharded(u) else None for u in us]
+        if any(s is not None for s in shards):  # FSDP2: rows here, norms all-reduced
+            nums = normalise_rows_sharded(seconds, [sharded.local(n) for n in step.nums],
+                                          self.options.beta2, shards)  # fmt: skip
+            return Step(nums, None, step.step_sizes, step.keeps)
         normalise = normalise_rows_batched if self.batched else normalise_rows
         nums = normalise(seconds, step.nums, self.options.beta2)
         return Step(nums, None, step.step_sizes, step.keeps)
@@ -140,6 +153,32 @@ def normalise_rows_batched(seconds: Tensors, outs: Tensors, beta2: float) -> Ten
     for idx, o in zip(groups, scaled):
         o.mul_(torch.stack([factors[i] for i in idx]).view(-1, *[1] * (o.ndim - 1)))
     return nums
+
+
+def normalise_rows_sharded(seconds: Tensors, outs: Tensors, beta2: float, shards: list) -> Tensors:
+    """``normalise_rows`` where ``outs[i]`` are the rows this rank holds of matrix ``i`` (the
+    DTensor ``shards[i]``; None: a whole plain matrix) and ``seconds[i]`` their second moments:
+    each row's mean and division are the rows' own; the two Frobenius norms of every matrix
+    are their rows' sums of squares, all-reduced in one call (module docstring)."""
+    if not outs:
+        return []
+    dtype = torch.float64 if any(o.dtype == torch.float64 for o in outs) else torch.float32
+    before = [o.to(dtype).square().sum() for o in outs]
+    scaled = []
+    for second, o in zip(seconds, outs):
+        second.lerp_(torch.mean(o * o, dim=-1, keepdim=True), 1 - beta2)
+        scaled.append(o * (1 / second.sqrt().add_(NORM_EPS)))
+    after = [o.to(dtype).square().sum() for o in scaled]
+    sq = torch.stack([*before, *after])
+    idx = [i for i, s in enumerate(shards) if s is not None]
+    part = torch.stack([sq[i] for i in idx] + [sq[len(outs) + i] for i in idx])
+    dist.all_reduce(part, group=sharded.group_of(shards))
+    sq = sq.clone()
+    for k, i in enumerate(idx):
+        sq[i], sq[len(outs) + i] = part[k], part[len(idx) + k]
+    norms = sq.sqrt()
+    return [o.mul_((norms[i] / (norms[len(outs) + i] + NORM_EPS)).to(o.dtype))
+            for i, o in enumerate(scaled)]  # fmt: skip
 
 
 def _scatter(out: Tensors, idx: list[int], stack: torch.Tensor) -> None:

@@ -23,7 +23,6 @@ from optim.options import OptimizerConfig
 from optim.preconditioners import options_from
 from optim.registry import register
 from optim.rule import Rule
-from optim.sharded import refuse_sharded
 from optim.soap import SoapFields
 
 
@@ -56,7 +55,6 @@ class SoapConfig(OptimizerConfig, SoapFields):
 
 @register("soap", SoapConfig, "SOAP: Adam in the eigenbasis of Shampoo's preconditioner")
 def build_soap(model: nn.Module, cfg: SoapConfig) -> torch.optim.Optimizer:
-    refuse_sharded(model.parameters(), "soap", "its eigenbases need whole matrices")
     return build_plain(model, cfg, "soap")
 
 

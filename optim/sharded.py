@@ -57,12 +57,6 @@ def is_sharded(t: torch.Tensor) -> bool:
     return True
 
 
-def refuse_sharded(params, name: str, why: str) -> None:
-    """ValueError when any of ``params`` is a shard: ``name`` needs whole tensors (``why``)."""
-    if any(is_sharded(p) for p in params):
-        raise ValueError(f"{name} does not run under FSDP (parallel=fsdp): {why}; use DDP")
-
-
 def local(t: torch.Tensor) -> torch.Tensor:
     """The rank-local block of a DTensor (a view of its storage), or ``t`` itself."""
     return t.to_local() if _is_dtensor(t) else t
@@ -218,4 +212,123 @@ def all_to_all_traffic(shapes: list[tuple[int, int]], world: int, itemsize: int 
         most = max(sum(1 for i in idx if own[i] == r) for r in range(world))
         out.append({"shape": shape, "count": 2, "there": len(idx) * block,
                     "back": most * world * block})  # fmt: skip
+    return out
+
+
+# --- whole-matrix preconditioners on owner ranks (SOAP, MARS-SOAP): docs/fsdp-optimizers.md ---
+
+
+def local_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
+    """``(start, stop)`` of the rows rank ``rank`` holds of a dim 0 of ``rows`` cut as Shard(0)
+    cuts it (``torch.chunk``: ``ceil(rows / W)`` rows a rank, the last ranks fewer or none)."""
+    chunk = math.ceil(rows / world) if rows else 0
+    start = min(rows, rank * chunk)
+    return start, min(rows, start + chunk)
+
+
+def sharded_zeros(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Zeros of global ``shape`` as a DTensor sharded as the DTensor ``like`` (Shard(0) on its
+    mesh): each rank allocates its own rows only, and nothing is communicated. Optimizer state
+    that is not shaped as its parameter (SOAP's ``GG_i``, ``Q_i``; NorMuon's row moments) lives
+    so, which DCP saves and reshards as any other sharded state (docs/fsdp-optimizers.md)."""
+    group = group_of([like])
+    start, stop = local_rows(shape[0], dist.get_rank(group), dist.get_world_size(group))
+    block = torch.zeros((stop - start, *shape[1:]), dtype=like.dtype, device=local(like).device)
+    stride = tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+    return _dtensor().DTensor.from_local(block, like.device_mesh, like.placements,
+                                         run_check=False, shape=torch.Size(shape), stride=stride)  # fmt: skip
+
+
+def on_owners(blocks: list[Tensors], shapes: list[list[tuple]], out_shapes: list[list[tuple]],
+              fn: Callable[[list[int], list[Tensors]], list[Tensors]], group,
+              costs: list[tuple]) -> list[Tensors]:  # fmt: skip
+    """Whole-tensor work ``fn`` for items whose tensors are Shard(0) row blocks, on one owner
+    rank per item, and each rank's row blocks of the results back.
+
+    ``blocks[i]``: this rank's blocks of item ``i``'s tensors (one dtype an item), of global
+    shapes ``shapes[i]``; the owner of item ``i`` is ``owners(costs)[i]`` (the same rule as
+    Newton-Schulz's, the same on every rank). One ``all_to_all_single`` per dtype sends every
+    rank's blocks (padded to ``ceil(rows / W)`` rows) to the owners, which call ``fn`` once on
+    the whole tensors of all the items they own (a list per item, in the order of ``blocks``)
+    and get a list per item of whole tensors of shapes ``out_shapes[i]``; one more sends each
+    rank its rows of those. Returns this rank's blocks of the results, item by item. Every rank
+    takes part in each collective (a rank owning nothing sends and receives its share)."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    own = owners(costs, world)
+    out: list = [None] * len(blocks)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, b in enumerate(blocks):
+        by_dtype.setdefault(b[0].dtype, []).append(i)
+    for idx in by_dtype.values():
+        got = _owner_round(
+            [blocks[i] for i in idx],
+            [shapes[i] for i in idx],
+            [out_shapes[i] for i in idx],
+            [own[i] for i in idx],
+            rank,
+            world,
+            group,
+            lambda mine, wholes, idx=idx: fn([idx[j] for j in mine], wholes),
+        )
+        for i, r in zip(idx, got):
+            out[i] = r
+    return out
+
+
+def _padded(shape: tuple, world: int) -> tuple[int, int]:
+    """``(chunk rows, elements of a padded block)`` of a Shard(0) tensor of ``shape``."""
+    chunk = math.ceil(shape[0] / world)
+    return chunk, chunk * math.prod(shape[1:])
+
+
+def _owner_round(blocks, shapes, out_shapes, own, rank, world, group, fn) -> list[Tensors]:
+    """``on_owners`` for the items of one dtype: there, ``fn``, back (two all-to-alls)."""
+    dtype, device = blocks[0][0].dtype, blocks[0][0].device
+    size_in = [sum(_padded(s, world)[1] for s in ss) for ss in shapes]
+    size_out = [sum(_padded(s, world)[1] for s in ss) for ss in out_shapes]
+    dest = [[i for i, o in enumerate(own) if o == r] for r in range(world)]
+    mine = dest[rank]
+    send = torch.zeros(sum(size_in), dtype=dtype, device=device)
+    at = 0
+    for i in (i for d in dest for i in d):  # each item's blocks where its owner's share starts
+        for t, s in zip(blocks[i], shapes[i]):
+            send[at : at + t.numel()].copy_(t.reshape(-1))
+            at += _padded(s, world)[1]
+    my_in = sum(size_in[i] for i in mine)
+    recv = send.new_empty(world * my_in)
+    dist.all_to_all_single(recv, send, [my_in] * world,
+                           [sum(size_in[i] for i in d) for d in dest], group=group)  # fmt: skip
+    segments, wholes, at = recv.view(world, my_in), [], 0
+    for i in mine:
+        item = []
+        for s in shapes[i]:
+            chunk, n = _padded(s, world)
+            item.append(segments[:, at : at + n].reshape(world * chunk, *s[1:])[: s[0]])
+            at += n
+        wholes.append(item)
+    results = fn(mine, wholes) if mine else []
+    my_out = sum(size_out[i] for i in mine)
+    back = send.new_zeros((world, my_out))
+    at = 0
+    for i, res in zip(mine, results):
+        for r, s in zip(res, out_shapes[i]):
+            assert tuple(r.shape) == tuple(s), "fn returned another shape"
+            chunk, n = _padded(s, world)
+            padded = r.new_zeros((world * chunk, *s[1:]))
+            padded[: s[0]].copy_(r)
+            back[:, at : at + n].copy_(padded.view(world, n))  # each rank's rows, in its place
+            at += n
+    sizes = [sum(size_out[i] for i in d) for d in dest]
+    got = send.new_empty(sum(sizes))
+    dist.all_to_all_single(got, back.view(-1), sizes, [my_out] * world, group=group)
+    out: list = [None] * len(blocks)
+    at = 0
+    for i in (i for d in dest for i in d):
+        item = []
+        for s in out_shapes[i]:
+            chunk, n = _padded(s, world)
+            start, stop = local_rows(s[0], rank, world)
+            item.append(got[at : at + n].view(chunk, *s[1:])[: stop - start])
+            at += n
+        out[i] = item
     return out

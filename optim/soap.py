@@ -38,7 +38,13 @@ Two paths, the same numbers: ``foreach`` (the core's default) batches the tensor
 agree bit for bit in float64 except where a product is below torch's small-matrix GEMM size
 (tests/test_batched_shapes.py).
 
-Under FSDP2 SOAP refuses to run: its eigenbases need whole matrices (use DDP).
+Under FSDP2 (``fully_shard``) every tensor of SOAP's state is sharded by rows as its parameter
+is (``exp_avg_sq`` as the parameter, ``GG_i`` and ``Q_i`` Shard(0) on the same mesh): each
+rank holds and checkpoints its rows. Each parameter has an owner rank (optim/sharded.py
+``owners``); per step one all-to-all brings the owner the whole ``m``, ``c``, ``exp_avg_sq``,
+``GG_i`` and ``Q_i`` of every parameter it owns, the owner runs the step above on them (the
+same code: batched or the loop), and one more sends every rank its rows of the direction and
+of the new state (docs/fsdp-optimizers.md).
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ from dataclasses import dataclass
 from itertools import chain
 
 import torch
+import torch.distributed as dist
 
-from optim import soap_batched
+from optim import sharded, soap_batched
 from optim.options import validator
 from optim.preconditioners import Options, Preconditioner, Step, register_preconditioner
 from optim.sharded import is_sharded
@@ -145,19 +152,23 @@ class Soap(Preconditioner):
     """SOAP's direction on the core's EMA momentum (module docstring)."""
 
     Options = SoapOptions
+    whole_tensors = True  # under FSDP2 ``us`` come as DTensors: each owner's work is whole
 
     def init_state(self, p: torch.Tensor, state: dict) -> None:
-        if is_sharded(p):
-            raise ValueError("soap does not run under FSDP (parallel=fsdp): its eigenbases "
-                             "need whole matrices; use DDP")  # fmt: skip
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         shape = work_shape(tuple(p.shape), self.options)
         for i, (size, on) in enumerate(zip(shape, preconditioned(p.ndim, shape, self.options))):
             if on:  # Q_i is filled on the first step; zeros keep the key for staged copies
-                state[f"GG{i}"] = p.new_zeros(size, size)
-                state[f"Q{i}"] = p.new_zeros(size, size)
+                if is_sharded(p):  # rows on every rank, as the parameter (module docstring)
+                    state[f"GG{i}"] = sharded.sharded_zeros(p, (size, size))
+                    state[f"Q{i}"] = sharded.sharded_zeros(p, (size, size))
+                else:
+                    state[f"GG{i}"] = p.new_zeros(size, size)
+                    state[f"Q{i}"] = p.new_zeros(size, size)
 
     def direction(self, states, us, cs, gs, *, beta1, foreach):
+        if any(is_sharded(u) for u in us):  # FSDP2: on the owners (module docstring)
+            return self._direction_sharded(states, us, cs, beta1, foreach)
         # ``foreach``: batched by shape (optim/soap_batched.py); else this loop, the reference
         if foreach:
             return soap_batched.direction(self, states, us, cs, beta1)
@@ -168,6 +179,71 @@ class Soap(Preconditioner):
             sizes.append(size)
             keeps.append(keep)
         return Step(nums, None, sizes, keeps)
+
+    def _direction_sharded(self, states, us, cs, beta1: float, foreach: bool) -> Step:
+        """``direction`` where ``us`` are DTensors (the rest local blocks, plain tensors whole):
+        the plain ones as without FSDP, the sharded ones on their owners (``sharded.on_owners``:
+        the owner gets every whole tensor of the step, runs ``direction`` on them, and the
+        direction and the new state come back as rows). The step sizes are host numbers."""
+        n = len(us)
+        nums: Tensors = [None] * n  # type: ignore[list-item]
+        sizes, keeps = [0.0] * n, [1.0] * n
+        plain = [i for i, u in enumerate(us) if not is_sharded(u)]
+        if plain:
+            got = self.direction([states[i] for i in plain], [us[i] for i in plain],
+                                 [cs[i] for i in plain], None, beta1=beta1, foreach=foreach)  # fmt: skip
+            for k, i in enumerate(plain):
+                nums[i], sizes[i], keeps[i] = got.nums[k], got.step_sizes[k], got.keeps[k]
+        idx = [i for i, u in enumerate(us) if is_sharded(u)]
+        shapes = [self._sharded_shapes(states[i], us[i]) for i in idx]
+        keys = [list(s) for s in shapes]
+        blocks = [[sharded.local(us[i]), cs[i], *(states[i][k] for k in ks)]
+                  for i, ks in zip(idx, keys)]  # fmt: skip
+        shapes = [[tuple(us[i].shape)] * 2 + list(s.values()) for i, s in zip(idx, shapes)]
+        steps = [states[i]["step"] for i in idx]
+
+        def fn(items: list[int], wholes: list[Tensors]) -> list[Tensors]:  # on the owner
+            temps = [{"step": steps[j], **dict(zip(keys[j], w[2:]))}
+                     for j, w in zip(items, wholes)]  # fmt: skip
+            got = self.direction(temps, [w[0] for w in wholes], [w[1] for w in wholes], None,
+                                 beta1=beta1, foreach=foreach)  # fmt: skip
+            return [[num.reshape(shapes[j][0]), *(t[k] for k in keys[j])]
+                    for j, num, t in zip(items, got.nums, temps)]  # fmt: skip
+
+        results = sharded.on_owners(blocks, shapes, [s[:1] + s[2:] for s in shapes], fn,
+                                    sharded.group_of([us[i] for i in idx]),
+                                    [_cost(s[0]) for s in shapes])  # fmt: skip
+        lr, wd = self.group["lr"], self.group["weight_decay"]
+        for j, i in enumerate(idx):
+            res = results[j]
+            for k, t in zip(keys[j], res[1:]):
+                states[i][k].copy_(t)
+            nums[i] = res[0]
+            if steps[j] == 1:  # the first step: the basis only; m not folded in (direction_of)
+                sharded.local(us[i]).zero_()
+            else:
+                sizes[i] = self._step_size(steps[j] - 1, beta1) * (1 - lr * wd)
+                keeps[i] = 1 - lr * wd
+        return Step(nums, None, sizes, keeps)
+
+    def _sharded_shapes(self, state: dict, u) -> dict[str, tuple]:
+        """The global shape of each state tensor of the sharded parameter of momentum ``u``
+        (``exp_avg_sq``, then ``GG_i``, ``Q_i``), each block checked to be this rank's rows."""
+        shape = tuple(u.shape)
+        out = {"exp_avg_sq": shape}
+        for i, size in enumerate(self.shape_of(u)):
+            if f"GG{i}" in state:
+                out[f"GG{i}"] = out[f"Q{i}"] = (size, size)
+        group = sharded.group_of([u])
+        for key, s in out.items():
+            start, stop = sharded.local_rows(s[0], dist.get_rank(group), group.size())
+            if tuple(state[key].shape) != (stop - start, *s[1:]):
+                raise ValueError(
+                    f"soap's {key} holds {tuple(state[key].shape)} on this rank where the rows "
+                    f"{start}:{stop} of {s} belong: load the optimizer state of a sharded "
+                    "model with distributed checkpointing (or trainer.fsdp.rebuild_optimizer)"
+                )
+        return out
 
     def direction_of(self, state: dict, m: torch.Tensor, c: torch.Tensor, beta1: float):
         """One tensor's ``(num, step size, keep)``, its state updated (the loop's body)."""
@@ -237,6 +313,11 @@ class Soap(Preconditioner):
             q_new, _ = torch.linalg.qr(gg @ q[:, order])
             state[f"Q{i}"].copy_(q_new)
         state["exp_avg_sq"].copy_(v.reshape(state["exp_avg_sq"].shape))
+
+
+def _cost(shape: tuple) -> tuple[int, int]:
+    """The shape by which ``sharded.owners`` weighs a tensor's work (a vector: one row)."""
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
 
 
 # --- SOAP's options as config fields (SoapConfig in optim/plain.py, MarsSoapConfig in mars.py) ---

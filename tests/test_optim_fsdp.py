@@ -26,10 +26,12 @@ from optim.sharded import owners
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "optimizer"
 CONFIGS = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-# Optimizers that refuse FSDP in one line (whole-matrix statistics with no sharded path yet)
-REFUSED = {"soap", "mars-soap", "normuon"}
+# Whole-matrix preconditioners on owner ranks: tested in float64 on a model where SOAP's
+# eigenbases are well posed (tests/test_fsdp_whole_matrix.py): here, in float32 with default
+# options, a last-bit difference turns SOAP's arbitrary null-space eigenbasis by 1e-3.
+ELSEWHERE = {"soap", "mars-soap", "normuon"}
 # case -> (config file, overrides): every config, and the other paths a sharded step may take
-CASES = {stem: (stem, {}) for stem in CONFIGS if stem not in REFUSED} | {
+CASES = {stem: (stem, {}) for stem in CONFIGS if stem not in ELSEWHERE} | {
     "mars-adamw:global": ("mars-adamw", {"clip": "global"}),
     "mars-m-exact:global": ("mars-m-exact", {"clip": "global"}),
     "mars-shampoo:loop": ("mars-shampoo", {"foreach": False, "ns_dtype": "float32"}),
@@ -138,15 +140,6 @@ def unsupported_placement() -> str:
     return "no error"
 
 
-def refusal(name: str) -> str:
-    """The error of building ``name`` on an FSDP2-sharded model."""
-    try:
-        optim.build_optimizer(fsdp(Tiny()), optim.get_spec(name).config_cls())
-    except ValueError as e:
-        return str(e)
-    return "no error"
-
-
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -167,7 +160,6 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             out["ns"][case] = sum(counted)
             out["ddp"][case] = train(case, ddp)
         out["error"] = unsupported_placement()
-        out["refused"] = {name: refusal(name) for name in sorted(REFUSED)}
         torch.save(out, f"{out_dir}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -182,7 +174,7 @@ def spawned(tmp_path_factory) -> list[dict]:
 
 
 def test_every_registered_optimizer_has_a_config_here():
-    assert REFUSED <= set(CONFIGS)
+    assert ELSEWHERE <= set(CONFIGS)
     assert sorted({name_and_mode(s)[0] for s in CONFIGS}) == optim.available()
 
 
@@ -231,13 +223,6 @@ def test_newton_schulz_is_split_over_the_ranks(spawned):
 def test_unsupported_placement_is_a_value_error_naming_it(spawned):
     for res in spawned:
         assert "Replicate()" in res["error"] and "Shard(0)" in res["error"], res["error"]
-
-
-@pytest.mark.slow
-def test_whole_matrix_optimizers_refuse_fsdp_in_one_line(spawned):
-    for res in spawned:
-        for name, error in res["refused"].items():
-            assert error.startswith(f"{name} does not run under FSDP") and "\n" not in error
 
 
 def test_owners_balance_by_cost_and_agree_on_every_rank():

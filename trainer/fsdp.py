@@ -67,13 +67,15 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int,
 
 
 def shard_like(value: object, param: torch.Tensor) -> object:
-    """``value`` (a full tensor of an optimizer's state) sharded as the DTensor ``param`` when it
-    has the parameter's shape; anything else (a step count, a scalar) unchanged."""
+    """``value`` (a full tensor of an optimizer's state) sharded as the DTensor ``param``
+    (Shard(0) on its mesh) when it has at least one dimension: a state shaped as the parameter,
+    and also one that is not (SOAP's GG_i and Q_i, NorMuon's row moments: sharded by their own
+    rows, docs/fsdp-optimizers.md); anything else (a step count, a scalar) unchanged."""
     if (
         isinstance(param, DTensor)
         and isinstance(value, torch.Tensor)
         and not isinstance(value, DTensor)
-        and value.shape == param.shape
+        and value.ndim >= 1
     ):
         local = value.to(device=param.to_local().device, dtype=param.dtype)
         # Every rank holds the same full value: distribute_tensor keeps this rank's chunk.
