@@ -1,6 +1,7 @@
 """Checkpoints in the DCP format (trainer/dcp_checkpoint.py): resume equals an uninterrupted run,
 asynchronous saves, incomplete directories ignored, conversion to the single-file format."""
 
+import json
 import shutil
 
 import pytest
@@ -11,6 +12,7 @@ from evals.loading import load_model
 from helpers import FAST
 from scripts.convert_checkpoint import main as convert
 from trainer.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from trainer.config import TrainConfig, checkpointing
 from trainer.dcp_checkpoint import DcpCheckpointer, load_dcp, my_share
 
 COMMON = ["schedule.decay_steps=6", "ckpt_every=3", "model.dropout=0.1", "eval_every=3"]
@@ -95,7 +97,50 @@ def test_async_save_copies_before_training_goes_on(tmp_path):
 
 def test_async_needs_dcp(tmp_path, sotu_dir):
     with pytest.raises(SystemExit, match="async_checkpoint=true needs checkpoint_format=dcp"):
-        run(tmp_path / "run", sotu_dir, "async_checkpoint=true")
+        run(tmp_path / "run", sotu_dir, "async_checkpoint=true", "checkpoint_format=file")
+
+
+def test_the_default_is_dcp_and_asynchronous_on_several_processes():
+    """checkpoint_format=auto and async_checkpoint unset: one file for one process, the sharded
+    DCP directory written asynchronously for several (and DCP for FSDP, as before); an explicit
+    value is kept, and the reason is stated."""
+
+    def choice(world, **kw):
+        c = checkpointing(TrainConfig(**kw), world)
+        return c["format"], c["asynchronous"]
+
+    assert TrainConfig().checkpoint_format == "auto" and TrainConfig().async_checkpoint is None
+    assert choice(1) == ("file", False)
+    assert choice(2) == choice(4) == ("dcp", True)
+    assert choice(1, parallel="fsdp") == ("dcp", False)
+    assert choice(4, parallel="fsdp") == ("dcp", True)
+    assert choice(4, checkpoint_format="file") == ("file", False)
+    assert choice(4, async_checkpoint=False) == ("dcp", False)
+    assert choice(1, async_checkpoint=True) == ("dcp", True)
+    assert choice(1, checkpoint_format="dcp") == ("dcp", False)
+    assert "4 processes" in checkpointing(TrainConfig(), 4)["why"]
+    assert TrainConfig(parallel="fsdp", async_checkpoint=True).checkpoint_format == "auto"
+
+
+@pytest.mark.slow
+def test_four_fsdp_ranks_save_two_resume(tmp_path, sotu_dir):
+    """The defaults on 4 gloo ranks under FSDP: a DCP checkpoint written asynchronously (each rank
+    its own shards); 2 ranks resume from it (resharded) and go on; the choice in meta.jsonl."""
+    out = tmp_path / "run"
+    args = [*FAST, f"data.dir={sotu_dir}", *COMMON, f"out_dir={out}", "parallel=fsdp",
+            "optimizer=mars-adamw", "micro_batch_size=2"]  # fmt: skip
+    four = _cli([*args, "max_steps=3"], nproc=4)
+    assert four.returncode == 0, four.stdout + four.stderr
+    step3 = out / "checkpoints" / "step_0000003"
+    assert sorted(p.name for p in step3.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+    two = _cli([*args, "max_steps=5"], nproc=2)
+    assert two.returncode == 0, two.stdout + two.stderr
+    assert [r["step"] for r in read_metrics(out) if "train_loss" in r] == [1, 2, 3, 4, 5]
+    assert len(load_checkpoint(step3)["rng"]) == 4
+    assert len(load_checkpoint(latest_checkpoint(out))["rng"]) == 2
+    metas = [json.loads(line) for line in (out / "meta.jsonl").read_text().splitlines()]
+    chosen = [m["checkpointing"] for m in metas if "checkpointing" in m]
+    assert [(c["format"], c["asynchronous"]) for c in chosen] == [("dcp", True)] * 2, chosen
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from test_train import _cli, read_metrics, run
 
 from helpers import FAST, fast_config
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, model_state
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, checkpointing
 
 STEPS = ["max_steps=6", "ckpt_every=3", "keep_checkpoints=0", "eval_every=3",
          "schedule.decay_steps=6", "micro_batch_size=2"]  # fmt: skip
@@ -94,10 +94,11 @@ def mars_fsdp(tmp_path_factory, sotu_dir):
 def test_parallel_is_checked_and_fsdp_writes_dcp():
     with pytest.raises(ValueError, match="unknown parallel 'zero'; valid: \\['ddp', 'fsdp'\\]"):
         TrainConfig(parallel="zero")
-    assert TrainConfig(parallel="fsdp").checkpoint_format == "dcp"
-    assert TrainConfig().checkpoint_format == "file"
-    with pytest.raises(ValueError, match="async_checkpoint=true is not supported with parallel"):
-        TrainConfig(parallel="fsdp", checkpoint_format="dcp", async_checkpoint=True)
+    assert TrainConfig(parallel="fsdp", checkpoint_format="file").checkpoint_format == "dcp"
+    assert checkpointing(TrainConfig(parallel="fsdp"), 1)["format"] == "dcp"
+    assert checkpointing(TrainConfig(), 1)["format"] == "file"
+    # asynchronous under FSDP too: the shards' local blocks staged (trainer/dcp_checkpoint.py)
+    assert checkpointing(TrainConfig(parallel="fsdp", async_checkpoint=True), 2)["asynchronous"]
 
 
 def test_fsdp_with_one_process_is_the_plain_model(tmp_path, sotu_dir):

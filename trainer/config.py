@@ -14,7 +14,7 @@ from runtime.attention import check_sdpa_backend
 from trainer.nonfinite import NonFiniteConfig
 
 WANDB_MODES = ("online", "offline", "disabled")
-CHECKPOINT_FORMATS = ("file", "dcp")
+CHECKPOINT_FORMATS = ("auto", "file", "dcp")
 PARALLEL_MODES = ("ddp", "fsdp")
 
 
@@ -59,10 +59,12 @@ class TrainConfig:
     ckpt_every: int = 5000  # 0: only the final checkpoint
     keep_checkpoints: int = 2  # newest N step checkpoints kept; 0 keeps all
     # file: rank 0 writes step_N.pt; dcp: every rank writes its share of the directory step_N/
-    # (torch.distributed.checkpoint, docs/checkpoints.md). async_checkpoint (dcp only): the loop
-    # waits only for a CPU copy of the state while a background thread writes it.
-    checkpoint_format: str = "file"
-    async_checkpoint: bool = False
+    # (torch.distributed.checkpoint, docs/checkpoints.md); auto: dcp with several processes or
+    # parallel=fsdp, else file (``checkpointing``). async_checkpoint (dcp only): the loop waits
+    # only for a CPU copy of the state while a background thread writes it; None (auto): on
+    # where auto chose dcp for several processes. The choice is logged and in meta.jsonl.
+    checkpoint_format: str = "auto"
+    async_checkpoint: bool | None = None
     log_every: int = 10
     # How several processes share the work (docs/fsdp.md): ddp replicates the model and the
     # optimizer state on every rank; fsdp shards parameters, gradients and optimizer state over
@@ -100,16 +102,11 @@ class TrainConfig:
                 f"unknown parallel {self.parallel!r}; valid: {list(PARALLEL_MODES)} "
                 "(parallel=fsdp shards the model over the ranks, docs/fsdp.md)"
             )
-        if self.parallel == "fsdp":
-            if self.async_checkpoint:
-                raise ValueError(
-                    "async_checkpoint=true is not supported with parallel=fsdp: drop it "
-                    "(the sharded DCP save is synchronous) or use parallel=ddp"
-                )
+        if self.parallel == "fsdp" and self.checkpoint_format == "file":
             # Every rank writes its own shards: a single file would gather the whole state.
             self.checkpoint_format = "dcp"
-        if self.async_checkpoint and self.checkpoint_format != "dcp":
-            raise ValueError("async_checkpoint=true needs checkpoint_format=dcp")
+        if self.async_checkpoint and self.checkpoint_format == "file":
+            raise ValueError("async_checkpoint=true needs checkpoint_format=dcp (or auto)")
         if self.grad_scale <= 0:
             raise ValueError(f"grad_scale must be > 0, got {self.grad_scale}")
         if self.grad_clip < 0:
@@ -143,6 +140,27 @@ class TrainConfig:
 
 
 MAX_COUNT = 10**12  # steps or tokens: far beyond any run, far below int64
+
+
+def checkpointing(cfg: TrainConfig, world_size: int) -> dict:
+    """How this run checkpoints with ``world_size`` processes: ``{"format", "asynchronous",
+    "why"}``. ``checkpoint_format=auto`` (the default): the sharded DCP directory where there
+    are several processes or ``parallel=fsdp`` (each rank writes its share; rank 0 alone would
+    gather and write everything), the single file for one process; ``async_checkpoint=true``
+    asks for DCP too. ``async_checkpoint`` unset: asynchronous where auto chose DCP for several
+    processes (the loop waits only for the copy to CPU memory; under FSDP too), synchronous
+    otherwise. An explicit value of either is kept (docs/checkpoints.md)."""
+    fmt, why = cfg.checkpoint_format, [f"checkpoint_format={cfg.checkpoint_format}"]
+    if fmt == "auto":
+        several = world_size > 1 or cfg.parallel == "fsdp" or bool(cfg.async_checkpoint)
+        fmt = "dcp" if several else "file"
+        why.append(f"{world_size} process{'es' if world_size > 1 else ''}, "
+                   f"parallel={cfg.parallel}")  # fmt: skip
+    asynchronous = cfg.async_checkpoint
+    if asynchronous is None:
+        asynchronous = fmt == "dcp" and world_size > 1
+        why.append(f"async_checkpoint unset: {'on' if asynchronous else 'off'}")
+    return {"format": fmt, "asynchronous": bool(asynchronous), "why": "; ".join(why)}
 
 
 # Keys that may change between a run and its continuation without making it a different run.

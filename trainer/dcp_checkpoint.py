@@ -135,6 +135,15 @@ def stage_buffers(
     return flat, views
 
 
+def as_shard(buffer: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``buffer`` (the CPU copy of ``like``'s local block) as a DTensor laid out as the DTensor
+    ``like`` (its mesh, placements, global shape); ``buffer`` itself when ``like`` is plain.
+    Not ``DTensor.from_local``, which would move the copy back to the mesh's device (a GPU)."""
+    if not isinstance(like, DTensor):
+        return buffer
+    return DTensor(buffer, like._spec, requires_grad=False)
+
+
 class _Prestaged(AsyncStager):
     """For ``async_save``: the state dict is already a private CPU copy (``DcpCheckpointer``)."""
 
@@ -192,9 +201,13 @@ class DcpCheckpointer:
     def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``tensors`` copied into this saver's CPU buffers: one flat buffer per dtype (pinned
         for GPU tensors), each tensor a view of it, kept from one save to the next and made again
-        only when the shapes change. One pinned allocation per dtype, not one per tensor: the
+        only when the shapes change. A DTensor (FSDP's shard) stages its local block and is
+        handed to DCP as a DTensor of the same layout around the CPU copy (``as_shard``), as
+        torch's own asynchronous save stages one. One pinned allocation per dtype, not one per tensor: the
         CUDA host allocator rounds each pinned block up (to a power of two), which cost about
         1.5x the state with a buffer per tensor."""
+        shards = tensors
+        tensors = {k: t.to_local() if isinstance(t, DTensor) else t for k, t in shards.items()}
         layout = [(k, t.shape, t.dtype, t.is_cuda) for k, t in tensors.items()]
         if layout != self.layout:
             self.layout = layout
@@ -206,7 +219,7 @@ class DcpCheckpointer:
             self.buffers[k].copy_(t.detach(), non_blocking=t.is_cuda)
         if any(t.is_cuda for t in tensors.values()):
             torch.cuda.synchronize()
-        return self.buffers
+        return {k: as_shard(self.buffers[k], t) for k, t in shards.items()}
 
     @property
     def staged_bytes(self) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 from runtime import runfiles
 from runtime.distributed import DistInfo, broadcast_object
 from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, checkpointing
 from trainer.logs import MetricsLogger, init_wandb, truncate_metrics
 from trainer.rundir import check_run_dir, write_run_files
 from trainer.runlock import RunLock
@@ -112,6 +112,7 @@ def open_run(
     }
     if sdpa is not None:
         meta["sdpa"] = sdpa
+    meta["checkpointing"] = checkpointing(cfg, dist.world_size)  # what auto chose, and why
     on_main(dist, _start_files, out_dir, config_dict, meta, step if resume_path else -1)
     wandb_run = init_wandb(cfg.wandb, out_dir, config_dict, cfg.name) if dist.is_main else None
     return MetricsLogger(out_dir, enabled=dist.is_main, wandb_run=wandb_run)

@@ -33,7 +33,7 @@ from runtime.distributed import DistInfo, broadcast_object
 from runtime.seeding import seed_everything
 from trainer import checkpoint as ckpt
 from trainer import fsdp
-from trainer.config import TrainConfig, grad_accum_steps
+from trainer.config import TrainConfig, checkpointing, grad_accum_steps
 from trainer.dcp_checkpoint import DcpCheckpointer
 from trainer.evaluation import validation_loss
 from trainer.logs import MetricsLogger
@@ -175,11 +175,15 @@ class Trainer:
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
         self.eval_model: torch.nn.Module = self.raw_model
         self.session_start = time.perf_counter()
+        ckpt = checkpointing(cfg, dist.world_size)  # logged once here, in meta.jsonl (run.py)
+        if dist.is_main:
+            log.info("checkpoints: %s, %s (%s)", ckpt["format"],
+                     "asynchronous" if ckpt["asynchronous"] else "synchronous", ckpt["why"])  # fmt: skip
         self.dcp_saver = (
             DcpCheckpointer(
-                asynchronous=cfg.async_checkpoint, rank=dist.rank, world_size=dist.world_size
+                asynchronous=ckpt["asynchronous"], rank=dist.rank, world_size=dist.world_size
             )
-            if cfg.checkpoint_format == "dcp"
+            if ckpt["format"] == "dcp"
             else None
         )
 
