@@ -5,7 +5,10 @@ chose for MARS-AdamW (its results.csv), on the evaluation seeds, without tuning:
   gains' weight decay (``weight_decay_1d``) {0.1, 0}: the eight corners (the all-MARS corner is
   the study's own MARS-AdamW cell, merged, not rerun);
 - exact mode once, and a batch of 8,192 tokens once (4x the study's: the budget's tokens in a
-  quarter of the steps).
+  quarter of the steps);
+- the betas switch with kappa held: AdamW's betas with gamma scaled so that the correction's
+  weight kappa = gamma beta1 / (1 - beta1) stays MARS-AdamW's (0.475 at gamma 0.025, beta1
+  0.95: gamma 0.0528 at beta1 0.9), since the plain betas switch also halves kappa.
 
     python -m study.factorial --from runs/referee/results.csv [--out runs/referee-factorial]
                               [study options, e.g. --jobs 2] [-- train.py overrides]
@@ -28,7 +31,7 @@ the final validation loss:
   at ``-`` (the factorial's main effect, averaged over the other two factors);
 - residual(s) = L(every factor at AdamW's setting, s) - L(AdamW, s): what the three factors leave
   (the knobs MARS-AdamW chose, its routing of the embedding through the correction);
-- exact mode and the 8,192-token batch as switches from MARS-AdamW.
+- exact mode, the 8,192-token batch and the betas with kappa held as switches from MARS-AdamW.
 
 Each is a mean over the shared seeds with its paired 90% t-interval; a share is the mean effect
 over the mean gap. A factor explains at least half of the gap when its switch's share is at least
@@ -44,6 +47,14 @@ from pathlib import Path
 from analysis.stats import Interval, mean_interval
 
 BASE = "mars-adamw"
+EXTRAS = ("exact mode", "batch 8,192 tokens", "betas alone, kappa held")  # after the corners
+
+
+def kappa_held_gamma(gamma: float, beta1: float, to_beta1: float) -> float:
+    """The gamma at ``to_beta1`` that keeps the correction's weight ``gamma beta1 / (1 - beta1)``
+    (docs/study.md, "MARS-AdamW's loss"), to 4 decimals: 0.025 at 0.95 -> 0.0528 at 0.9."""
+    kappa = gamma * beta1 / (1 - beta1)
+    return round(kappa * (1 - to_beta1) / to_beta1, 4)
 
 
 def variants(chosen: dict, adamw_beta2: float) -> list[str]:
@@ -58,7 +69,9 @@ def variants(chosen: dict, adamw_beta2: float) -> list[str]:
                 if g == gamma and betas == mars_betas and wd1 == 0.1:
                     continue  # the study's own cell
                 out.append(f"{BASE}:gamma={g!r},betas={betas},weight_decay_1d={wd1!r}")
-    return out + [f"{BASE}:mode=exact", f"{BASE}:batch_tokens=8192"]
+    held = kappa_held_gamma(gamma, 0.95, 0.9)
+    return out + [f"{BASE}:mode=exact", f"{BASE}:batch_tokens=8192",
+                  f"{BASE}:gamma={held!r},betas={adamw_betas},weight_decay_1d=0.1"]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +176,7 @@ def effects(rows: list[dict], level: float = 0.9) -> dict[str, Interval] | None:
     chosen, adamw = picked
     by = losses([r for r in rows if _same_cell(r, chosen)])
     cells = corners(chosen, _beta2(adamw))
-    extra = variants(chosen, _beta2(adamw))[7:]  # exact, batch
+    extra = variants(chosen, _beta2(adamw))[7:]  # EXTRAS
     need = [*cells.values(), "adamw"]
     if any(n not in by for n in need):
         return None
@@ -186,10 +199,11 @@ def effects(rows: list[dict], level: float = 0.9) -> dict[str, Interval] | None:
     out["residual: all three at AdamW's - AdamW"] = mean_interval(
         _diff(by[cells[(False, False, False)]], ref, seeds), level
     )
-    for name, label in zip(extra, ("exact mode", "batch 8,192 tokens")):
+    for name, label in zip(extra, EXTRAS):
         common = [s for s in seeds if s in by.get(name, {})]
         if common:
-            out[f"switch to {label}"] = mean_interval(_diff(mars, by[name], common), level)
+            key = f"switch {label}" if "alone" in label else f"switch to {label}"
+            out[key] = mean_interval(_diff(mars, by[name], common), level)
     return out
 
 

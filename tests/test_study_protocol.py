@@ -332,7 +332,8 @@ def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     write_csv([{**base, "optimizer": "mars-adamw"},
                {**base, "optimizer": "adamw", "lr": 0.008, "beta2": 0.95, "wd": 0.1}], csv)  # fmt: skip
     cells = variants({"beta2": 0.99}, 0.95)
-    assert len(cells) == 9 and "mars-adamw:mode=exact" in cells
+    assert len(cells) == 10 and "mars-adamw:mode=exact" in cells
+    assert cells[-1] == "mars-adamw:gamma=0.0528,betas=[0.9,0.95],weight_decay_1d=0.1"
     assert "mars-adamw:gamma=0.0,betas=[0.9,0.95],weight_decay_1d=0.0" in cells
     centers = centers_from(csv, None, cells)
     assert centers[cells[0]] == {"lr": 0.016, "aux_lr": 0.128, "wd": 0.01, "beta2": 0.99,
@@ -395,7 +396,8 @@ def test_no_run_directory_is_committed_and_none_can_be() -> None:
 def test_factorial_effects_recover_planted_factors() -> None:
     """Planted losses L = 1.8 + 0.06 g + 0.03 b + 0.005 d + seed noise over the eight corners, AdamW
     0.02 below the all-AdamW corner: each switch and main effect is its planted size, the
-    residual 0.02, the shares add up, exact and batch read as switches; a missing corner: None."""
+    residual 0.02, the shares add up, exact, batch and the kappa-held betas read as switches; a
+    missing corner: None."""
     from study.factorial import BASE, chosen_pair, corners, effects, markdown, variants
 
     chosen = {"optimizer": BASE, "role": "eval", "chosen": 1.0, "beta2": 0.99, "model": "m",
@@ -417,10 +419,13 @@ def test_factorial_effects_recover_planted_factors() -> None:
         # AdamW's baseline budget in the same results.csv (its carried beta2 blank): not the gap's
         rows.append({"optimizer": "adamw", "role": "eval", "chosen": 1.0, "beta2": "",
                      "seed": float(s), "final_val_loss": 1.5 + e, "model": "m", "budget": 2.0})  # fmt: skip
-    exact, batch = variants(chosen, 0.95)[7:]
+    exact, batch, held = variants(chosen, 0.95)[7:]
     for s, e in noise.items():
         rows.append(
             {**chosen, "optimizer": exact, "seed": float(s), "final_val_loss": 1.8 + 0.05 + e}
+        )
+        rows.append(
+            {**chosen, "optimizer": held, "seed": float(s), "final_val_loss": 1.8 + 0.07 + e}
         )
     eff = effects(rows)
     assert eff is not None
@@ -435,6 +440,7 @@ def test_factorial_effects_recover_planted_factors() -> None:
     assert eff["switch all three"].mean + 0.02 == pytest.approx(0.115)
     assert eff["switch to exact mode"].mean == pytest.approx(0.045)
     assert "switch to batch 8,192 tokens" not in eff  # no rows for it
+    assert eff["switch betas alone, kappa held"].mean == pytest.approx(0.025)
     table = markdown(rows)
     assert "| switch gamma alone | +0.0600 [+0.0600, +0.0600] | 5 | +52% |" in table
     partial = [r for r in rows if r["optimizer"] != names[(False, False, False)]]
