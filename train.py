@@ -287,6 +287,8 @@ def check_composition(overrides: list[str]) -> None:
     (a value of the wrong type: ``max_steps=many``) ends the command with one."""
     from hydra import compose, initialize_config_dir
 
+    from trainer.cli_checks import replaced_key
+
     ours = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     try:
         with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"),
@@ -296,6 +298,8 @@ def check_composition(overrides: list[str]) -> None:
         cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
         key = getattr(cause, "full_key", None)
         line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        if key and (replaced := replaced_key(key)):  # an earlier version's key in a YAML file
+            raise SystemExit(f"config error: {replaced}") from None
         raise SystemExit(f"config error: {f'{key}: ' if key else ''}{line}") from None
 
 

@@ -23,15 +23,15 @@ op or range) are counted apart: a step should have none.
 Routed as for CUDA (``--routes``). Each optimizer is built through the registry from its default
 config, then takes the path it would take on CUDA by one route (``route_as_cuda``):
 
-- ``engine`` (what ``fused=None`` means on CUDA where Triton is importable): the engine for the
-  buckets it covers (``fused="engine"``), the compiled step for the others, as on CUDA; torch's
-  AdamW ``fused=True``; the engine's CUDA block size;
-- ``compiled`` (``fused=True``): the core's element-wise buckets on the compiled step;
-  Schedule-Free AdamW (no compiled step) foreach; torch's AdamW ``fused=True``;
-- ``foreach`` (``fused=False``): the core's foreach path, Schedule-Free's foreach, torch's AdamW
-  ``foreach=True``.
+- ``engine`` (what ``implementation=auto`` means on CUDA where Triton is importable): the engine
+  for the buckets it covers (``implementation="triton"``), the compiled step for the others, as
+  on CUDA; torch's AdamW its fused kernel; the engine's CUDA block size;
+- ``compiled`` (``implementation="compiled"``): the core's element-wise buckets on the compiled
+  step; Schedule-Free AdamW (no compiled step) foreach; torch's AdamW its fused kernel;
+- ``foreach`` (``implementation="foreach"``): the core's foreach path, Schedule-Free's foreach,
+  torch's AdamW ``foreach=True``.
 
-Every route takes the core's ``foreach`` choice for CUDA (``VarianceReduced.foreach_for``) and
+Every route takes the core's eager choice for CUDA (``VarianceReduced.foreach_for``) and
 Newton-Schulz's ``ns_fused`` iteration (on CUDA by default). The second step is counted, on the
 gradient tensors of the first, as a steady GPU loop's allocator hands them back (the first step
 also creates the state and the engine's tables, once per run; exact mode, no registry default,
@@ -61,7 +61,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import optim
 from model import GPT
 from model.gpt import GPTConfig
-from optim import engine as engine_path
 from optim import fused as fused_path
 from optim.core import VarianceReduced
 from optim.engine import loader
@@ -167,25 +166,27 @@ def route_as_cuda(opt: torch.optim.Optimizer, route: str = "compiled") -> Iterat
         yield
         return
     if isinstance(opt, optim.AdamWScheduleFree):
-        opt.fused = engine_path.ENGINE if route == "engine" else False
+        opt.implementation = "triton" if route == "engine" else "foreach"
+        opt.foreach = True
         with _engine_routed(route):
             yield
         return
     if not isinstance(opt, VarianceReduced):
         yield
         return
-    opt.foreach = opt.foreach if opt.foreach is not None else opt.foreach_for("cuda")
-    opt.fused = {"engine": engine_path.ENGINE, "compiled": True, "foreach": False}[route]
+    opt.implementation = {"engine": "triton", "compiled": "compiled", "foreach": "foreach"}[route]
     for group in opt.param_groups:  # Newton-Schulz's ``ns_fused=None`` means on CUDA
         if group.get("ns_fused", False) is None:
             group["ns_fused"] = True
     with contextlib.ExitStack() as stack:
         stack.enter_context(_engine_routed(route))
+        eager = opt.foreach_for("cuda")  # what the engine and the compiled step leave, on CUDA
+        stack.enter_context(mock.patch.object(opt, "_use_foreach", lambda: eager))
         if route != "foreach":
             stack.enter_context(mock.patch.object(fused_path, "unavailable_reason", lambda d: None))
             stack.enter_context(mock.patch.object(fused_path, "_run", _eager_run))
         if route == "engine":  # what the engine leaves takes the compiled step, as on CUDA
-            stack.enter_context(mock.patch.object(opt, "_want_fused",
+            stack.enter_context(mock.patch.object(opt, "_want_compiled",
                                                   lambda b: not opt.private_overrides()))  # fmt: skip
         yield
 

@@ -2,12 +2,13 @@
 
     python -m bench.optim                                   # tiny model, CPU
     python -m bench.optim --model gpt2-small --device cuda  # the papers' smallest model
-    python -m bench.optim --only mars-adamw adamw --foreach both
+    python -m bench.optim --only mars-adamw adamw --implementations loop foreach
     python -m bench.optim --model gpt2-small --only adamw muon normuon --set ns_dtype=float32
 
 Prints milliseconds per step (median of --steps after --warmup steps), the optimizer state in
-bytes per parameter, and the device. MARS optimizers can be timed with their per-tensor loop
-and their foreach path (--foreach both).
+bytes per parameter, and the device. Each optimizer can be timed on several of its
+implementations (optim/implementation.py), e.g. its per-tensor loop and its foreach path
+(--implementations loop foreach); a value an optimizer does not have is left out for it.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--only", nargs="*", default=None, help="optimizer names (default: all)")
     ap.add_argument("--exact", action="store_true", help="also time the exact modes")
-    ap.add_argument("--foreach", choices=["auto", "both"], default="auto")
+    ap.add_argument("--implementations", nargs="+", default=None, metavar="IMPL",
+                    help="time each optimizer on each of these where it has it: auto, loop, "
+                    "foreach, compiled, triton (torch's AdamW: torch-fused)")  # fmt: skip
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -80,9 +83,10 @@ def main() -> None:
         variants = [("".join(f" {k}={v}" for k, v in own.items()), own)]
         if args.exact and "mode" in fields:
             variants.append((variants[0][0] + " exact", {**own, "mode": "exact"}))
-        if args.foreach == "both" and "foreach" in fields:
-            variants = [(s + f" foreach={f}", {**kw, "foreach": f}) for s, kw in variants
-                        for f in (False, True)]  # fmt: skip
+        if args.implementations:
+            variants = [(s + f" {how}", {**kw, "implementation": how}) for s, kw in variants
+                        for how in args.implementations
+                        if how in cls.valid_implementations]  # fmt: skip
         for suffix, kw in variants:
             opt = optim.build_optimizer(model, cls(**kw))
             ms = time_steps(model, opt, device, args.steps, args.warmup)

@@ -1,15 +1,16 @@
 """Time the optimizer step against torch's AdamW, in one process, on a model preset's tensors.
 
     python -m bench.optim_fused                                  # gpt2-small, CPU
-    python -m bench.optim_fused --device cuda                    # adds AdamW(fused=True)
+    python -m bench.optim_fused --device cuda                    # adds torch's fused AdamW
     python -m bench.optim_fused --only adamw mars-adamw mars-lion lion --rounds 5
     python -m bench.optim_fused --device cuda --grouping tensor  # vs the default (list)
     python -m bench.optim_fused --device cuda --only adamw mars-adamw muon --paths foreach engine \
         --kernels --clip 1.0                                     # the engine, kernels per step
 
 Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer on each of
-``--paths``: ``foreach`` (``fused=False``), ``compiled`` (``fused=True``, optim/fused.py; the
-element-wise families of the core only) and ``engine`` (``fused="engine"``, optim/engine/; the
+``--paths``: ``foreach`` (``implementation="foreach"``), ``compiled`` (``"compiled"``,
+optim/fused.py; the element-wise families of the core only) and ``engine`` (``"triton"``,
+optim/engine/; the
 default on CUDA, on a CPU only when named: Triton's interpreter is slow). Families: adamw,
 mars-adamw, mars-adamw-exact, mars-lion, lion, ademamix, adamw-schedulefree, muon, mars-m. Every
 variant steps the same parameters and gradients (values drift; the time does not depend on
@@ -65,7 +66,8 @@ def passes(name: str, clip: str | None) -> int | None:
 
 
 COMPILED = ("mars-adamw", "mars-adamw-exact", "mars-lion", "lion")  # with a compiled path
-FUSED = {"foreach": False, "compiled": True, "engine": "engine"}
+# --paths -> the optimizer's implementation (optim/implementation.py)
+IMPLEMENTATION = {"foreach": "foreach", "compiled": "compiled", "engine": "triton"}
 
 
 def sync(device: torch.device) -> None:
@@ -73,26 +75,27 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def build(name: str, params: list, fused, model=None):
+def build(name: str, params: list, how, model=None):
     """An optimizer over ``params`` (one group, weight decay 0.1 as GPT-2's matrices; the Muon
-    family: ``model``'s parameters routed by the registry, its default config)."""
+    family: ``model``'s parameters routed by the registry, its default config). ``how``: an
+    implementation (optim/implementation.py); torch's AdamW: True its fused kernel."""
     if name == "adamw":
-        kind = "fused" if fused else "foreach"
+        kind = "fused" if how is True else "foreach"
         return torch.optim.AdamW(params, lr=6e-4, weight_decay=0.1, **{kind: True})
     if name.startswith("mars-") and name != "mars-m":
         mars_type, exact = name.removesuffix("-exact"), name.endswith("-exact")
         return optim.MARS(params, lr=6e-3, weight_decay=0.1, mars_type=mars_type,
-                          is_approx=not exact, fused=fused)  # fmt: skip
+                          is_approx=not exact, implementation=how)  # fmt: skip
     if name == "lion":
-        return optim.Lion(params, lr=2e-4, weight_decay=0.3, fused=fused)
+        return optim.Lion(params, lr=2e-4, weight_decay=0.3, implementation=how)
     if name == "ademamix":
         keys = Rule(momentum="ema", preconditioner="ademamix").group_keys()
         group = dict(params=params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1, **keys)
-        return VarianceReduced([group], foreach=True, fused=fused)
+        return VarianceReduced([group], implementation=how)
     if name == "adamw-schedulefree":
-        return optim.AdamWScheduleFree(params, lr=2.5e-3, weight_decay=0.1, fused=fused)
+        return optim.AdamWScheduleFree(params, lr=2.5e-3, weight_decay=0.1, implementation=how)
     if name in ("muon", "mars-m") and model is not None:  # the registry's routing
-        return optim.build_optimizer(model, optim.get_spec(name).config_cls(fused=fused))
+        return optim.build_optimizer(model, optim.get_spec(name).config_cls(implementation=how))
     raise SystemExit(f"--only {name!r}: use {', '.join(PASSES)}")
 
 
@@ -133,7 +136,7 @@ def variants(names: list[str], device: torch.device, paths: list[str]) -> list[t
             continue
         for path in paths:
             if path != "compiled" or name in COMPILED:
-                out.append((f"{name} {path}", name, FUSED[path]))
+                out.append((f"{name} {path}", name, IMPLEMENTATION[path]))
     return out
 
 
@@ -225,7 +228,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--paths",
         nargs="+",
-        choices=list(FUSED),
+        choices=list(IMPLEMENTATION),
         default=None,
         help="default: foreach compiled engine on CUDA, foreach compiled elsewhere",
     )

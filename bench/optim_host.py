@@ -8,7 +8,7 @@ trainer's global gradient clip. Each step is the trainer's (``clip_grad_norm_``,
 folded into the engine's norm pass where the optimizer can), with a new lr every step, on GPT-2
 small's 75 tensors in two groups (matrices with weight decay, the rest without):
 
-- the engine's variants (``fused="engine"``) run with every kernel launch stubbed out
+- the engine's variants (``implementation="triton"``) run with every kernel launch stubbed out
   (``optim.engine.loader.Go`` counts the launch and returns; Newton-Schulz returns an
   uncomputed result in its layout):
   what is timed is the host's work only. The tensors are the model's full shapes, or with
@@ -69,15 +69,15 @@ def build(name: str, params: list):
     if name == "torch-adamw-foreach":
         return torch.optim.AdamW(groups(params, weight_decay=0.1), lr=6e-4, foreach=True)
     if name in ("mars-adamw", "mars-adamw-unkept"):
-        opt = optim.MARS(groups(params, weight_decay=0.1), lr=6e-3, fused="engine")
+        opt = optim.MARS(groups(params, weight_decay=0.1), lr=6e-3, implementation="triton")
         opt.engine_state.keep = name == "mars-adamw"  # unkept: every step built anew (before)
         return opt
     if name == "lion":
-        return optim.Lion(groups(params, weight_decay=0.3), lr=2e-4, fused="engine")
+        return optim.Lion(groups(params, weight_decay=0.3), lr=2e-4, implementation="triton")
     if name == "muon":
         mats = [p for p in params if p.ndim == 2 and max(p.shape) < 10000]
         rest = [p for p in params if all(p is not m for m in mats)]
-        return optim.Muon(mats, adamw_params=rest, fused="engine")
+        return optim.Muon(mats, adamw_params=rest, implementation="triton")
     raise SystemExit(f"--only {name!r}: use one of {', '.join(NAMES)}")
 
 

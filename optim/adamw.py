@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 
+from optim import implementation as implementations
 from optim.groups import decay_groups, split_aux  # noqa: F401  (split_aux: its old home)
 from optim.options import OptimizerConfig
 from optim.registry import register
@@ -27,16 +29,22 @@ class AdamWConfig(OptimizerConfig):
     eps: float = 1e-8
     # Parameter kinds that get weight decay (optim/groups.py); the official AdamW decays matrices.
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    fused: bool | None = None  # None: fused on CUDA, foreach otherwise
+    # auto: torch's fused kernel on CUDA, foreach otherwise | loop: torch's per-tensor loop |
+    # foreach | torch-fused: torch's own fused kernel on any device (docs/optim-engine.md)
+    implementation: str = "auto"
+
+    valid_implementations: ClassVar[tuple[str, ...]] = implementations.TORCH_ADAMW
 
 
 @register("adamw", AdamWConfig, "torch AdamW, decoupled weight decay on block matrices")
 def build_adamw(model: nn.Module, cfg: AdamWConfig) -> torch.optim.Optimizer:
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
-    on_cuda = next(model.parameters()).is_cuda
-    fused = on_cuda if cfg.fused is None else cfg.fused
-    # Not fused: foreach, which torch itself picks on CUDA only. On the CPU its per-tensor loop
-    # is mostly Python for small models (proxy-100k: 2.3 ms of CPU per step, 1.7 ms foreach),
-    # and foreach gives the same values bit for bit (tests/test_optim_basics.py).
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                             fused=fused or None, foreach=None if fused else True)  # fmt: skip
+    how = cfg.implementation
+    if how == "auto":
+        how = "torch-fused" if next(model.parameters()).is_cuda else "foreach"
+    # Not fused: foreach (auto), which torch itself picks on CUDA only. On the CPU its per-tensor
+    # loop is mostly Python for small models (proxy-100k: 2.3 ms of CPU per step, 1.7 ms
+    # foreach), and foreach gives the same values bit for bit (tests/test_optim_basics.py).
+    kw = {"torch-fused": {"fused": True}, "foreach": {"foreach": True},
+          "loop": {"foreach": False}}[how]  # fmt: skip
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kw)

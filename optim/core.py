@@ -31,6 +31,7 @@ import torch
 
 from optim import engine as engine_path
 from optim import fused as fused_path
+from optim import implementation as implementations
 from optim import masked, routes, sharded
 from optim.engine import state as engine_state
 from optim.engine.clip import ClipFoldMixin
@@ -121,43 +122,47 @@ def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
 class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     """The core optimizer: the groups say which momentum and preconditioner (module docstring).
 
-    ``foreach``: None takes the class's ``default_foreach`` (``foreach_for``: a class default of
-    None means foreach on CUDA only); True the torch._foreach path; False
-    the per-tensor loop (the readable reference). Both are tested equal in float64.
-    ``fused``: True runs every element-wise bucket (optim/fused.py) as one ``torch.compile``d
-    step; None does so on CUDA only (on a CPU the compile time outweighs short runs); False never.
-    Where inductor cannot run (no C++ compiler, no Triton), it logs why and takes ``foreach``.
-    ``fused="engine"``: the Triton engine (optim/engine/) on any device (a CPU through Triton's
-    interpreter); None takes it on CUDA where Triton is present, before the compiled step.
+    ``implementation`` (optim/implementation.py; optim/routes.py decides each bucket's route by
+    it): ``auto`` the Triton engine (optim/engine/) on CUDA where Triton is present, then the
+    compiled step (on a CPU the compile time outweighs short runs), then the eager path; on a CPU
+    the eager path: foreach, or the per-tensor loop where the class's ``default_foreach`` says so
+    (``foreach_for``: a class default of None means foreach on CUDA only). ``loop`` the
+    per-tensor loop (the readable reference) and ``foreach`` the torch._foreach path, everywhere
+    (both tested equal in float64). ``compiled`` every element-wise bucket (optim/fused.py) as one
+    ``torch.compile``d step on any device; where inductor cannot run (no C++ compiler, no
+    Triton) it logs why and takes the eager path. ``triton`` the engine on any device (a CPU
+    through Triton's interpreter).
 
     Extension points (docs/adding-an-optimizer.md): a subclass may set ``correction``, a
     function ``(g, g_ref, kappa) -> c`` of one tensor (element-wise torch ops, no host reads),
     which every path calls: the loop, foreach and the compiled step; and ``adapter_keys``, the
     param-group keys it adds. A group's ``schedules`` key sets other keys per step
     (optim/schedules.py, e.g. a gamma decaying to 0). A subclass that overrides one of the
-    private methods the compiled step replaces (``FUSED_REPLACES``) is refused ``fused=True``.
+    private methods the compiled step replaces (``FUSED_REPLACES``) is refused
+    ``implementation="compiled"`` and ``"triton"``.
     """
 
     default_foreach: bool | None = True  # None: foreach on CUDA, the per-tensor loop elsewhere
     adapter_keys: tuple[str, ...] = ()  # group keys a subclass adds (a drop-in's official names)
     correction = staticmethod(mars_correct)  # c = g + kappa * (g - g_ref), one tensor
 
+    @implementations.refusing_replaced
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
-                 foreach: bool | None = None, fused: bool | str | None = None,
-                 ) -> None:  # fmt: skip
-        engine_path.check_fused(fused)
+                 implementation: str = implementations.DEFAULT) -> None:  # fmt: skip
+        implementations.check(implementation, implementations.CORE, who=type(self).__name__)
         overridden = self.private_overrides()
-        if fused and overridden:
+        if implementation in ("compiled", "triton") and overridden:
             raise ValueError(
-                f"fused={fused!r}: {type(self).__name__} overrides {', '.join(overridden)}, "
-                "which the fast paths do not call; set the class attribute `correction` instead "
-                "(docs/adding-an-optimizer.md) or pass fused=False"
+                f"implementation={implementation!r}: {type(self).__name__} overrides "
+                f"{', '.join(overridden)}, which the fast paths do not call; set the class "
+                "attribute `correction` instead (docs/adding-an-optimizer.md) or pass "
+                "implementation='foreach'"
             )
         super().__init__(groups, defaults or {})
-        self.is_approx, self.foreach, self.fused = is_approx, foreach, fused
+        self.is_approx, self.implementation = is_approx, implementation
         self._reference_pending = False
-        self._fused_ok: set = set()  # bucket signatures that compiled and ran
-        self._fused_off: str | None = None  # why the fused path was given up, once it was
+        self._compiled_ok: set = set()  # bucket signatures that compiled and ran
+        self._compiled_off: str | None = None  # why the compiled step was given up, once it was
         self.engine_state = engine_state.EngineState()  # the engine's tables, kept launches
         # Which path each bucket of the last step took ("engine", "fused", "fused-fallback" when
         # the compiled step failed and the same code ran eagerly, "foreach", "loop"), and counts
@@ -166,15 +171,24 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         self.last_routes: list = []  # (bucket, optim/routes.py Route) of the last full step
         self.path_counts: Counter = Counter()
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A subclass's constructor refuses ``fused=``/``foreach=`` with the one line naming
+        ``implementation`` (optim/implementation.py), as the core's does."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None and not getattr(init, "refuses_replaced", False):
+            cls.__init__ = implementations.refusing_replaced(init)
+
     @classmethod
     def private_overrides(cls) -> list[str]:
         """The methods of ``FUSED_REPLACES`` this class overrides (then never compiled)."""
         return [n for n in FUSED_REPLACES if getattr(cls, n) is not getattr(VarianceReduced, n)]
 
     @property
-    def fused_off_reason(self) -> str | None:
-        """Why the fused path (or the engine, when asked for) is off, or None."""
-        return self._fused_off or self.engine_state.off
+    def off_reason(self) -> str | None:
+        """Why a fast path is off (the compiled step given up, or the engine where it was asked
+        for by name), or None."""
+        return self._compiled_off or self.engine_state.off
 
     def add_param_group(self, param_group: dict) -> None:
         """torch's, then the group's check: known keys only, each value by its one validator."""
@@ -200,14 +214,16 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
 
     @classmethod
     def foreach_for(cls, device_type: str) -> bool:
-        """Whether ``foreach=None`` takes the foreach path on ``device_type``."""
+        """Whether the class's default eager path (``implementation`` auto, compiled, triton) is
+        foreach on ``device_type``."""
         if cls.default_foreach is None:
             return device_type == "cuda"
         return cls.default_foreach
 
     def _use_foreach(self) -> bool:
-        if self.foreach is not None:
-            return self.foreach
+        chosen = implementations.eager_foreach(self.implementation)
+        if chosen is not None:
+            return chosen
         first = next((p for g in self.param_groups for p in g["params"]), None)
         return self.foreach_for(first.device.type if first is not None else "cpu")
 
@@ -263,7 +279,8 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     def _compiled_commit(self, buckets: list[Bucket]) -> bool:
         """Whether the masked commit of staged buckets is compiled: on CUDA, where the compiled
         step may run (a list of ``where`` in one wrapper call instead of two launches each)."""
-        if self.fused is False or self._fused_off or buckets[0].params[0].device.type != "cuda":
+        device = buckets[0].params[0].device.type
+        if device != "cuda" or self._compiled_off or not self._compiled_asked(device):
             return False
         return fused_path.unavailable_reason("cuda") is None
 
@@ -325,8 +342,9 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
                         f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
                         f"{view.get('clip')}) runs eagerly: it steps on copies"
                     )
-                if self.fused is False or (self.fused is None and p.device.type != "cuda"):
-                    return f"the compiled step is off (fused={self.fused}, {p.device.type})"
+                if not self._compiled_asked(p.device.type):
+                    return (f"the compiled step is off (implementation={self.implementation}, "
+                            f"{p.device.type})")  # fmt: skip
                 if self.private_overrides():
                     return f"the compiled step is off ({self.private_overrides()} overridden)"
                 if sharded.is_sharded(p) and view.get("variance_reduction"):
@@ -338,9 +356,9 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         for state in getattr(self, "_last_counted", []):
             state["step"] -= 1
 
-    def _try_fused(self, b: Bucket, skip: torch.Tensor | None = None) -> bool:
+    def _try_compiled(self, b: Bucket, skip: torch.Tensor | None = None) -> bool:
         """Step bucket ``b`` on the compiled path if chosen and covered; whether it did."""
-        if not self._want_fused(b) or not fused_path.fusable(b.view):
+        if not self._want_compiled(b) or not fused_path.fusable(b.view):
             return False
         if _clip(b) == "tensor" and any(s is not None for s in b.shards):
             return False  # the compiled clip's norm would be the local block's (foreach: whole)
@@ -348,14 +366,14 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
             return False
         key = fused_path.signature(b, self.correction)
         error = fused_path.fused_step(b, is_approx=self.is_approx, skip=skip,
-                                      may_fall_back=key not in self._fused_ok,
+                                      may_fall_back=key not in self._compiled_ok,
                                       correction=self.correction)  # fmt: skip
         if error:  # the step was done eagerly by the same code; later steps take foreach
-            self._fused_off = f"torch.compile failed: {error}"
-            logger.warning("fused optimizer step off (%s); using foreach", self._fused_off)
+            self._compiled_off = f"torch.compile failed: {error}"
+            logger.warning("compiled optimizer step off (%s); using foreach", self._compiled_off)
             self.last_paths.append("fused-fallback")
         else:
-            self._fused_ok.add(key)
+            self._compiled_ok.add(key)
             self.last_paths.append("fused")
         self._swap_exact(b, skip)
         return True
@@ -371,20 +389,24 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
                                            sharded.local(s["previous_grad"]))
                                           for s in b.owners if "previous_grad" in s])  # fmt: skip
 
-    def _want_fused(self, b: Bucket) -> bool:
-        if self.fused is False or self._fused_off:
+    def _compiled_asked(self, device_type: str) -> bool:
+        """Whether ``implementation`` asks for the compiled step on the device."""
+        return implementations.compiled_wanted(self.implementation, device_type)
+
+    def _want_compiled(self, b: Bucket) -> bool:
+        if self._compiled_off or self.implementation in ("loop", "foreach"):
             return False
-        if self.private_overrides():  # fused=None: the eager paths, which call the overrides
-            self._fused_off = f"{type(self).__name__} overrides {self.private_overrides()}"
-            logger.info("fused optimizer step off: %s; using foreach", self._fused_off)
+        if self.private_overrides():  # auto: the eager paths, which call the overrides
+            self._compiled_off = f"{type(self).__name__} overrides {self.private_overrides()}"
+            logger.info("compiled optimizer step off: %s; using foreach", self._compiled_off)
             return False
         device = b.params[0].device.type
-        if self.fused in (None, engine_path.ENGINE) and device != "cuda":
+        if not self._compiled_asked(device):
             return False
         reason = fused_path.unavailable_reason(device)
         if reason:
-            self._fused_off = reason
-            logger.warning("fused optimizer step off: %s; using foreach", reason)
+            self._compiled_off = reason
+            logger.warning("compiled optimizer step off: %s; using foreach", reason)
             return False
         return True
 

@@ -11,7 +11,6 @@ A thin constructor over the core (optim/core.py): momentum ``lion``, preconditio
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -29,10 +28,10 @@ class Lion(VarianceReduced):
     """Lion with decoupled weight decay; state: one momentum buffer (``exp_avg``) per parameter."""
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
-                 *, foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
+                 *, implementation: str = "auto"):  # fmt: skip
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                         **LION_RULE.group_keys())  # fmt: skip
-        super().__init__(params, defaults, foreach=foreach, fused=fused)
+        super().__init__(params, defaults, implementation=implementation)
 
 
 @dataclass
@@ -46,10 +45,9 @@ class LionConfig(OptimizerConfig):
     aux_lr: float | None = None  # set: every non-matrix parameter's peak lr; None: lr
     betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
 
 @register("lion", LionConfig, "Lion: sign of interpolated momentum")
 def build_lion(model: nn.Module, cfg: LionConfig) -> torch.optim.Optimizer:
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
-    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=cfg.fused)
+    return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), implementation=cfg.implementation)

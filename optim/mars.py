@@ -39,7 +39,7 @@ reference stored one step earlier and then promotes the new one. ``update_previo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -102,8 +102,7 @@ class MARS(VarianceReduced):
         ns_steps: int = 5,
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
+        implementation: str = "auto",
     ):
         check_option("mars_type", mars_type)
         check_option("lr", lr)
@@ -117,7 +116,7 @@ class MARS(VarianceReduced):
         defaults = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay,
                         mars_type=mars_type, optimize_1d=optimize_1d,
                         **{**rule.group_keys(), **ns.group_keys(), **adam.group_keys()})  # fmt: skip
-        super().__init__(params, defaults, is_approx=is_approx, foreach=foreach, fused=fused)
+        super().__init__(params, defaults, is_approx=is_approx, implementation=implementation)
 
     def add_param_group(self, param_group: dict) -> None:
         """A group's own ``mars_type`` / ``optimize_1d`` pick its rule (as the official code)."""
@@ -158,8 +157,6 @@ class MarsConfig(OptimizerConfig):
     weight_decay_1d: float = 0.1  # the fallback's decay, whatever the tensor's group (official)
     clip: str = "tensor"  # tensor (official) | global (levanter) | none
     first_step: str = "zero"  # zero: g_ref = 0, c_1 = (1+kappa) g_1 (official) | plain: c_1 = g_1
-    foreach: bool | None = None  # None/true: torch._foreach ops; false: the per-tensor loop
-    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
     preconditioner: ClassVar[str] = "adam"  # a registered preconditioner (optim/preconditioners)
     fixed_options: ClassVar[dict] = {}  # its options that are not config fields
@@ -238,8 +235,8 @@ def build_mars(model: nn.Module, cfg: MarsConfig, *, cls: type | None = None,
     # aux_lr: the fallback's lr is lr * lr_1d_factor, so a factor of 1 puts it at aux_lr too
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr,
                        **({"lr_1d_factor": 1.0} if rule.split_1d else {}))  # fmt: skip
-    return cls(groups, defaults, is_approx=cfg.mode == "approx", foreach=cfg.foreach,
-               fused=cfg.fused)  # fmt: skip
+    return cls(groups, defaults, is_approx=cfg.mode == "approx",
+               implementation=cfg.implementation)  # fmt: skip
 
 
 register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(build_mars)

@@ -11,7 +11,6 @@ rules are written out in optim/muon.py's docstring (``moonlight``, ``mars-m``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,8 +40,7 @@ class Moonlight(MuonFamily):
         *,
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
+        implementation: str = "auto",
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
@@ -57,7 +55,7 @@ class Moonlight(MuonFamily):
             ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach, fused=fused)
+        super().__init__([muon, adamw], implementation=implementation)
 
 
 class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
@@ -87,8 +85,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
         first_step: str = "zero",
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
+        implementation: str = "auto",
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         clip = clip if clip is not None else ("tensor" if clip_c else "none")
@@ -108,7 +105,7 @@ class MARS_M(MuonFamily):  # noqa: N801  (the official class name)
             ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], is_approx=is_approx, foreach=foreach, fused=fused)
+        super().__init__([muon, adamw], is_approx=is_approx, implementation=implementation)
 
 
 class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
@@ -128,8 +125,7 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
         *,
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
+        implementation: str = "auto",
     ):
         muon_params, adamw_params = split_matrices(muon_params, adamw_params)
         muon = muon_group(
@@ -147,7 +143,7 @@ class MARS_M_Efficient(MuonFamily):  # noqa: N801  (the official class name)
             ns_distributed=ns_distributed,
         )
         adamw = adamw_group(adamw_params, lr=lr, weight_decay=wd, betas=adamw_betas, eps=adamw_eps)
-        super().__init__([muon, adamw], foreach=foreach, fused=fused)
+        super().__init__([muon, adamw], implementation=implementation)
 
 
 # --- the registry's configs ----------------------------------------------------------------------
@@ -168,7 +164,6 @@ class MuonLikeConfig(OptimizerConfig):
     ns_distributed: bool = True  # under DDP each rank orthogonalises a share, then all-gather
     adamw_betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     adamw_eps: float = 1e-8
-    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
 
 @dataclass
@@ -211,7 +206,7 @@ def _moonlight_like(model: nn.Module, cfg: MuonLikeConfig, algorithm: str, **opt
     muon, rest = split_by_kind(model, ("matrix",))
     common = dict(lr=cfg.lr, weight_decay=cfg.weight_decay)
     muon_keys = config_kwargs(cfg, "lr", "weight_decay", "adamw_betas", "adamw_eps", "mode",
-                              "fused", "aux_lr")  # fmt: skip
+                              "implementation", "aux_lr")  # fmt: skip
     groups = [
         muon_group(muon, algorithm=algorithm, scale="rms", **common, **muon_keys, **options),
         adamw_group(rest, betas=cfg.adamw_betas, eps=cfg.adamw_eps, **common),
@@ -219,7 +214,7 @@ def _moonlight_like(model: nn.Module, cfg: MuonLikeConfig, algorithm: str, **opt
     return MuonFamily(
         split_aux(model, groups, cfg.aux_lr),
         is_approx=getattr(cfg, "mode", "approx") == "approx",
-        fused=cfg.fused,
+        implementation=cfg.implementation,
     )
 
 

@@ -28,15 +28,14 @@ goes to the AdamW part (one rule for the whole family; the official MARS-M and M
 only 2-D tensors, the MARS repo's Muon flattened them). Newton-Schulz is batched by shape and,
 under DDP, split over the ranks and all-gathered (``ns_distributed=True``, the default, as the MARS
 repo's Muon; ``False``: every rank computes every update, as Moonlight and MARS-M), with the same
-numbers (optim/newton_schulz.py). ``foreach=True`` takes the torch._foreach path; the default
-(None) takes it on CUDA (a step's launches do not grow with depth: bench/launches.py) and the
-per-tensor loop on a CPU, whose rounding earlier runs used.
+numbers (optim/newton_schulz.py). ``implementation="foreach"`` takes the torch._foreach path;
+the default (``auto``) takes it on CUDA (a step's launches do not grow with depth:
+bench/launches.py) and the per-tensor loop on a CPU, whose rounding earlier runs used.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -65,7 +64,7 @@ class MuonFamily(VarianceReduced):
     adapter_keys = ("use_muon", "algorithm")
 
     def __init__(self, groups: list[dict], *, is_approx: bool = True,
-                 foreach: bool | None = None, fused: bool | None = None):  # fmt: skip
+                 implementation: str = "auto"):  # fmt: skip
         for g in groups:
             if not g["params"]:  # dropped, yet its values are checked (Muon(adamw_betas=...))
                 for key, value in g.items():
@@ -74,7 +73,7 @@ class MuonFamily(VarianceReduced):
         for g in groups:
             _check_group(g)
             g.update(_core_keys(g))
-        super().__init__(groups, is_approx=is_approx, foreach=foreach, fused=fused)
+        super().__init__(groups, is_approx=is_approx, implementation=implementation)
 
 
 def _core_keys(g: dict) -> dict:
@@ -176,8 +175,7 @@ class Muon(MuonFamily):
         adamw_decay_bias_corrected: bool = True,
         ns_dtype: str = "bfloat16",
         ns_distributed: bool = True,
-        foreach: bool | None = None,
-        fused: bool | None = None,
+        implementation: str = "auto",
     ):
         params, adamw_params = split_matrices(params, adamw_params)
         muon = muon_group(
@@ -198,7 +196,7 @@ class Muon(MuonFamily):
             eps=adamw_eps,
             bias_corrected=adamw_decay_bias_corrected,
         )
-        super().__init__([muon, adamw], foreach=foreach, fused=fused)
+        super().__init__([muon, adamw], implementation=implementation)
 
 
 # mars-repo: the MARS repo's CombinedOptimizer puts every tensor with ndim >= 2 on Muon, so an
@@ -236,7 +234,6 @@ class MuonConfig(OptimizerConfig):
     adamw_eps: float = 1e-8
     adamw_weight_decay: float = 0.1
     adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
-    fused: Any = None  # None | true | false | engine (docs/optim-engine.md); Any: Hydra takes a str
 
 
 @register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")
@@ -253,7 +250,7 @@ def build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
                     betas=cfg.adamw_betas, eps=cfg.adamw_eps,
                     bias_corrected=cfg.adamw_decay_bias_corrected),
     ]  # fmt: skip
-    return MuonFamily(split_aux(model, groups, cfg.aux_lr), fused=cfg.fused)
+    return MuonFamily(split_aux(model, groups, cfg.aux_lr), implementation=cfg.implementation)
 
 
 @dataclass
@@ -291,4 +288,5 @@ def build_normuon(model: nn.Module, cfg: NorMuonConfig) -> torch.optim.Optimizer
         dict(params=rest, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay,
              betas=tuple(cfg.adamw_betas), **aux),
     ]  # fmt: skip
-    return VarianceReduced([g for g in split_aux(model, groups, cfg.aux_lr) if g["params"]])
+    return VarianceReduced([g for g in split_aux(model, groups, cfg.aux_lr) if g["params"]],
+                           implementation=cfg.implementation)  # fmt: skip

@@ -25,9 +25,11 @@ import dataclasses
 import difflib
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+
+from optim import implementation as implementations
 
 Validator = Callable[[Any, str], None]
 VALIDATORS: dict[str, Validator] = {}
@@ -93,15 +95,21 @@ class OptimizerConfig:
     ``weight_decay``, and ``aux_lr``, the one second lr with one meaning everywhere
     (docs/optimizers.md): the peak lr of every parameter that is not a block matrix (embedding =
     tied head, untied head, positions, gains, biases), whatever rule it is on; None: the
-    optimizer's own lrs. Each subclass sets its own defaults; every field is validated when the
-    config is made."""
+    optimizer's own lrs. ``implementation``: how it steps (optim/implementation.py), one of the
+    class's ``valid_implementations``; the builder passes it on. Each subclass sets its own
+    defaults; every field is validated when the config is made."""
 
     name: str = ""
     lr: float = 1e-3
     weight_decay: float = 0.0
     aux_lr: float | None = None
+    implementation: str = implementations.DEFAULT  # auto | loop | foreach | compiled | triton
+
+    valid_implementations: ClassVar[tuple[str, ...]] = implementations.CORE
 
     def __post_init__(self) -> None:
+        implementations.check(self.implementation, self.valid_implementations,
+                              f"{PREFIX}implementation", self.name)  # fmt: skip
         check_fields(self, PREFIX)
 
 

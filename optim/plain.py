@@ -35,7 +35,7 @@ def build_plain(model: nn.Module, cfg: Any, preconditioner: str) -> torch.optim.
     defaults = dict(lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
                     **rule.group_keys())  # fmt: skip
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
-    return VarianceReduced(groups, defaults, foreach=cfg.foreach)
+    return VarianceReduced(groups, defaults, implementation=cfg.implementation)
 
 
 @dataclass
@@ -50,7 +50,6 @@ class SoapConfig(OptimizerConfig, SoapFields):
     betas: list[float] = field(default_factory=lambda: [0.95, 0.95])
     eps: float = 1e-8
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    foreach: bool | None = None  # the core's momentum: foreach (None/true) or the loop
 
 
 @register("soap", SoapConfig, "SOAP: Adam in the eigenbasis of Shampoo's preconditioner")
@@ -70,7 +69,6 @@ class AdEMAMixConfig(OptimizerConfig, AdEMAMixFields):
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
-    foreach: bool | None = None
 
 
 @register("ademamix", AdEMAMixConfig, "AdEMAMix: Adam plus a slow EMA of the gradient")

@@ -1,19 +1,22 @@
 """One route decision per bucket: which path steps it, and why (docs/optim-engine.md, "Routes").
 
 A bucket of the core (optim/core.py: the tensors of one param group that share a rule) is
-stepped by one of four routes, tried in this order:
+stepped by one of four routes, tried in this order, as the optimizer's ``implementation`` asks
+(optim/implementation.py: auto, loop, foreach, compiled, triton):
 
-- ``engine``: the Triton engine (optim/engine/), where the ``fused`` switch asks for it on the
-  device, Triton is there, and the engine covers the rule and the tensors;
-- ``compiled``: the ``torch.compile``d step (optim/fused.py);
-- ``foreach`` or ``loop``: the eager paths (the ``foreach`` switch).
+- ``engine``: the Triton engine (optim/engine/), where the setting asks for it on the device
+  (``triton``; ``auto`` on CUDA), Triton is there, and the engine covers the rule and the tensors;
+- ``compiled``: the ``torch.compile``d step (optim/fused.py; ``compiled``, and ``auto`` or
+  ``triton`` on CUDA);
+- ``foreach`` or ``loop``: the eager paths (``foreach``, ``loop``; else the class's default).
 
 ``decide`` is the one place that chooses; it returns the route with the reason the earlier
 routes were not taken, and the core steps each bucket by it. What happens during the step
 after all (a kernel that fails to compile, a global clip whose buckets cannot all take the
 engine) hands the bucket to ``decide`` again without the engine, and that is recorded too:
-``opt.last_routes`` holds every bucket's route of the last step, and a change of routes is
-logged once (``log_changes``).
+``opt.last_routes`` holds every bucket's route of the last step. ``taken(opt)`` sums them per
+route (buckets and reasons): what a run writes to meta.jsonl and summary.json and logs once at
+start-up (``lines``; trainer/run.py); a later change of routes is logged here (``log_changes``).
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def run_fast(opt, buckets: list, foreach: bool, skip, gscale) -> list:
     ran = [b for b in taken if id(b) not in back]
     apply_clip([g for b in rest for g in b.gs], gscale)  # the others: as torch clips
     eager = [b for b in rest
-             if decided[id(b)].name != "compiled" or not opt._try_fused(b, skip)]  # fmt: skip
+             if decided[id(b)].name != "compiled" or not opt._try_compiled(b, skip)]  # fmt: skip
     opt.last_routes = [(label(b), decided[id(b)]) for b in ran + rest]
     log_changes(opt, opt.last_routes)
     return eager
@@ -74,8 +77,9 @@ def run_fast(opt, buckets: list, foreach: bool, skip, gscale) -> list:
 
 def compiled_refusal(opt, b) -> str | None:
     """Why the compiled step does not take bucket ``b``, or None where it does."""
-    if not opt._want_fused(b):
-        return opt._fused_off or f"fused={opt.fused!r} on {b.params[0].device.type}"
+    if not opt._want_compiled(b):
+        device = b.params[0].device.type
+        return opt._compiled_off or f"implementation={opt.implementation} on {device}"
     if not fused_path.fusable(b.view):
         return f"rule {b.view['momentum_form']}/{b.view['preconditioner']} is not compiled"
     clip = b.view.get("clip") if b.view.get("variance_reduction") else None
@@ -96,27 +100,52 @@ def label(b) -> str:
 
 
 def log_changes(opt, routes: list[tuple[str, Route]]) -> None:
-    """Log the routes of a step once, and again whenever they change."""
+    """Log the routes of a step when they change (the first step's at DEBUG: a run logs those
+    once at start-up, ``lines``), one line per route."""
     summary = [(name, r.name, r.reason) for name, r in routes]
-    if summary == opt.__dict__.get("_logged_routes"):
+    before = opt.__dict__.get("_logged_routes")
+    if summary == before:
         return
     opt._logged_routes = summary
-    for name, route, reason in summary:
-        log.info("optimizer route: %s -> %s (%s)", name, route, reason)
+    level = logging.DEBUG if before is None else logging.INFO
+    for line in lines(count(routes)):
+        log.log(level, "optimizer routes changed: %s" if before else "%s", line)
 
 
-def taken(opt) -> dict:
-    """The routes of the optimizer's last step, for a run's summary: per route, how many
-    buckets took it and why. An optimizer outside the core (torch's AdamW, say) steps its
-    groups itself: its one entry names it and how torch was asked to step."""
-    if not hasattr(opt, "last_routes"):
-        how = [f"{k}={opt.defaults[k]}" for k in ("fused", "foreach") if k in opt.defaults]
-        reason = f"{type(opt).__module__}.{type(opt).__name__} ({', '.join(how) or 'defaults'})"
-        return {"torch": {"buckets": len(opt.param_groups), "reasons": [reason]}}
+def count(routes: list[tuple[str, Route]]) -> dict:
+    """Per route, how many buckets took it and why (each reason once, in order)."""
     out: dict = {}
-    for _name, route in getattr(opt, "last_routes", None) or []:
+    for _name, route in routes:
         entry = out.setdefault(route.name, {"buckets": 0, "reasons": []})
         entry["buckets"] += 1
         if route.reason not in entry["reasons"]:
             entry["reasons"].append(route.reason)
+    return out
+
+
+def taken(opt) -> dict:
+    """The routes of the optimizer's last step, for a run's files: per route, how many buckets
+    took it and why (``count``). An optimizer outside the core (torch's AdamW, say) steps its
+    groups itself: its one entry names it and how torch was asked to step; Schedule-Free AdamW
+    (optim/schedulefree.py) counts its groups' paths."""
+    if not hasattr(opt, "last_routes") and hasattr(opt, "last_paths"):
+        why = f"{type(opt).__name__}, implementation={opt.implementation}"
+        engine_off = getattr(opt, "off_reason", None)
+        return count([("group", Route(p, why if p == "engine" or not engine_off
+                                      else f"{why}; not the engine: {engine_off}"))
+                      for p in opt.last_paths])  # fmt: skip
+    if not hasattr(opt, "last_routes"):
+        how = [f"{k}={opt.defaults[k]}" for k in ("fused", "foreach") if k in opt.defaults]
+        reason = f"{type(opt).__module__}.{type(opt).__name__} ({', '.join(how) or 'defaults'})"
+        return {"torch": {"buckets": len(opt.param_groups), "reasons": [reason]}}
+    return count(getattr(opt, "last_routes", None) or [])
+
+
+def lines(routes: dict) -> list[str]:
+    """One log line per route of ``taken``: ``optimizer route foreach: 2 buckets (why)``."""
+    out = []
+    for name, entry in routes.items():
+        n = entry["buckets"]
+        why = "; ".join(entry["reasons"])
+        out.append(f"optimizer route {name}: {n} bucket{'s' if n != 1 else ''} ({why})")
     return out

@@ -33,11 +33,13 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 
 from optim import engine
+from optim import implementation as implementations
 from optim.engine import schedulefree as engine_schedulefree
 from optim.engine.clip import ClipFoldMixin
 from optim.engine.clip import apply_to as apply_clip
@@ -65,10 +67,11 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
 
     has_eval_weights = True  # the trainer evaluates and saves inside eval_weights()
 
+    @implementations.refusing_replaced
     def __init__(self, params, lr: float = 0.0025, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup_steps: int = 0, r: float = 0.0,
-                 weight_lr_power: float = 2.0, *, foreach: bool = True,
-                 fused: bool | str | None = None) -> None:  # fmt: skip
+                 weight_lr_power: float = 2.0, *,
+                 implementation: str = implementations.DEFAULT) -> None:  # fmt: skip
         for key, value in dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                warmup_steps=warmup_steps, r=r,
                                weight_lr_power=weight_lr_power).items():  # fmt: skip
@@ -76,12 +79,15 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, r=r, k=0, warmup_steps=warmup_steps,
                         train_mode=True, weight_sum=0.0, lr_max=-1.0, scheduled_lr=0.0,
                         weight_lr_power=weight_lr_power, weight_decay=weight_decay)  # fmt: skip
+        implementations.check(implementation, implementations.SCHEDULE_FREE,
+                              who=type(self).__name__)  # fmt: skip
         super().__init__(params, defaults)
-        engine.check_fused(fused)
-        # fused: None, the engine (optim/engine/) on CUDA where Triton is present; "engine" on
-        # any device (a CPU through Triton's interpreter); False never. ``path_counts`` counts
-        # the paths the groups took ("engine", "foreach", "loop"), as the core's optimizers do.
-        self.foreach, self.fused = foreach, fused
+        # implementation (optim/implementation.py): auto, the engine (optim/engine/) on CUDA
+        # where Triton is present, else foreach; triton the engine on any device (a CPU through
+        # Triton's interpreter); loop, foreach never (no compiled step here). ``path_counts``
+        # counts the paths the groups took ("engine", "foreach", "loop"), as the core's do.
+        self.implementation = implementation
+        self.foreach = implementations.eager_foreach(implementation) is not False
         self.engine_state = EngineState()  # the engine's tables (optim/engine/state.py)
         self.last_paths: list[str] = []
         self.path_counts: Counter = Counter()
@@ -148,8 +154,8 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
         return engine.usable(self, p.device.type) and tensors_fit([p])
 
     @property
-    def fused_off_reason(self) -> str | None:
-        """Why the engine is off when it was asked for (``fused="engine"``), or None."""
+    def off_reason(self) -> str | None:
+        """Why the engine is off when it was asked for (``implementation="triton"``), or None."""
         return self.engine_state.off
 
     def _weights(self, group: dict) -> tuple[float, float]:
@@ -255,7 +261,8 @@ class AdamWScheduleFreeConfig(OptimizerConfig):
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
     warmup_steps: int = 0  # the optimizer's own warmup (the trainer's schedule may warm up too)
     r: float = 0.0
-    foreach: bool = True
+
+    valid_implementations: ClassVar[tuple[str, ...]] = implementations.SCHEDULE_FREE  # no compiled
 
 
 @register("adamw-schedulefree", AdamWScheduleFreeConfig, "Schedule-Free AdamW")
@@ -263,4 +270,4 @@ def build_schedulefree(model: nn.Module, cfg: AdamWScheduleFreeConfig) -> torch.
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     return AdamWScheduleFree(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
                              warmup_steps=cfg.warmup_steps, r=cfg.r,
-                             foreach=cfg.foreach)  # fmt: skip
+                             implementation=cfg.implementation)  # fmt: skip

@@ -3,7 +3,9 @@
 A run directory (train.py's ``out_dir``) holds:
 
 - ``config.yaml``: the resolved config, written once by rank 0 (a continuation must match it);
-- ``meta.jsonl``: one line per session (when, where, which code: ``git_commit``, ``host``, ...);
+- ``meta.jsonl``: one line per session (when, where, which code: ``git_commit``, ``host``, ...),
+  and lines that add to it once known (``add_to_session``: the optimizer's routes after the first
+  step), marked ``same_session``: ``read_meta`` folds them into their session's record;
 - ``metrics.jsonl``: one record per logged step or evaluation (``step``, ``train_loss``,
   ``val_loss``, ``tokens``, ...), cut back to the checkpoint's step when a run resumes;
 - ``summary.json``: the run's summary (``steps``, ``final_val_loss``, ``best_val_loss``,
@@ -80,6 +82,15 @@ def append_meta(run_dir: Path, meta: dict[str, Any]) -> None:
             with contextlib.suppress(OSError):  # never leave half a line behind
                 f.truncate(start)
             raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from None
+
+
+SAME_SESSION = "same_session"  # a meta.jsonl line that adds to the session line before it
+
+
+def add_to_session(run_dir: Path, fields: dict[str, Any]) -> None:
+    """``fields`` added to the current session's record of ``meta.jsonl`` (one more line, marked
+    ``same_session``; ``read_meta`` merges it), written as ``append_meta`` writes."""
+    append_meta(run_dir, {SAME_SESSION: True, **fields})
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
@@ -162,8 +173,15 @@ def read_metrics(run_dir: Path, warnings: list[str] | None = None) -> list[dict[
 
 
 def read_meta(run_dir: Path) -> list[dict[str, Any]]:
-    """The sessions of ``meta.jsonl``, first to last."""
-    return read_jsonl(run_dir / META)
+    """The sessions of ``meta.jsonl``, first to last: one record each, the lines that add to a
+    session (``add_to_session``) merged into it."""
+    sessions: list[dict[str, Any]] = []
+    for record in read_jsonl(run_dir / META):
+        if record.pop(SAME_SESSION, False) and sessions:
+            sessions[-1].update(record)
+        else:
+            sessions.append(record)
+    return sessions
 
 
 def finished(run_dir: Path, max_steps: int | None = None) -> dict[str, Any] | None:

@@ -111,12 +111,10 @@ def test_shape_of_a_run_reads_the_model():
 
 def test_run_meta_records_the_attention_kernel(tmp_path, sotu_dir):
     """A run writes what was chosen into meta.jsonl (a CPU run: torch's kernels)."""
-    import json
-
     import train
     from helpers import fast_config
+    from runtime import runfiles
 
     train.train(*fast_config(tmp_path / "run", sotu_dir, "max_steps=1"))
-    meta_file = tmp_path / "run" / "meta.jsonl"
-    meta = [json.loads(line) for line in meta_file.read_text().splitlines()]
+    meta = runfiles.read_meta(tmp_path / "run")
     assert meta[-1]["sdpa"] == {"setting": "auto", "choice": "torch"}

@@ -15,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
+import optim
 import train
 from helpers import CONFIG_DIR, FAST, ROOT, compose_config
 from trainer import checks
@@ -343,14 +344,35 @@ def test_data_dir_of_text_files_is_refused_with_the_prepare_command_and_left_alo
     assert sorted(p.name for p in texts.iterdir()) == ["one.txt", "two.txt"]
 
 
-@pytest.mark.parametrize("optimizer", ["mars-adamw", "lion", "muon", "moonlight", "mars-m"])
-def test_fused_engine_is_reachable_from_the_command_line(optimizer):
-    """``optimizer.fused=engine`` (docs/optim-engine.md) passes Hydra's typed config and reaches
-    the optimizer's config; a value that is not a choice is refused with the choices."""
-    typed, _ = train.to_typed(compose_config(f"optimizer={optimizer}", "optimizer.fused=engine"))
-    assert typed.optimizer.fused == "engine"
-    typed, _ = train.to_typed(compose_config(f"optimizer={optimizer}", "optimizer.fused=true"))
-    assert typed.optimizer.fused is True
-    assert "None, true, false or 'engine'" in refused(
-        f"optimizer={optimizer}", "optimizer.fused=turbo"
-    )
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        "mars-adamw",
+        "lion",
+        "muon",
+        "moonlight",
+        "mars-m",
+        "soap",
+        "normuon",
+        "adamw",
+        "adamw-schedulefree",
+    ],
+)
+def test_the_implementation_is_reachable_from_the_command_line(optimizer):
+    """``optimizer.implementation`` (docs/optim-engine.md) passes Hydra's typed config and
+    reaches the optimizer's config; a value the optimizer does not have is refused naming its
+    values; the earlier switches ``optimizer.fused``/``optimizer.foreach`` are refused in one
+    line naming the replacement."""
+    valid = optim.get_spec(optimizer).config_cls.valid_implementations
+    for how in valid:
+        typed, _ = train.to_typed(compose_config(f"optimizer={optimizer}",
+                                                 f"optimizer.implementation={how}"))  # fmt: skip
+        assert typed.optimizer.implementation == how
+    message = refused(f"optimizer={optimizer}", "optimizer.implementation=turbo")
+    assert f"'turbo' for {optimizer}; valid: {', '.join(valid)}" in message
+    for old in ("+optimizer.fused=true", "+optimizer.foreach=false"):  # (the CLI: test_cli.py)
+        message = refused(f"optimizer={optimizer}", old)
+        assert len(message.splitlines()) == 1, message
+        assert "was replaced by optimizer.implementation=auto|loop|foreach|compiled|triton" in (
+            message
+        ), message

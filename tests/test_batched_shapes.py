@@ -38,7 +38,7 @@ def run(rule, shapes, steps, *, foreach, skip=(), scale=1.0, **group):
     ps = [torch.nn.Parameter(p) for p in ps]
     group = dict(params=ps, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1, **group,
                  **rule.group_keys())  # fmt: skip
-    opt = optim.VarianceReduced([group], foreach=foreach)
+    opt = optim.VarianceReduced([group], implementation="foreach" if foreach else "loop")
     for t, gs in enumerate(grads):
         for i, (p, g) in enumerate(zip(ps, gs)):
             p.grad = None if (t, i) in skip else g.clone()
@@ -179,7 +179,8 @@ def test_soap_state_is_adopted_saved_and_resumed_as_one_stack():
 
     ref_ps, ref_opt = run(rule, LARGE, 5, foreach=True)
     _, grads = data(LARGE, 5)
-    resumed = optim.VarianceReduced([dict(opt.param_groups[0], params=ps)], foreach=True)
+    resumed = optim.VarianceReduced([dict(opt.param_groups[0], params=ps)],
+                                    implementation="foreach")  # fmt: skip
     buf.seek(0)
     resumed.load_state_dict(torch.load(buf, weights_only=True))
     for gs in grads[3:]:

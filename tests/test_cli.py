@@ -88,10 +88,23 @@ def refused(*args: str) -> str:
         (["+shared=small"], "unknown config key shared"),
         (["modle=tiny"], "unknown config key modle (did you mean model?)"),
         (["max_steps=(1"], "config error: "),  # a syntax error: Hydra's first line
+        # an earlier version's switches: the one setting that replaced them
+        (["optimizer=mars-adamw", "optimizer.fused=engine"], "config error: optimizer.fused was replaced by optimizer.implementation=auto|loop|foreach|compiled|triton (torch's AdamW: auto|loop|foreach|torch-fused; docs/optim-engine.md)"),
+        (["optimizer.foreach=false"], "optimizer.foreach was replaced by optimizer.implementation="),
+        (["+optimizer.fused=true"], "optimizer.fused was replaced by optimizer.implementation="),
     ],
 )  # fmt: skip
 def test_misspelt_name_is_refused_with_one_line(args, expected):
     assert expected in refused(*args)
+
+
+def test_an_earlier_versions_switch_in_a_yaml_file_is_refused_with_one_line():
+    """``fused:`` under ``optimizer:`` in an experiment file (an earlier version's switch) fails
+    Hydra's composition as this override does: the one line naming its replacement."""
+    with pytest.raises(SystemExit) as info:
+        train.check_composition(["optimizer=mars-adamw", "optimizer.fused=true"])
+    message = str(info.value.code)
+    assert "\n" not in message and "optimizer.fused" in message, message
 
 
 @pytest.mark.parametrize(

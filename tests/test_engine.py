@@ -1,6 +1,6 @@
 """The Triton optimizer engine (optim/engine/) against the foreach path, on the CPU.
 
-The kernels run under Triton's interpreter: ``fused="engine"`` forces the engine on any device,
+The kernels run under Triton's interpreter: ``implementation="triton"`` forces the engine on any device,
 and for CPU tensors optim/engine/loader.py executes the kernel module with ``TRITON_INTERPRET=1``
 set while ``triton.jit`` decorates it (Triton reads the variable then, not at launch), so no
 environment variable is needed here and the process's other Triton users stay compiled. The
@@ -82,29 +82,29 @@ def core(preconditioner, options=None, vr=None, **group):
     """A core optimizer over one group with the given rule (EMA momentum)."""
     keys = Rule(momentum="ema", preconditioner=preconditioner, options=options,
                 variance_reduction=vr).group_keys()  # fmt: skip
-    return lambda p, fused: VarianceReduced(
+    return lambda p, how: VarianceReduced(
         [dict(params=p, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, **keys, **group)],
-        fused=fused,
+        implementation=how,
     )
 
 
 VR = VarianceReduction(0.025, "tensor", "zero")
 CASES = {
-    "mars-adamw": lambda p, f: MARS(p, lr=1e-2, weight_decay=0.1, fused=f),
+    "mars-adamw": lambda p, f: MARS(p, lr=1e-2, weight_decay=0.1, implementation=f),
     "mars-adamw-exact-global-amsgrad": lambda p, f: MARS(p, weight_decay=0.1, is_approx=False,
-                                                         clip="global", amsgrad=True, fused=f),
+                                                         clip="global", amsgrad=True, implementation=f),
     "mars-adamw-plain-g-noclip": lambda p, f: MARS(p, first_step="plain", second_moment="g",
-                                                   clip="none", optimize_1d=True, fused=f),
-    "mars-lion": lambda p, f: MARS(p, mars_type="mars-lion", weight_decay=0.1, fused=f),
-    "mars-lion-exact": lambda p, f: MARS(p, mars_type="mars-lion", is_approx=False, fused=f),
-    "lion": lambda p, f: Lion(p, weight_decay=0.3, fused=f),
-    "mars-shampoo": lambda p, f: MARS(p, mars_type="mars-shampoo", ns_dtype="param", fused=f),
-    "muon": lambda p, f: Muon(p, weight_decay=0.1, ns_dtype="param", fused=f),
-    "moonlight": lambda p, f: Moonlight(**split(p), ns_dtype="param", fused=f),
-    "mars-m": lambda p, f: MARS_M(**split(p), ns_dtype="param", fused=f),
+                                                   clip="none", optimize_1d=True, implementation=f),
+    "mars-lion": lambda p, f: MARS(p, mars_type="mars-lion", weight_decay=0.1, implementation=f),
+    "mars-lion-exact": lambda p, f: MARS(p, mars_type="mars-lion", is_approx=False, implementation=f),
+    "lion": lambda p, f: Lion(p, weight_decay=0.3, implementation=f),
+    "mars-shampoo": lambda p, f: MARS(p, mars_type="mars-shampoo", ns_dtype="param", implementation=f),
+    "muon": lambda p, f: Muon(p, weight_decay=0.1, ns_dtype="param", implementation=f),
+    "moonlight": lambda p, f: Moonlight(**split(p), ns_dtype="param", implementation=f),
+    "mars-m": lambda p, f: MARS_M(**split(p), ns_dtype="param", implementation=f),
     "mars-m-exact-global": lambda p, f: MARS_M(**split(p), ns_dtype="param", is_approx=False,
-                                                clip="global", fused=f),
-    "mars-m-efficient": lambda p, f: MARS_M_Efficient(**split(p), ns_dtype="param", fused=f),
+                                                clip="global", implementation=f),
+    "mars-m-efficient": lambda p, f: MARS_M_Efficient(**split(p), ns_dtype="param", implementation=f),
     "ademamix-warmups": core("ademamix", AdEMAMixOptions(alpha_warmup=3, beta3_warmup=3)),
     "mars-ademamix": core("ademamix", AdEMAMixOptions(), VR),
     "adam-before-bias-correction": core("adam", optim.preconditioners.AdamOptions(
@@ -118,9 +118,9 @@ def test_engine_step_equals_foreach(name):
     parameters and state as the foreach path; every bucket ran on the engine."""
     make = CASES[name]
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = make(ref_p, False), make(eng_p, "engine")
+    ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
     run(ref, ref_p, 4), run(eng, eng_p, 4)
-    assert eng.fused_off_reason is None
+    assert eng.off_reason is None
     assert set(eng.path_counts) == {"engine"} and eng.path_counts["engine"] == 4 * len(
         eng.last_paths)  # fmt: skip
     assert_same(ref_p, ref, eng_p, eng)
@@ -131,7 +131,7 @@ def test_soap_takes_its_unrotated_tensors_to_the_engine():
     on the engine, its rotated matrices on foreach: the same numbers as all on foreach."""
     make = core("soap", SoapOptions(precondition_frequency=2))
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = make(ref_p, False), make(eng_p, "engine")
+    ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
     run(ref, ref_p, 4), run(eng, eng_p, 4)
     assert eng.path_counts == {"engine": 4, "foreach": 4}
     assert_same(ref_p, ref, eng_p, eng)
@@ -141,7 +141,10 @@ def test_newton_schulz_in_bf16_on_persistent_stacks():
     """NS in its default bf16: the pre-pass writes u into the stack as the foreach path's cast
     does, so the updates agree to bf16's rounding; the stacks are allocated once."""
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = MARS_M(**split(ref_p), fused=False), MARS_M(**split(eng_p), fused="engine")
+    ref, eng = (
+        MARS_M(**split(ref_p), implementation="foreach"),
+        MARS_M(**split(eng_p), implementation="triton"),
+    )
     run(ref, ref_p, 3), run(eng, eng_p, 3)
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-6, atol=1e-9))
     stacks = [
@@ -158,7 +161,7 @@ def test_skipped_nonfinite_step_changes_nothing(name):
     writes nothing: the run then equals one that never saw that step."""
     make = CASES[name]
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = make(ref_p, False), make(eng_p, "engine")
+    ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
     run(ref, ref_p, 2), run(eng, eng_p, 2)
     before = copy.deepcopy(eng.state_dict()), [p.detach().clone() for p in eng_p]
     if eng.needs_reference_grad:
@@ -184,10 +187,10 @@ def test_schedulefree_engine_equals_foreach_and_records_its_path():
     ref_p, eng_p = make_params(), make_params()
     ref = optim.AdamWScheduleFree(ref_p, lr=1e-2, weight_decay=0.1, warmup_steps=2)
     eng = optim.AdamWScheduleFree(eng_p, lr=1e-2, weight_decay=0.1, warmup_steps=2,
-                                  fused="engine")  # fmt: skip
+                                  implementation="triton")  # fmt: skip
     run(ref, ref_p, 4), run(eng, eng_p, 4)
     assert ref.path_counts == {"foreach": 4} and eng.path_counts == {"engine": 4}
-    assert eng.fused_off_reason is None
+    assert eng.off_reason is None
     assert_same(ref_p, ref, eng_p, eng)
     ref.eval(), eng.eval()  # x, the averaged weights
     for a, b in zip(ref_p, eng_p):
@@ -196,14 +199,14 @@ def test_schedulefree_engine_equals_foreach_and_records_its_path():
 
 def test_state_dicts_swap_between_engine_and_foreach_and_plans_are_reused():
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = MARS(ref_p, weight_decay=0.1, fused=False), MARS(eng_p, weight_decay=0.1,
-                                                                fused="engine")  # fmt: skip
+    ref, eng = MARS(ref_p, weight_decay=0.1, implementation="foreach"), MARS(eng_p, weight_decay=0.1,
+                                                                implementation="triton")  # fmt: skip
     run(ref, ref_p, 2), run(eng, eng_p, 2)
     other_p = [p.detach().clone().requires_grad_() for p in ref_p]
-    other = MARS(other_p, weight_decay=0.1, fused="engine")
+    other = MARS(other_p, weight_decay=0.1, implementation="triton")
     other.load_state_dict(copy.deepcopy(ref.state_dict()))  # foreach -> engine
     back_p = [p.detach().clone().requires_grad_() for p in eng_p]
-    back = MARS(back_p, weight_decay=0.1, fused=False)
+    back = MARS(back_p, weight_decay=0.1, implementation="foreach")
     back.load_state_dict(copy.deepcopy(eng.state_dict()))  # engine -> foreach
     for opt, ps in ((ref, ref_p), (eng, eng_p), (other, other_p), (back, back_p)):
         run(opt, ps, 2, start=2)
@@ -239,7 +242,7 @@ def test_registry_configs_with_decay_kinds(name):
     cfg = cls(**({"decay_kinds": ["matrix", "embedding"]} if name != "muon" else
                  {"weight_decay": 0.1, "ns_dtype": "float64"}))  # fmt: skip
     ref, eng = (optim.build_optimizer(m, cfg) for m in models)
-    ref.fused, eng.fused, ref.foreach = False, "engine", True
+    ref.implementation, eng.implementation = "foreach", "triton"
     ps = [list(m.parameters()) for m in models]
     run(ref, ps[0], 3), run(eng, ps[1], 3)
     assert set(eng.path_counts) == {"engine"}
@@ -262,7 +265,7 @@ def test_the_conformance_vectors_pass_on_the_engine(monkeypatch):
 
 def _forced(cls):
     def __init__(self, *args, **kwargs):
-        cls.__init__(self, *args, fused="engine", **kwargs)
+        cls.__init__(self, *args, implementation="triton", **kwargs)
 
     return __init__
 
@@ -270,10 +273,10 @@ def _forced(cls):
 def test_without_triton_the_engine_falls_back_with_its_reason(monkeypatch, caplog):
     monkeypatch.setattr(loader, "triton_missing", lambda: "triton is not importable (test)")
     ps = make_params()
-    opt = MARS(ps, fused="engine")
+    opt = MARS(ps, implementation="triton")
     with caplog.at_level(logging.WARNING, logger="optim.engine"):
         run(opt, ps, 2)
-    assert opt.path_counts == {"foreach": 4} and "test" in opt.fused_off_reason
+    assert opt.path_counts == {"foreach": 4} and "test" in opt.off_reason
     assert "triton is not importable (test)" in caplog.text
 
 
@@ -283,12 +286,12 @@ def test_cpu_default_is_unchanged():
     run(opt, ps, 1)
     assert set(opt.path_counts) == {"foreach"} and opt.engine_state.cache.built == 0
     with pytest.raises(ValueError, match="'engine'"):
-        MARS(ps, fused="triton")
+        MARS(ps, implementation="engine")
 
 
 def test_optim_imports_and_steps_without_triton(monkeypatch):
     """optim/ needs torch only: imported afresh with triton unimportable, it imports without
-    importing triton, and fused="engine" runs on foreach, saying why (the modules of this
+    importing triton, and implementation="triton" runs on foreach, saying why (the modules of this
     process are put back afterwards)."""
     saved = {n: m for n, m in sys.modules.items() if n == "optim" or n.startswith("optim.")}
     for name in [*saved, "triton"]:
@@ -298,10 +301,10 @@ def test_optim_imports_and_steps_without_triton(monkeypatch):
         fresh = importlib.import_module("optim")
         p = torch.nn.Parameter(torch.ones(3))
         p.grad = torch.ones(3)
-        opt = fresh.MARS([p], fused="engine")
+        opt = fresh.MARS([p], implementation="triton")
         opt.step()
         assert opt.path_counts == {"foreach": 1}, opt.path_counts
-        assert "triton is not importable" in opt.fused_off_reason
+        assert "triton is not importable" in opt.off_reason
     finally:
         for name in [n for n in sys.modules if n == "optim" or n.startswith("optim.")]:
             del sys.modules[name]

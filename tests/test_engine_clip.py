@@ -61,7 +61,7 @@ def assert_norms(a: list, b: list) -> None:
 def test_folded_clip_equals_clip_grad_norm_then_the_engine_step(name):
     make = CASES[name]
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = make(ref_p, "engine"), make(eng_p, "engine")
+    ref, eng = make(ref_p, "triton"), make(eng_p, "triton")
     set_grads(eng_p, 0)
     assert eng.can_fold_clip() and not eng.can_fold_clip(eng_p[:1])
     assert_norms(trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True))
@@ -71,7 +71,7 @@ def test_folded_clip_equals_clip_grad_norm_then_the_engine_step(name):
 
 def test_schedulefree_folds_the_clip():
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = (optim.AdamWScheduleFree(ps, lr=1e-2, weight_decay=0.1, fused="engine")
+    ref, eng = (optim.AdamWScheduleFree(ps, lr=1e-2, weight_decay=0.1, implementation="triton")
                 for ps in (ref_p, eng_p))  # fmt: skip
     assert_norms(trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True))
     assert eng.path_counts == {"engine": 4}
@@ -84,7 +84,7 @@ def test_a_skipped_step_with_a_folded_clip_changes_nothing(name):
     the device writes nothing, and the run goes on as one that never saw that step."""
     make = CASES[name]
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = make(ref_p, "engine"), make(eng_p, "engine")
+    ref, eng = make(ref_p, "triton"), make(eng_p, "triton")
     trainer_steps(ref, ref_p, 2, False), trainer_steps(eng, eng_p, 2, True)
     skipped_step_with_folded_clip(eng, eng_p, MAX_NORM)
     trainer_steps(ref, ref_p, 2, False, start=2), trainer_steps(eng, eng_p, 2, True, start=2)
@@ -95,8 +95,8 @@ def test_a_bucket_the_engine_hands_back_is_clipped_as_torch_clips():
     """A fold pending when the engine turns off (a kernel that failed to compile): the other
     paths step the gradients scaled as ``clip_grad_norm_`` scales them."""
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = MARS(ref_p, weight_decay=0.1, fused=False), MARS(eng_p, weight_decay=0.1,
-                                                                fused="engine")  # fmt: skip
+    ref = MARS(ref_p, weight_decay=0.1, implementation="foreach")
+    eng = MARS(eng_p, weight_decay=0.1, implementation="triton")
     set_grads(ref_p, 1), set_grads(eng_p, 1)
     torch.testing.assert_close(clip(eng, eng_p, True), clip(ref, ref_p, False), **TOL)
     eng.engine_state.off = "test"
@@ -111,12 +111,12 @@ def test_what_does_not_fold():
     ``zero_grad`` (a step skipped on the host)."""
     ps = make_params()
     set_grads(ps, 1)
-    soap = core("soap", SoapOptions(precondition_frequency=2))(ps, "engine")
+    soap = core("soap", SoapOptions(precondition_frequency=2))(ps, "triton")
     assert not soap.can_fold_clip() and soap.fold_grad_clip(MAX_NORM) is None
     assert "does not take the engine" in soap.clip_fold_off_reason
     assert not hasattr(torch.optim.AdamW(ps), "fold_grad_clip")
-    assert MARS(ps).fold_grad_clip(MAX_NORM) is None  # fused=None on a CPU: foreach
-    some = MARS(ps[:2], fused="engine")
+    assert MARS(ps).fold_grad_clip(MAX_NORM) is None  # auto on a CPU: foreach
+    some = MARS(ps[:2], implementation="triton")
     assert some.fold_grad_clip(MAX_NORM, ps) is None
     assert "not this optimizer's" in some.clip_fold_off_reason
     assert some.fold_grad_clip(MAX_NORM, ps[:1]) is None  # it steps a gradient not measured
@@ -139,7 +139,7 @@ def test_the_trainer_folds_where_the_optimizer_can():
         cfg = SimpleNamespace(grad_clip=1.0)
         return SimpleNamespace(cfg=cfg, optimizer=opt, raw_model=model)
 
-    cfg = optim.get_spec("mars-adamw").config_cls(fused="engine")
+    cfg = optim.get_spec("mars-adamw").config_cls(implementation="triton")
     folded = optim.build_optimizer(models[0], cfg)
     raw = [p.grad.clone() for p in models[0].parameters()]
     norm = Trainer.clip_grads(trainer(models[0], folded))
@@ -173,9 +173,9 @@ def test_a_training_run_with_the_fold_equals_one_with_clip_grad_norm_(tmp_path, 
     for fold in (True, False):
         typed, _ = fast_config(tmp_path / str(fold), sotu_dir, "max_steps=3", "grad_clip=0.1",
                                "optimizer=mars-adamw", "optimizer.mode=exact",
-                               "nonfinite.decision=device", "optimizer.fused=true")  # fmt: skip
+                               "nonfinite.decision=device",
+                               "optimizer.implementation=triton")  # fmt: skip
         trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
-        trainer.optimizer.fused = "engine"  # (the typed config takes true, false or null)
         if not fold:
             monkeypatch.setattr(trainer.optimizer, "fold_grad_clip", lambda *a: None)
         norms = [trainer.train_step()[1] for _ in range(3)]
@@ -216,7 +216,7 @@ def test_folded_clip_on_cuda(name, monkeypatch):
         return [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params(shapes)]
 
     ref_p, eng_p = cuda_params(), cuda_params()
-    ref, eng = CASES[name](ref_p, "engine"), CASES[name](eng_p, "engine")
+    ref, eng = CASES[name](ref_p, "triton"), CASES[name](eng_p, "triton")
     norms = trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True)
     tol = dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(norms[1], norms[0], **tol)

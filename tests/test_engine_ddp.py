@@ -25,9 +25,11 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 SHAPES = [(4, 6), (6, 4), (4, 6), (5, 5), (4, 6), (7, 3), (6, 4), (9,)]
 LRS, SCALES, MAX_NORM = [1e-2, 3e-3, 2e-2, 5e-3], [0.05, 3.0, 0.3, 2.0], 3.0
 MAKE = {
-    "muon": lambda mats, rest, f: Muon(mats, adamw_params=rest, ns_dtype="float64", fused=f),
+    "muon": lambda mats, rest, f: Muon(
+        mats, adamw_params=rest, ns_dtype="float64", implementation=f
+    ),
     "mars-m": lambda mats, rest, f: MARS_M(
-        muon_params=mats, adamw_params=rest, lr=1e-2, ns_dtype="float64", fused=f
+        muon_params=mats, adamw_params=rest, lr=1e-2, ns_dtype="float64", implementation=f
     ),  # fmt: skip
 }
 
@@ -56,10 +58,10 @@ def trainer_steps(opt, ps, n: int, fold: bool, flagged: int = -1) -> None:
             opt.uncount_last_step()
 
 
-def run(name: str, fused, flagged: int = -1) -> tuple[list, object]:
+def run(name: str, how: str, flagged: int = -1) -> tuple[list, object]:
     ps = params()
-    opt = MAKE[name]([p for p in ps if p.ndim == 2], [p for p in ps if p.ndim != 2], fused)
-    trainer_steps(opt, ps, 4, fused == "engine", flagged)
+    opt = MAKE[name]([p for p in ps if p.ndim == 2], [p for p in ps if p.ndim != 2], how)
+    trainer_steps(opt, ps, 4, how == "triton", flagged)
     return [p.detach().clone() for p in ps], opt
 
 
@@ -76,11 +78,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     try:
         out = {}
         for name in MAKE:
-            eng, opt = run(name, "engine")
+            eng, opt = run(name, "triton")
             gathers, calls[:] = list(calls), []
-            ref, _ = run(name, False)
+            ref, _ = run(name, "foreach")
             ref_gathers, calls[:] = len(calls), []
-            skipped, _ = run(name, "engine", flagged=2)
+            skipped, _ = run(name, "triton", flagged=2)
             calls[:] = []
             out[name] = dict(engine=eng, ref=ref, gathers=gathers, ref_gathers=ref_gathers,
                              paths=dict(opt.path_counts), skipped=skipped,
@@ -97,7 +99,7 @@ def test_engine_splits_newton_schulz_over_gloo_ranks(tmp_path, world):
     mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name in MAKE:
-        one, _ = run(name, False)  # one process, no split: the reference of both
+        one, _ = run(name, "foreach")  # one process, no split: the reference of both
         for rank in range(world):
             r = results[rank][name]
             assert r["paths"] == {"engine": 8}, (name, r["paths"])  # 2 buckets x 4 steps

@@ -2,7 +2,7 @@
 the CPU through Triton's interpreter, float64.
 
 tests/test_optim_fsdp.py's small model (uneven row blocks; one matrix of which rank 1 holds no
-row) trained with ``fully_shard`` and with DDP, every optimizer on the engine (``fused="engine"``):
+row) trained with ``fully_shard`` and with DDP, every optimizer on the engine (``"triton"``):
 the element-wise buckets run on each rank's local blocks, the MARS clip's per-tensor and global
 norms finished by one small all-reduce a step, the trainer's global clip folded into the engine
 (its norm one more small all-reduce); FSDP equals DDP (1e-12, the clip's norms too), both ranks
@@ -56,7 +56,9 @@ def train(case: str, wrap) -> tuple[dict, dict, int, list]:
     model = Tiny().double()
     run = wrap(model)
     name, overrides = CASES[case]
-    opt = optim.build_optimizer(model, optim.get_spec(name).config_cls(fused="engine", **overrides))
+    opt = optim.build_optimizer(
+        model, optim.get_spec(name).config_cls(implementation="triton", **overrides)
+    )
     reduces, real, norms = [], launch.dist.all_reduce, []
     launch.dist.all_reduce = lambda t, **kw: (reduces.append(t.numel()), real(t, **kw))[1]
     try:

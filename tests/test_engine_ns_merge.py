@@ -34,19 +34,19 @@ pytestmark = pytest.mark.engine
 SHAPES = [(12, 5), (5, 12), (7, 7), (12, 5), (10, 4), (9,)]
 MAX_NORM = 6.0  # the gradients' norms are about 0.8, 50, 5 and 33: it fires on steps 1 and 3
 NS = {
-    "muon": lambda p, f, d: Muon(p, weight_decay=0.1, ns_dtype=d, fused=f),
-    "moonlight": lambda p, f, d: Moonlight(**split(p), ns_dtype=d, fused=f),
-    "mars-m": lambda p, f, d: MARS_M(**split(p), ns_dtype=d, fused=f),
-    "mars-m-exact": lambda p, f, d: MARS_M(**split(p), ns_dtype=d, is_approx=False, fused=f),
+    "muon": lambda p, f, d: Muon(p, weight_decay=0.1, ns_dtype=d, implementation=f),
+    "moonlight": lambda p, f, d: Moonlight(**split(p), ns_dtype=d, implementation=f),
+    "mars-m": lambda p, f, d: MARS_M(**split(p), ns_dtype=d, implementation=f),
+    "mars-m-exact": lambda p, f, d: MARS_M(**split(p), ns_dtype=d, is_approx=False, implementation=f),
     "mars-m-exact-global": lambda p, f, d: MARS_M(**split(p), ns_dtype=d, is_approx=False,
-                                                  clip="global", fused=f),
-    "mars-m-efficient": lambda p, f, d: MARS_M_Efficient(**split(p), ns_dtype=d, fused=f),
-    "mars-shampoo": lambda p, f, d: MARS(p, mars_type="mars-shampoo", ns_dtype=d, fused=f),
+                                                  clip="global", implementation=f),
+    "mars-m-efficient": lambda p, f, d: MARS_M_Efficient(**split(p), ns_dtype=d, implementation=f),
+    "mars-shampoo": lambda p, f, d: MARS(p, mars_type="mars-shampoo", ns_dtype=d, implementation=f),
 }  # fmt: skip
 
 
-def build(name: str, params, fused, merge: bool, dtype: str = "param"):
-    opt = NS[name](params, fused, dtype)
+def build(name: str, params, how: str, merge: bool, dtype: str = "param"):
+    opt = NS[name](params, how, dtype)
     groups = [g for g in opt.param_groups if "ns_fused" in g]
     assert groups, "no Newton-Schulz group"
     for g in groups:  # the fused iteration, as on CUDA: (m, n) and (n, m) one batch
@@ -69,7 +69,7 @@ def test_engine_equals_foreach_with_merged_stacks(name, merge):
     the second and third: the engine with the folded clip equals foreach with
     ``clip_grad_norm_``, and keeps as many stacks as foreach makes batches."""
     ref_p, eng_p = make_params(SHAPES), make_params(SHAPES)
-    ref, eng = build(name, ref_p, False, merge), build(name, eng_p, "engine", merge)
+    ref, eng = build(name, ref_p, "foreach", merge), build(name, eng_p, "triton", merge)
     norms = steps(ref, ref_p, 2, False), steps(eng, eng_p, 2, True)
     skipped_step_with_folded_clip(eng, eng_p, MAX_NORM)
     norms = [a + b for a, b in zip(norms, (steps(ref, ref_p, 3, False, start=2),
@@ -78,7 +78,7 @@ def test_engine_equals_foreach_with_merged_stacks(name, merge):
     assert any(fired) and not all(fired)
     for a, b in zip(*norms):
         torch.testing.assert_close(b, a, **TOL)
-    assert eng.fused_off_reason is None and set(eng.path_counts) == {"engine"}
+    assert eng.off_reason is None and set(eng.path_counts) == {"engine"}
     assert_same(ref_p, ref, eng_p, eng)
     matrices = [p for p in eng_p if p.ndim == 2]
     stacks = engine_stacks(eng)
@@ -92,8 +92,8 @@ def test_merged_stacks_in_bf16(name):
     """NS in its default bf16 on merged stacks: the pre-pass's strided store rounds as the
     foreach path's stacking copy, so the updates agree to bf16's rounding."""
     ref_p, eng_p = make_params(SHAPES), make_params(SHAPES)
-    ref = build(name, ref_p, False, True, "bfloat16")
-    eng = build(name, eng_p, "engine", True, "bfloat16")
+    ref = build(name, ref_p, "foreach", True, "bfloat16")
+    eng = build(name, eng_p, "triton", True, "bfloat16")
     steps(ref, ref_p, 3, False), steps(eng, eng_p, 3, True)
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-6, atol=1e-9))
     stacks = engine_stacks(eng)
@@ -119,7 +119,7 @@ def test_merged_stacks_on_cuda(name, dtype, monkeypatch):
         return [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params(shapes)]
 
     ref_p, eng_p = cuda_params(), cuda_params()
-    ref, eng = NS[name](ref_p, False, dtype), NS[name](eng_p, "engine", dtype)
+    ref, eng = NS[name](ref_p, "foreach", dtype), NS[name](eng_p, "triton", dtype)
     steps(ref, ref_p, 2, False), steps(eng, eng_p, 2, True)
     skipped_step_with_folded_clip(eng, eng_p, MAX_NORM)
     steps(ref, ref_p, 3, False, start=2), steps(eng, eng_p, 3, True, start=2)

@@ -34,18 +34,18 @@ def two_groups(params, **kw) -> list[dict]:
 
 
 MAKE = {
-    "mars-adamw": lambda ps, f: MARS(two_groups(ps), lr=1e-2, fused=f),
+    "mars-adamw": lambda ps, f: MARS(two_groups(ps), lr=1e-2, implementation=f),
     "muon": lambda ps, f: Muon(
         [p for p in ps if p.ndim == 2],
         ns_dtype="float64",
-        fused=f,
+        implementation=f,
         adamw_params=[p for p in ps if p.ndim != 2],
     ),  # fmt: skip
     "mars-m": lambda ps, f: MARS_M(
         muon_params=[p for p in ps if p.ndim == 2],
         ns_dtype="float64",
         adamw_params=[p for p in ps if p.ndim != 2],
-        fused=f,
+        implementation=f,
     ),  # fmt: skip
 }
 
@@ -74,7 +74,7 @@ def trainer_step(opt, params, t: int, fold: bool) -> None:
 
 def pair(name: str):
     ref_p, eng_p = make_params(), make_params()
-    return ref_p, MAKE[name](ref_p, False), eng_p, MAKE[name](eng_p, "engine")
+    return ref_p, MAKE[name](ref_p, "foreach"), eng_p, MAKE[name](eng_p, "triton")
 
 
 def steps(ref_p, ref, eng_p, eng, ts, change=None) -> None:
@@ -151,7 +151,7 @@ def test_a_parameter_without_a_gradient_for_a_step_builds_a_new_launch_list():
 
 def test_a_skip_flag_builds_its_own_launch_list_and_exact_mode_keeps_none():
     ps = make_params()
-    opt = MARS(ps, lr=1e-2, fused="engine")
+    opt = MARS(ps, lr=1e-2, implementation="triton")
     for t in range(2):
         grads_in_place(ps, t)
         opt.step()
@@ -161,7 +161,7 @@ def test_a_skip_flag_builds_its_own_launch_list_and_exact_mode_keeps_none():
     opt.step()
     assert built(opt) == 2  # the flagged variant: a new list (its kernels compiled first)
     exact_p = make_params()
-    exact = MARS(exact_p, lr=1e-2, is_approx=False, fused="engine")
+    exact = MARS(exact_p, lr=1e-2, is_approx=False, implementation="triton")
     for t in range(2):
         grads_in_place(exact_p, t + 10)
         exact.store_reference_grad()
@@ -177,7 +177,7 @@ class OwnCorrection(MARS):
 
 
 @pytest.mark.parametrize("make", [
-    lambda ps, f: OwnCorrection(ps, lr=1e-2, fused=f),
+    lambda ps, f: OwnCorrection(ps, lr=1e-2, implementation=f),
     core("soap", SoapOptions(precondition_frequency=2)),
 ], ids=["subclass-correction", "soap"])  # fmt: skip
 def test_a_step_partly_off_the_engine_keeps_no_launch_list(make):
@@ -185,7 +185,7 @@ def test_a_step_partly_off_the_engine_keeps_no_launch_list(make):
     one it takes. With gradients that stay where they are, a kept list would run the engine's
     part alone: none is kept, and every step equals foreach (the other buckets stepped too)."""
     ref_p, eng_p = make_params(), make_params()
-    ref, eng = make(ref_p, False), make(eng_p, "engine")
+    ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
     for t in range(4):
         for ps, opt in ((ref_p, ref), (eng_p, eng)):
             grads_in_place(ps, t)

@@ -49,10 +49,10 @@ def test_optimizer_step_has_no_host_sync(name):
             torch.cuda.set_sync_debug_mode("default")
         opt.zero_grad()
     # a fast path ran: the engine (optim/engine/, the default on CUDA with Triton) or the
-    # compiled step, not the eager fallback of a failed compile (torch AdamW: fused=True)
+    # compiled step, not the eager fallback of a failed compile (torch AdamW: its fused kernel)
     paths = getattr(opt, "path_counts", None)
     if paths is None:
         assert opt.param_groups[0]["fused"], "torch AdamW is expected fused on CUDA"
     else:
-        assert opt.fused_off_reason is None and "fused-fallback" not in paths, paths
+        assert opt.off_reason is None and "fused-fallback" not in paths, paths
         assert paths["engine"] + paths["fused"] > 0, paths  # each has an element-wise bucket

@@ -216,22 +216,25 @@ def test_two_gloo_processes_agree_on_skips_and_stop(tmp_path, sotu_dir):
     assert skipped == [(2, 1), (4, 2)]
 
 
-# The device decision (nonfinite.decision=device): torch's found_inf protocol, read one step late.
-DEVICE = ["nonfinite.decision=device", "optimizer.fused=true", "log_every=10"]
+# The device decision (nonfinite.decision=device): torch's found_inf protocol, read one step late;
+# the default optimizer (adamw) on torch's fused kernel, the only one that honours it.
+DEVICE = ["nonfinite.decision=device", "log_every=10"]
+TORCH_FUSED = "optimizer.implementation=torch-fused"
+COMPILED = "optimizer.implementation=compiled"
 
 
 # the compiled path (masks in its kernels) and the eager paths (steps on copies, optim/masked.py):
 # Newton-Schulz (muon, mars-m, mars-shampoo), the global clip, exact mode's swap, the loop
 DEVICE_CASES = {
-    "adamw": ["optimizer=adamw"],
-    "mars-adamw": ["optimizer=mars-adamw"],
-    "muon": ["optimizer=muon"],
-    "mars-m": ["optimizer=mars-m"],
-    "mars-m-exact": ["optimizer=mars-m", "optimizer.mode=exact"],
-    "mars-shampoo": ["optimizer=mars-shampoo"],
-    "mars-adamw-exact": ["optimizer=mars-adamw", "optimizer.mode=exact"],
-    "mars-adamw-global": ["optimizer=mars-adamw", "optimizer.clip=global"],
-    "mars-adamw-eager": ["optimizer=mars-adamw", "optimizer.fused=false"],
+    "adamw": ["optimizer=adamw", TORCH_FUSED],
+    "mars-adamw": ["optimizer=mars-adamw", COMPILED],
+    "muon": ["optimizer=muon", COMPILED],
+    "mars-m": ["optimizer=mars-m", COMPILED],
+    "mars-m-exact": ["optimizer=mars-m", "optimizer.mode=exact", COMPILED],
+    "mars-shampoo": ["optimizer=mars-shampoo", COMPILED],
+    "mars-adamw-exact": ["optimizer=mars-adamw", "optimizer.mode=exact", COMPILED],
+    "mars-adamw-global": ["optimizer=mars-adamw", "optimizer.clip=global", COMPILED],
+    "mars-adamw-eager": ["optimizer=mars-adamw", "optimizer.implementation=foreach"],
 }
 
 
@@ -263,7 +266,8 @@ def test_device_decision_skip_touches_nothing_and_is_read_a_step_late(
 def test_device_decision_reads_only_the_previous_steps_flags(tmp_path, sotu_dir, monkeypatch):
     """Within a step, the one host read is of the step before's flags (copied when that step's
     backward ended): the host never waits for the work it has just queued."""
-    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", "max_steps=4", *DEVICE)
+    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", TORCH_FUSED, "max_steps=4",
+                           *DEVICE)  # fmt: skip
     trainer = trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
     trainer.train_step()
     reads = []
@@ -285,7 +289,7 @@ def test_device_decision_counts_and_stops_like_the_host_one(tmp_path, sotu_dir, 
     inject({2: "nan", **{s: "nan" for s in range(5, 9)}})
     overrides = ["max_steps=8", "eval_every=0", "ckpt_every=3", "nonfinite.max_consecutive=2"]
     with pytest.raises(SystemExit) as exc:
-        run(tmp_path, sotu_dir, *overrides, *DEVICE)
+        run(tmp_path, sotu_dir, *overrides, TORCH_FUSED, *DEVICE)
     msg = str(exc.value)
     assert "stopping at step 6: non-finite gradient norm (" in msg and "those of step 4" in msg
     assert str(tmp_path / "checkpoints" / "step_0000003.pt") in msg
@@ -297,9 +301,14 @@ def test_device_decision_counts_and_stops_like_the_host_one(tmp_path, sotu_dir, 
 
 
 def test_device_decision_refuses_an_optimizer_that_cannot_mask(tmp_path, sotu_dir):
-    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw", "optimizer.fused=false",
+    typed, _ = fast_config(tmp_path, sotu_dir, "optimizer=adamw",
+                           "optimizer.implementation=foreach",
                            "nonfinite.decision=device")  # fmt: skip
-    with pytest.raises(ValueError, match="nonfinite.decision=device: .*only with fused=True"):
+    with pytest.raises(
+        ValueError,
+        match="nonfinite.decision=device: .*only with its fused kernel "
+        r"\(optimizer.implementation=torch-fused\)",
+    ):
         trainer_mod.Trainer(typed, init_distributed("cpu"), out_dir=tmp_path)
     destroy()
 
@@ -331,5 +340,5 @@ def test_auto_takes_the_host_where_the_device_would_copy():
     for name, cost in (("muon", "steps on copies"), ("mars-adamw", "compiled step is off")):
         opt = build_optimizer(model, get_spec(name).config_cls())
         assert device_skip_reason(opt) is None and cost in opt.device_skip_cost()
-    opt = build_optimizer(model, get_spec("mars-adamw").config_cls(fused=True))
+    opt = build_optimizer(model, get_spec("mars-adamw").config_cls(implementation="compiled"))
     assert opt.device_skip_cost() is None

@@ -54,7 +54,7 @@ def run(ps, grads, rule, foreach=True):
     ours = [torch.nn.Parameter(p.clone()) for p in ps]
     group = dict(params=ours, lr=HP["lr"], betas=HP["betas"], weight_decay=HP["wd"],
                  **rule.group_keys())  # fmt: skip
-    opt = optim.VarianceReduced([group], foreach=foreach)
+    opt = optim.VarianceReduced([group], implementation="foreach" if foreach else "loop")
     for gs in grads:
         for p, g in zip(ours, gs):
             p.grad = g.clone()

@@ -102,12 +102,12 @@ def test_the_documented_correction_runs_on_every_path_and_differs_from_mars(reci
     monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
     cls = optim.get_spec("mars-adamw-bounded").config_cls
     results = {}
-    for name, fused, foreach in (("loop", False, False), ("foreach", False, True),
-                                 ("fused", True, None), ("mars", False, True)):  # fmt: skip
+    for name, how in (("loop", "loop"), ("foreach", "foreach"), ("fused", "compiled"),
+                      ("mars", "foreach")):  # fmt: skip
         torch.manual_seed(0)
         model = Tiny()
         cfg = (cls if name != "mars" else optim.MarsAdamWConfig)(
-            fused=fused, foreach=foreach, gamma=0.5, gamma_schedule="linear"
+            implementation=how, gamma=0.5, gamma_schedule="linear"
         )
         opt = optim.build_optimizer(model, cfg)
         optim.set_initial_lr(opt)

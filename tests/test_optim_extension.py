@@ -81,13 +81,13 @@ def transcription(correction, steps, gammas, lr=1e-2, wd=0.1, b1=0.95, b2=0.99, 
 
 def test_a_subclass_correction_is_the_transcription_on_loop_and_foreach():
     expected = transcription(Bounded.correction, 3, [0.025] * 3)
-    for foreach in (False, True):
-        params, opt = make(Bounded, foreach=foreach, fused=False)
+    for how in ("loop", "foreach"):
+        params, opt = make(Bounded, implementation=how)
         run(opt, params, 3)
-        assert opt.last_paths == ["foreach" if foreach else "loop"]
+        assert opt.last_paths == [how]
         for p, e in zip(params, expected):
             torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-14)
-    base, opt = make(VarianceReduced, fused=False)
+    base, opt = make(VarianceReduced, implementation="foreach")
     run(opt, base, 3)
     assert not torch.allclose(base[0], params[0]), "the variant changed nothing"
 
@@ -101,7 +101,7 @@ def test_the_compiled_step_calls_the_subclass_correction(monkeypatch):
         lambda grouping: fused_path._update if grouping == "tensor" else fused_path._multi_step,
     )
     monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
-    params, opt = make(Bounded, fused=True)
+    params, opt = make(Bounded, implementation="compiled")
     run(opt, params, 3)
     assert opt.last_paths == ["fused"]
     for p, e in zip(params, transcription(Bounded.correction, 3, [0.025] * 3)):
@@ -112,9 +112,9 @@ def test_the_compiled_step_calls_the_subclass_correction(monkeypatch):
 def test_the_compiled_step_calls_the_subclass_correction_compiled():
     if fused_path.unavailable_reason("cpu"):
         pytest.skip(fused_path.unavailable_reason("cpu"))
-    params, opt = make(Bounded, fused=True)
+    params, opt = make(Bounded, implementation="compiled")
     run(opt, params, 3)
-    assert opt.last_paths == ["fused"] and opt.fused_off_reason is None
+    assert opt.last_paths == ["fused"] and opt.off_reason is None
     for p, e in zip(params, transcription(Bounded.correction, 3, [0.025] * 3)):
         torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-14)
 
@@ -123,11 +123,11 @@ def test_a_private_override_is_refused_the_compiled_step_in_one_line():
     assert PrivateOverride.private_overrides() == ["_corrections"]
     assert Bounded.private_overrides() == []
     with pytest.raises(ValueError, match="overrides _corrections.*set the class attribute "
-                                         "`correction`.*or pass fused=False"):  # fmt: skip
-        make(PrivateOverride, fused=True)
-    params, opt = make(PrivateOverride)  # fused=None: eager, the override honoured
-    assert not opt._want_fused(None)
-    assert "PrivateOverride overrides" in opt.fused_off_reason
+                                         "`correction`.*or pass implementation='foreach'"):  # fmt: skip
+        make(PrivateOverride, implementation="compiled")
+    params, opt = make(PrivateOverride)  # auto: eager, the override honoured
+    assert not opt._want_compiled(None)
+    assert "PrivateOverride overrides" in opt.off_reason
 
 
 def test_a_gamma_schedule_equals_setting_gamma_by_hand_each_step():
@@ -135,7 +135,8 @@ def test_a_gamma_schedule_equals_setting_gamma_by_hand_each_step():
     spec = ("linear", 0.05, 0.01)
     gammas = [0.05 + (0.01 - 0.05) * min(1.0, t / horizon) for t in range(steps)]
     assert [optim.schedules.hyper_value(spec, t, horizon) for t in range(steps)] == gammas
-    params, opt = make(VarianceReduced, fused=False, extra={"schedules": {"gamma": spec}})
+    params, opt = make(VarianceReduced, implementation="foreach",
+                       extra={"schedules": {"gamma": spec}})  # fmt: skip
     optim.set_initial_lr(opt)
     sched = optim.ScheduleConfig(name="constant")
     gen_steps = []

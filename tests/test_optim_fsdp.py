@@ -34,7 +34,7 @@ ELSEWHERE = {"soap", "mars-soap", "normuon"}
 CASES = {stem: (stem, {}) for stem in CONFIGS if stem not in ELSEWHERE} | {
     "mars-adamw:global": ("mars-adamw", {"clip": "global"}),
     "mars-m-exact:global": ("mars-m-exact", {"clip": "global"}),
-    "mars-shampoo:loop": ("mars-shampoo", {"foreach": False, "ns_dtype": "float32"}),
+    "mars-shampoo:loop": ("mars-shampoo", {"implementation": "loop", "ns_dtype": "float32"}),
     "moonlight:float32": ("moonlight", {"ns_dtype": "float32"}),
 }
 STEPS = 6

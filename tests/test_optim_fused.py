@@ -61,11 +61,11 @@ def graphs() -> int:
 
 def test_mars_adamw_compiled_equals_foreach_without_recompiling_and_state_dicts_swap():
     ref_p, fus_p = make_params(MATRICES), make_params(MATRICES)
-    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, fused=False)
-    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, fused=True)
+    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
+    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, implementation="compiled")
     run(ref, ref_p, 2), run(fus, fus_p, 2)
     compiled = graphs()
-    assert fus._fused_off is None and len(fus._fused_ok) == 1
+    assert fus._compiled_off is None and len(fus._compiled_ok) == 1
     assert fus.last_paths == ["fused"] and fus.path_counts["fused"] == 2  # the compiled code ran
     assert ref.last_paths == ["foreach"]
     run(ref, ref_p, 2, start=2), run(fus, fus_p, 2, start=2)  # lr and bias corrections change
@@ -73,12 +73,12 @@ def test_mars_adamw_compiled_equals_foreach_without_recompiling_and_state_dicts_
     assert_same(ref_p, ref, fus_p, fus)
     # state dicts are interchangeable: foreach <- fused and fused <- foreach, then step on
     a_p, b_p = [p.detach().clone().requires_grad_() for p in fus_p], make_params(MATRICES)
-    a = MARS(a_p, lr=1e-2, weight_decay=0.1, fused=False)
+    a = MARS(a_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
     a.load_state_dict(copy.deepcopy(fus.state_dict()))  # torch shares tensors
     with torch.no_grad():
         for p, q in zip(b_p, ref_p):
             p.copy_(q)
-    b = MARS(b_p, lr=1e-2, weight_decay=0.1, fused=True)
+    b = MARS(b_p, lr=1e-2, weight_decay=0.1, implementation="compiled")
     b.load_state_dict(copy.deepcopy(ref.state_dict()))
     run(a, a_p, 2, start=4), run(b, b_p, 2, start=4), run(ref, ref_p, 2, start=4)
     assert_same(ref_p, ref, a_p, a)
@@ -97,18 +97,18 @@ def test_list_grouping_runs_same_shape_chunks_and_equals_foreach(monkeypatch):
     monkeypatch.setattr(fused_path.shape_chunks, "__defaults__", (2,))
     shapes = [(3, 2)] * 4
     ref_p, fus_p = make_params(shapes), make_params(shapes)
-    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, fused=False)
-    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, fused=True)
+    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
+    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, implementation="compiled")
     run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert fus._fused_off is None and fus.path_counts["fused"] == 3
+    assert fus._compiled_off is None and fus.path_counts["fused"] == 3
     assert_same(ref_p, ref, fus_p, fus)
 
 
 def check_rule(make, steps=3):
     ref_p, fus_p = make_params(), make_params()
-    ref, fus = make(ref_p, False), make(fus_p, True)
+    ref, fus = make(ref_p, "foreach"), make(fus_p, "compiled")
     run(ref, ref_p, steps), run(fus, fus_p, steps)
-    assert fus._fused_off is None and fus._fused_ok
+    assert fus._compiled_off is None and fus._compiled_ok
     assert "fused" in fus.last_paths and "fused-fallback" not in fus.path_counts
     assert_same(ref_p, ref, fus_p, fus)
 
@@ -117,9 +117,10 @@ def check_rule(make, steps=3):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda ps, f: MARS(ps, lr=1e-2, weight_decay=0.1, fused=f),  # with the 1-D AdamW rule
-        lambda ps, f: MARS(ps, lr=1e-2, is_approx=False, weight_decay=0.1, fused=f),
-        lambda ps, f: MARS(ps, lr=1e-2, mars_type="mars-lion", weight_decay=0.1, fused=f),
+        # with the 1-D AdamW rule
+        lambda ps, f: MARS(ps, lr=1e-2, weight_decay=0.1, implementation=f),
+        lambda ps, f: MARS(ps, lr=1e-2, is_approx=False, weight_decay=0.1, implementation=f),
+        lambda ps, f: MARS(ps, lr=1e-2, mars_type="mars-lion", weight_decay=0.1, implementation=f),
         lambda ps, f: MARS(
             ps,
             amsgrad=True,
@@ -127,10 +128,10 @@ def check_rule(make, steps=3):
             optimize_1d=True,
             clip="none",
             first_step="plain",
-            fused=f,
+            implementation=f,
         ),  # fmt: skip
-        lambda ps, f: Lion(ps, lr=1e-2, weight_decay=0.1, fused=f),
-        lambda ps, f: Muon(ps[:2], adamw_params=ps[2:], fused=f, foreach=False),
+        lambda ps, f: Lion(ps, lr=1e-2, weight_decay=0.1, implementation=f),
+        lambda ps, f: Muon(ps[:2], adamw_params=ps[2:], implementation=f),
     ],
     ids=[
         "mars-adamw-1d",
@@ -149,20 +150,21 @@ def test_default_is_off_on_cpu_and_configs_forward_the_knob():
     ps = make_params()
     opt = MARS(ps)
     run(opt, ps, 1)
-    assert not opt._fused_ok and opt._fused_off is None
+    assert not opt._compiled_ok and opt._compiled_off is None
     model = torch.nn.Linear(3, 2)
-    for cfg in (MarsAdamWConfig(fused=True), LionConfig(fused=False), MoonlightConfig(fused=True)):
-        assert build_optimizer(model, cfg).fused is cfg.fused
+    for cfg in (MarsAdamWConfig(implementation="compiled"), LionConfig(implementation="loop"),
+                MoonlightConfig(implementation="triton")):  # fmt: skip
+        assert build_optimizer(model, cfg).implementation == cfg.implementation
 
 
 def test_unavailable_compiler_falls_back_to_foreach_with_a_logged_reason(monkeypatch, caplog):
     monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: "no C++ compiler (test)")
     ref_p, fus_p = make_params(), make_params()
-    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=True)
+    ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation="compiled")
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 2), run(fus, fus_p, 2)
-    assert "no C++ compiler (test)" in caplog.text and not fus._fused_ok
-    assert fus.fused_off_reason == "no C++ compiler (test)" and "fused" not in fus.path_counts
+    assert "no C++ compiler (test)" in caplog.text and not fus._compiled_ok
+    assert fus.off_reason == "no C++ compiler (test)" and "fused" not in fus.path_counts
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -175,10 +177,10 @@ def test_a_compile_error_runs_the_same_step_eagerly_then_foreach(monkeypatch, ca
 
     monkeypatch.setattr(fused_path, "_compiled", broken)
     ref_p, fus_p = make_params(), make_params()
-    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=True)
+    ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation="compiled")
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert "inductor exploded (test)" in fus._fused_off and "inductor exploded" in caplog.text
+    assert "inductor exploded (test)" in fus._compiled_off and "inductor exploded" in caplog.text
     # step 1: the 2-D bucket compiles, fails, runs eagerly; then 5 buckets on foreach
     assert fus.path_counts == {"fused-fallback": 1, "foreach": 5}
     assert_same(ref_p, ref, fus_p, fus)
@@ -206,11 +208,11 @@ def test_older_torch_names_the_recompile_limit_cache_size_limit(monkeypatch):
     older = OlderDynamoConfig()
     monkeypatch.setattr(fused_path, "_dynamo_config", lambda: older)
     ref_p, fus_p = make_params(MATRICES), make_params(MATRICES)
-    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, fused=False)
-    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, fused=True)
+    ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
+    fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, implementation="compiled")
     run(ref, ref_p, 2), run(fus, fus_p, 2)
     assert older.patched == {"cache_size_limit": 64, "force_parameter_static_shapes": False}
-    assert fus.path_counts == {"fused": 2} and fus.fused_off_reason is None
+    assert fus.path_counts == {"fused": 2} and fus.off_reason is None
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -221,28 +223,29 @@ def test_unpatchable_dynamo_config_falls_back_with_a_reason_never_raises(monkeyp
 
     monkeypatch.setattr(fused_path, "_dynamo_config", Broken)
     ref_p, fus_p = make_params(), make_params()
-    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=True)
+    ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation="compiled")
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 2), run(fus, fus_p, 2)
-    assert "no such config (test)" in fus.fused_off_reason and "no such config" in caplog.text
+    assert "no such config (test)" in fus.off_reason and "no such config" in caplog.text
     assert "fused" not in fus.path_counts and fus.path_counts["fused-fallback"] == 1
     assert_same(ref_p, ref, fus_p, fus)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("fused,path", [(True, "fused"), (None, "engine")])
-def test_cuda_compiled_step_and_default_equal_foreach(fused, path):
-    """``fused=True`` takes the compiled step; the CUDA default (``None``) is the Triton engine
-    (docs/optim-engine.md) where Triton imports, else the compiled step; each equals foreach."""
+@pytest.mark.parametrize("how,path", [("compiled", "fused"), ("auto", "engine")])
+def test_cuda_compiled_step_and_default_equal_foreach(how, path):
+    """``implementation="compiled"`` takes the compiled step; the CUDA default (``auto``) is the
+    Triton engine (docs/optim-engine.md) where Triton imports, else the compiled step; each
+    equals foreach."""
     from optim.engine.loader import triton_missing
 
     if path == "engine" and triton_missing():
         path = "fused"
     ref_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
     fus_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
-    ref, fus = MARS(ref_p, fused=False), MARS(fus_p, fused=fused)
+    ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation=how)
     run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert fus.fused_off_reason is None and fus.path_counts[path] == 6, fus.path_counts
+    assert fus.off_reason is None and fus.path_counts[path] == 6, fus.path_counts
     for a, b in zip(ref_p, fus_p):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -85,7 +85,8 @@ def run_pair(steps=30, foreach=False, **kw):
     init = [torch.randn(s, generator=gen, dtype=torch.float64) for s in SHAPES]
     grads = random_grads(gen, steps)
     params = [torch.nn.Parameter(x.clone()) for x in init]
-    opt_kw = dict(lr=1e-2, weight_decay=0.1, lr_1d=4e-3, ns_dtype="float64", foreach=foreach)
+    opt_kw = dict(lr=1e-2, weight_decay=0.1, lr_1d=4e-3, ns_dtype="float64",
+                  implementation="foreach" if foreach else "loop")  # fmt: skip
     opt_kw.update(kw)
     opt = MARS(params, **opt_kw)
     h = dict(

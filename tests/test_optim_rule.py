@@ -102,7 +102,7 @@ def test_a_state_dict_of_the_previous_version_loads_and_steps():
     """Checkpoints written before the core kept every step: Muon states had no "step" and its
     groups fewer keys; both load, and the next step equals the uninterrupted one."""
     ps, qs = params()[:1], params()[:1]
-    a, b = optim.Muon(ps, foreach=True), optim.Muon(qs, foreach=True)
+    a, b = optim.Muon(ps, implementation="foreach"), optim.Muon(qs, implementation="foreach")
     step(a, ps), step(b, qs)
     old = copy.deepcopy(a.state_dict())
     for state in old["state"].values():

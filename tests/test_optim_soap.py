@@ -99,7 +99,8 @@ SHAPES = [(4, 4), (5,), (12, 3), (3, 2, 6)]
 def run_ours(ps, grads, rule, opts_kw, foreach=True, is_approx=True):
     group = dict(params=ps, lr=HP["lr"], betas=HP["betas"], weight_decay=HP["wd"],
                  **rule.group_keys())  # fmt: skip
-    opt = optim.VarianceReduced([group], is_approx=is_approx, foreach=foreach)
+    opt = optim.VarianceReduced([group], is_approx=is_approx,
+                                implementation="foreach" if foreach else "loop")  # fmt: skip
     for gs in grads:
         for p, g in zip(ps, gs):
             p.grad = g.clone()

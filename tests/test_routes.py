@@ -1,13 +1,17 @@
 """One route decision per bucket (optim/routes.py): the route each bucket took and why, recorded
-in ``opt.last_routes`` and logged once."""
+in ``opt.last_routes``, summed per route (``taken``), logged when it changes; ``implementation``
+(optim/implementation.py) the one setting, its earlier spellings refused in one line."""
 
 import logging
+import re
 
 import pytest
 import torch
 
-from optim import MARS
-from optim.routes import ROUTES, Route, decide
+import optim
+from optim import MARS, AdamWScheduleFree, Lion
+from optim.implementation import from_earlier
+from optim.routes import ROUTES, Route, decide, lines, taken
 
 
 def params() -> list[torch.nn.Parameter]:
@@ -24,22 +28,112 @@ def test_the_cpu_default_is_eager_and_says_why():
     opt.step()
     assert [r.name for _, r in opt.last_routes] == ["foreach", "foreach"]
     for name, r in opt.last_routes:
-        assert "fused=None on cpu" in r.reason and "not compiled" in r.reason, (name, r)
+        assert "implementation=auto on cpu" in r.reason and "not compiled" in r.reason, (name, r)
     assert all(r.name in ROUTES for _, r in opt.last_routes)
 
 
-def test_routes_are_logged_once_and_again_when_they_change(caplog):
+def test_routes_are_logged_at_debug_first_and_again_when_they_change(caplog):
     ps = params()
     opt = MARS(ps, lr=1e-2)
-    with caplog.at_level(logging.INFO, logger="optim.routes"):
+    with caplog.at_level(logging.DEBUG, logger="optim.routes"):
         opt.step()
         opt.step()
-        first = [r.message for r in caplog.records]
-        opt.foreach = False
+        first = [(r.levelno, r.message) for r in caplog.records]
+        assert first == [(logging.DEBUG, lines(taken(opt))[0])]
+        opt.implementation = "loop"
         opt.step()
-    assert len(first) == 2 and all("-> foreach" in m for m in first)
-    assert [r.message for r in caplog.records][2:] == [m.replace("-> foreach", "-> loop")
-                                                         for m in first]  # fmt: skip
+    ((level, message),) = [(r.levelno, r.message) for r in caplog.records][1:]
+    assert level == logging.INFO and message.startswith("optimizer routes changed: optimizer "
+                                                        "route loop: 2 buckets (")  # fmt: skip
+
+
+def test_taken_counts_buckets_per_route_with_their_reasons():
+    opt = MARS(params(), lr=1e-2)
+    opt.step()
+    ((route, entry),) = taken(opt).items()
+    assert route == "foreach" and entry["buckets"] == 2 and len(entry["reasons"]) == 1
+    assert lines(taken(opt)) == [f"optimizer route foreach: 2 buckets ({entry['reasons'][0]})"]
+    sf = AdamWScheduleFree(params(), implementation="loop")
+    sf.step()
+    assert taken(sf) == {"loop": {"buckets": 1, "reasons": ["AdamWScheduleFree, "
+                                                             "implementation=loop"]}}  # fmt: skip
+    torch_adamw = torch.optim.AdamW(params(), foreach=True)
+    assert list(taken(torch_adamw)) == ["torch"]
+
+
+@pytest.mark.parametrize("implementation,route", [("loop", "loop"), ("foreach", "foreach"),
+                                                  ("auto", "foreach")])  # fmt: skip
+def test_each_implementation_takes_its_route_on_a_cpu(implementation, route):
+    opt = MARS(params(), lr=1e-2, implementation=implementation)
+    opt.step()
+    assert {r.name for _, r in opt.last_routes} == {route}
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"fused": True}, "fused=True was replaced by implementation=compiled"),
+    ({"fused": "engine"}, "fused='engine' was replaced by implementation=triton"),
+    ({"foreach": False}, "foreach=False was replaced by implementation=loop"),
+    ({"fused": None}, "fused=None was replaced by implementation=auto"),
+])  # fmt: skip
+def test_the_old_switches_are_refused_in_one_line_naming_the_replacement(kwargs, expected):
+    for make in (lambda: MARS(params(), **kwargs), lambda: Lion(params(), **kwargs),
+                 lambda: AdamWScheduleFree(params(), **kwargs),
+                 lambda: optim.VarianceReduced([{"params": params(), "lr": 1e-2,
+                                                 "momentum_form": "ema",
+                                                 "preconditioner": "adam"}], **kwargs)):  # fmt: skip
+        with pytest.raises(ValueError, match="^" + re.escape(expected)) as info:
+            make()
+        assert "\n" not in str(info.value) and "docs/optim-engine.md" in str(info.value)
+
+
+def test_a_value_an_optimizer_does_not_have_is_refused_naming_its_values():
+    with pytest.raises(
+        ValueError,
+        match=r"unknown implementation 'compiled' for "
+        r"AdamWScheduleFree; valid: auto, loop, foreach, triton",
+    ):
+        AdamWScheduleFree(params(), implementation="compiled")
+    with pytest.raises(
+        ValueError,
+        match=r"optimizer.implementation 'compiled' for adamw; "
+        r"valid: auto, loop, foreach, torch-fused",
+    ):
+        optim.AdamWConfig(implementation="compiled")
+    with pytest.raises(
+        ValueError,
+        match=r"'torch-fused' for mars-adamw; valid: auto, loop, "
+        r"foreach, compiled, triton",
+    ):
+        optim.MarsAdamWConfig(implementation="torch-fused")
+
+
+@pytest.mark.parametrize("name,old,new", [
+    ("mars-adamw", {"fused": None, "foreach": None}, "auto"),
+    ("mars-adamw", {"fused": "engine", "foreach": None}, "triton"),
+    ("mars-adamw", {"fused": True, "foreach": True}, "compiled"),
+    ("mars-adamw", {"fused": False, "foreach": False}, "loop"),
+    ("mars-adamw", {"fused": False, "foreach": None}, "foreach"),
+    ("muon", {"fused": None}, "auto"),
+    ("soap", {"foreach": None}, "auto"),
+    ("adamw", {"fused": None}, "auto"),
+    ("adamw", {"fused": True}, "torch-fused"),
+    ("adamw-schedulefree", {"foreach": True}, "auto"),
+])  # fmt: skip
+def test_an_earlier_config_maps_to_the_implementation_that_steps_the_same(name, old, new):
+    section = {"name": name, "lr": 0.01, **old}
+    assert from_earlier(section) == {"name": name, "lr": 0.01, "implementation": new}
+    assert from_earlier({"name": name, "implementation": "auto"}) == {
+        "name": name,
+        "implementation": "auto",
+    }
+
+
+def test_an_earlier_config_without_an_equal_implementation_is_refused_in_one_line():
+    for section in ({"name": "mars-adamw", "fused": None, "foreach": False},
+                    {"name": "adamw-schedulefree", "foreach": False}):  # fmt: skip
+        with pytest.raises(ValueError, match="has no optimizer.implementation") as info:
+            from_earlier(section)
+        assert "\n" not in str(info.value)
 
 
 def test_a_subclass_correction_is_a_reason_the_engine_gives():
@@ -48,7 +142,7 @@ def test_a_subclass_correction_is_a_reason_the_engine_gives():
     class Mine(MARS):
         correction = staticmethod(lambda g, ref, kappa: g + kappa * (g - ref))
 
-    opt = Mine(params(), lr=1e-2, fused="engine")
+    opt = Mine(params(), lr=1e-2, implementation="triton")
     opt.step()
     routes = {name.split()[1]: r for name, r in opt.last_routes}
     assert routes["ema/adam"].name == "engine"  # MARS's 1-D AdamW: no correction
@@ -59,7 +153,7 @@ def test_a_subclass_correction_is_a_reason_the_engine_gives():
 @pytest.mark.engine
 def test_engine_routes_on_the_cpu_when_asked():
     pytest.importorskip("triton")
-    opt = MARS(params(), lr=1e-2, fused="engine")
+    opt = MARS(params(), lr=1e-2, implementation="triton")
     opt.step()
     assert [r for _, r in opt.last_routes] == [Route("engine", "Triton engine on cpu")] * 2
     assert decide(opt, _bucket(opt), foreach=True, engine="test").reason.startswith(

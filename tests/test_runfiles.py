@@ -19,6 +19,18 @@ def test_written_files_read_back(tmp_path):
     assert runfiles.is_run_dir(tmp_path)
 
 
+def test_a_line_that_adds_to_a_session_is_merged_into_it(tmp_path):
+    """The routes known after a session's first step (``add_to_session``) are part of that
+    session's record: one record per session, as before."""
+    runfiles.append_meta(tmp_path, {"host": "a"})
+    runfiles.add_to_session(tmp_path, {"optimizer_routes": {"loop": {"buckets": 2}}})
+    runfiles.append_meta(tmp_path, {"host": "b"})
+    assert runfiles.read_meta(tmp_path) == [
+        {"host": "a", "optimizer_routes": {"loop": {"buckets": 2}}},
+        {"host": "b"},
+    ]
+
+
 def test_finished_needs_a_summary_with_the_steps(tmp_path):
     assert runfiles.finished(tmp_path / "missing") is None
     runfiles.write_config(tmp_path, {"max_steps": 10})

@@ -13,6 +13,7 @@ import train
 import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, fast_config
 from runtime.distributed import destroy, init_distributed
+from runtime.runfiles import read_meta
 from trainer.checkpoint import latest_checkpoint, load_checkpoint
 
 
@@ -47,8 +48,34 @@ def test_tiny_run_writes_files_and_learns(tmp_path, sotu_dir):
     routes = saved["optimizer_routes"]  # which code stepped each bucket, and why
     assert routes and all(r in ("engine", "compiled", "foreach", "loop", "torch") for r in routes)
     assert all(v["buckets"] >= 1 and v["reasons"] for v in routes.values())
+    assert read_meta(out)[-1]["optimizer_routes"] == routes  # after the first step, in meta.jsonl
     assert summary["best_val_loss"] == min(val)
     assert yaml.safe_load((out / "config.yaml").read_text())["max_steps"] == 16
+
+
+def test_a_run_of_an_earlier_version_with_fused_and_foreach_continues(tmp_path, sotu_dir, capsys):
+    """A run directory whose config.yaml has ``optimizer.fused``/``optimizer.foreach`` (before
+    ``implementation``) continues as the implementation that steps the same way; one that none
+    matches is refused in one line. The routes are logged once, after the first step."""
+    out = tmp_path / "old"
+    run(out, sotu_dir, "max_steps=2", "optimizer=mars-adamw", "ckpt_every=2")
+    logged = [ln for ln in capsys.readouterr().out.splitlines() if "optimizer route" in ln]
+    assert len(logged) == 1 and logged[0].endswith(
+        "optimizer route foreach: 3 buckets (not the engine: implementation=auto on cpu; "
+        "not compiled: implementation=auto on cpu)"), logged  # fmt: skip
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    del config["optimizer"]["implementation"]
+    config["optimizer"] |= {"fused": None, "foreach": None}  # as an earlier version wrote it
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    assert run(out, sotu_dir, "max_steps=4", "optimizer=mars-adamw")["steps"] == 4
+    assert "fused" not in yaml.safe_load((out / "config.yaml").read_text())["optimizer"]
+    config["optimizer"] |= {"fused": None, "foreach": False}  # the loop's fallback: no match
+    (out / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(SystemExit, match="optimizer fused=None, foreach=False .*has no "
+                                         "optimizer.implementation") as info:  # fmt: skip
+        run(out, sotu_dir, "max_steps=6", "optimizer=mars-adamw")
+    assert "\n" not in str(info.value)
+    destroy()
 
 
 def test_resume_equals_uninterrupted(tmp_path, sotu_dir):

@@ -63,6 +63,12 @@ def unknown_keys(values: dict, schema: type, schemas: dict[str, type] | None = N
 
 
 def check_known_keys(values: dict, schema: type, schemas: dict[str, type] | None = None) -> None:
+    from optim import implementation
+
+    section = values.get("optimizer")
+    for key in implementation.REPLACED if isinstance(section, dict) else ():
+        if key in section:  # an earlier version's switch: one line naming its replacement
+            raise ValueError(implementation.hint(key, section[key], "optimizer."))
     unknown = unknown_keys(values, schema, schemas)
     if unknown:
         raise ValueError(

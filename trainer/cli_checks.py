@@ -259,10 +259,33 @@ def unknown_overrides(
             hint = f" (did you mean {close}?)" if close else ""
             problems.append(f"unknown config group {o.key}{hint}; groups: {', '.join(groups)}")
             continue
+        if replaced := replaced_key(o.key):
+            problems.append(replaced)
+            continue
         bad = _unknown_in(o.key.split("."), keys, optimizers or {})
         if bad is not None:
             problems.append(f"unknown config key {bad}")
     return problems
+
+
+@functools.cache
+def _replaced() -> tuple[tuple[str, ...], str]:
+    """optim/implementation.py's ``REPLACED`` keys and ``HINT`` line, read from its source (the
+    one place they are written; importing it would import torch)."""
+    tree = ast.parse((ROOT / "optim" / "implementation.py").read_text())
+    found = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
+    return tuple(found["REPLACED"]), found["HINT"]
+
+
+def replaced_key(key: str) -> str | None:
+    """The one line for an earlier version's optimizer key (``optimizer.fused``,
+    ``optimizer.foreach``: replaced by ``optimizer.implementation``), else None."""
+    names, hint = _replaced()
+    parts = key.lstrip("+~").split(".")
+    if len(parts) == 2 and parts[0] == "optimizer" and parts[1] in names:
+        return hint.format(key=key.lstrip("+~"), prefix="optimizer.")
+    return None
 
 
 def check_train_overrides(overrides: list[Override]) -> None:

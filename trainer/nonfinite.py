@@ -112,7 +112,8 @@ def device_skip_reason(optimizer: Any) -> str | None:
     if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         if all(g.get("fused") for g in optimizer.param_groups):
             return None  # torch's fused kernels skip on found_inf and take their steps back
-        return "torch's AdamW honours found_inf only with fused=True (optimizer.fused=true)"
+        return ("torch's AdamW honours found_inf only with its fused kernel "
+                "(optimizer.implementation=torch-fused)")  # fmt: skip
     reason = getattr(optimizer, "device_skip_reason", None)
     if reason is None:
         return f"{type(optimizer).__name__} has no device-side skip (found_inf)"

@@ -131,6 +131,26 @@ def _start_files(out_dir: Path, config_dict: dict, meta: dict, step: int) -> Non
                          "the same command again") from None  # fmt: skip
 
 
+def record_routes(optimizer: Any, dist: DistInfo, out_dir: Path | None) -> bool:
+    """After a session's first optimizer step: the routes its buckets took and why
+    (optim/routes.py ``taken``), logged once (a line per route) and added to this session's
+    record of meta.jsonl by rank 0. Whether they were known (a skipped step took none yet)."""
+    from optim.routes import lines, taken
+
+    routes = taken(optimizer)
+    if not routes:
+        return False
+    if dist.is_main:
+        for line in lines(routes):
+            log.info("%s", line)
+        if out_dir is not None and (out_dir / runfiles.META).is_file():
+            try:
+                runfiles.add_to_session(out_dir, {"optimizer_routes": routes})
+            except OSError as exc:  # summary.json still names them; the run goes on
+                log.warning("optimizer routes not written to meta.jsonl: %s", exc)
+    return True
+
+
 def finish_run(
     cfg: TrainConfig, dist: DistInfo, state: RunState, out_dir: Path, *, parameters: int,
     wall_seconds: float, elapsed_s: float, routes: dict | None = None,

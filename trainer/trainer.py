@@ -40,7 +40,14 @@ from trainer.logs import MetricsLogger
 from trainer.meter import log_val_loss
 from trainer.nonfinite import Diverged, NonFiniteGuard
 from trainer.preemption import PreemptionGuard
-from trainer.run import DIVERGED, RunState, check_not_diverged, finished_summary, open_run
+from trainer.run import (
+    DIVERGED,
+    RunState,
+    check_not_diverged,
+    finished_summary,
+    open_run,
+    record_routes,
+)
 
 log = logging.getLogger("train")
 
@@ -172,6 +179,7 @@ class Trainer:
         self.finished: dict | None = None  # the summary, when an earlier session finished the run
         self.preemption = PreemptionGuard()  # SIGTERM/SIGUSR1: stop, checkpoint, requeue
         self.stopped_by = ""  # the signal that stopped the run early
+        self.routes_recorded = False  # logged and in meta.jsonl after the first step (run.py)
         self.model: torch.nn.Module = self.raw_model  # compiled and/or DDP-wrapped in wrap()
         self.eval_model: torch.nn.Module = self.raw_model
         self.session_start = time.perf_counter()
@@ -307,6 +315,8 @@ class Trainer:
         grad_norm = self.clip_grads()
         if self.guard.allows_step(loss, grad_norm, ref_norm, self.logger):
             self.optimizer.step()
+        if not self.routes_recorded:
+            self.routes_recorded = record_routes(self.optimizer, self.dist, self.out_dir)
         self.optimizer.zero_grad(set_to_none=True)
         self.state.step += 1
         self.state.tokens += cfg.batch_tokens

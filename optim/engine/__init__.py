@@ -1,14 +1,14 @@
 """The optimizer engine: every covered element-wise rule of the core in a few Triton kernels.
 
-``VarianceReduced(..., fused=...)`` (optim/core.py) chooses it:
+``VarianceReduced(..., implementation=...)`` (optim/core.py, optim/implementation.py) chooses it:
 
-- ``fused=None`` (default): the engine on CUDA where Triton is importable, for the buckets it
+- ``auto`` (default): the engine on CUDA where Triton is importable, for the buckets it
   covers (optim/engine/rules.py); the others take the compiled step, then foreach. On a CPU
   nothing changes: foreach (or the per-tensor loop).
-- ``fused="engine"``: the engine on any device: CUDA compiled, a CPU through Triton's
+- ``triton``: the engine on any device: CUDA compiled, a CPU through Triton's
   interpreter (optim/engine/loader.py; slow, exact, for tests). Without Triton it logs why
-  once (``fused_off_reason``) and the buckets take their usual path.
-- ``fused=True``: the compiled step (optim/fused.py), not the engine; ``False``: neither.
+  once (``off_reason``) and the buckets take their usual path.
+- ``compiled``: the compiled step (optim/fused.py), not the engine; ``loop``, ``foreach``: neither.
 
 Each step of a covered bucket is one ``step_kernel`` launch (plus a norm pass and its finish when
 the MARS correction is clipped), over pointer tables built once per bucket
@@ -22,16 +22,13 @@ from __future__ import annotations
 import torch
 
 from optim.engine.availability import (
-    ENGINE,
-    FUSED_CHOICES,
-    check_fused,
     kernels_for,
     unavailable_reason,
     usable,
     wanted,
 )
 
-__all__ = ["ENGINE", "FUSED_CHOICES", "check_fused", "covers", "kernels_for", "refusal",
+__all__ = ["covers", "kernels_for", "refusal",
            "run", "run_kept",
            "unavailable_reason", "usable", "wanted"]  # fmt: skip
 
@@ -65,8 +62,8 @@ def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> boo
 def refusal(opt, b, device_type: str) -> str | None:
     """Why the engine does not take bucket ``b`` (optim/core.py ``Bucket``) this step, or None
     where it does (wholly, or SOAP's unrotated part): optim/routes.py's first question."""
-    if not wanted(opt.fused, device_type):
-        return f"fused={opt.fused!r} on {device_type}"
+    if not wanted(opt.implementation, device_type):
+        return f"implementation={opt.implementation} on {device_type}"
     if not usable(opt, device_type):
         from optim.engine.state import of as state_of
 

@@ -71,7 +71,8 @@ class ClipFoldMixin:
         the gradients then as they were, for ``clip_grad_norm_``."""
         params = self._clip_params(params)
         engine = state_of(self)
-        ident = (tuple(id(p) for p in params), self.fused, engine.off, len(self.param_groups),
+        ident = (tuple(id(p) for p in params), self.implementation, engine.off,
+                 len(self.param_groups),
                  tuple(-1 if p.grad is None else local(p.grad).data_ptr() for p in params))  # fmt: skip
         kept = engine.fold
         if kept is not None and kept[0] == ident:  # the same gradients: no check, no plan key
@@ -89,7 +90,7 @@ class ClipFoldMixin:
                 engine.fold = (ident, plan, group)
                 norm, self._clip_fold = _launch(plan, float(max_norm), group=group)
         if reason != self.__dict__.get("clip_fold_off_reason", "") and (
-            reason is None or (params and engine_wanted(self.fused, params[0].device.type))
+            reason is None or (params and engine_wanted(self.implementation, params[0].device.type))
         ):  # said once, where the engine was asked for
             log.info("global gradient clip: %s", "folded into the optimizer engine's norm pass"
                      if reason is None else f"clip_grad_norm_ ({reason})")  # fmt: skip
@@ -127,7 +128,7 @@ class ClipFoldMixin:
             return "no gradients"
         if not tensors_fit(grads):
             return "gradients of several dtypes or devices, or not float32/float64 contiguous"
-        ident = (tuple(id(p) for p in params if p.grad is not None), self.fused,
+        ident = (tuple(id(p) for p in params if p.grad is not None), self.implementation,
                  state_of(self).off)  # fmt: skip
         cached = state_of(self).fold_checked
         if cached is None or cached[0] != ident:

@@ -14,8 +14,9 @@ next step checks, in one pass over the parameters, that it may run them again:
 - the same hyperparameter structure: every group key but the scalars the kernels take as
   arguments (``SCALARS``: lr, weight decay, betas, gamma, momentum and MARS's 1-D ones) equal
   to when it was built (a new ``eps``, clip scope or rule rebuilds);
-- the same optimizer switches (``fused``, the engine not turned off since), whether the step is
-  flagged (``found_inf``) and whether a folded clip is pending (the kernel variants compiled).
+- the same optimizer setting (``implementation``, the engine not turned off since), whether the
+  step is flagged (``found_inf``) and whether a folded clip is pending (the kernel variants
+  compiled).
 
 Then the step counts advance, each bucket's view of its group is made anew (the scalars of
 this step: a schedule's lr, the bias corrections) and the kept launches run: no bucket, no
@@ -72,7 +73,7 @@ class Program:
     the core's ``route`` (a bucket's view of its group this step)."""
 
     def __init__(self, opt, items: list, launches: list, route, flags: tuple) -> None:
-        self.keys = (opt.fused, flags, addresses(opt))
+        self.keys = (opt.implementation, flags, addresses(opt))
         self.structure = [structure(g) for g in opt.param_groups]
         self.route = route
         self.counted = [s for b, _ in items for s in b.owners]
@@ -89,7 +90,7 @@ class Program:
 
     def matches(self, opt, flags: tuple) -> bool:
         """Whether this program may run the step (module docstring)."""
-        if opt.engine_state.off or self.keys[:2] != (opt.fused, flags):
+        if opt.engine_state.off or self.keys[:2] != (opt.implementation, flags):
             return False
         groups = opt.param_groups
         if len(groups) != len(self.structure) or self.keys[2] != addresses(opt):
