@@ -34,9 +34,9 @@ reference, none of which changes the update in exact arithmetic:
 Two paths, the same numbers: ``foreach`` (the core's default) batches the tensors of one shape
 (optim/soap_batched.py: a few batched ops per shape, whatever the depth; GG_i, Q_i and
 ``exp_avg_sq`` each a slice of a per-shape stack, the state's keys and shapes unchanged);
-``foreach=False`` is the loop below, one tensor at a time, the readable reference. On a CPU they
-agree bit for bit in float64 except where a product is below torch's small-matrix GEMM size
-(tests/test_batched_shapes.py).
+``implementation="loop"`` is the loop below, one tensor at a time, the readable reference. On
+a CPU they agree bit for bit in float64 except where a product is below torch's small-matrix
+GEMM size (tests/test_batched_shapes.py).
 
 Under FSDP2 (``fully_shard``) every tensor of SOAP's state is sharded by rows as its parameter
 is (``exp_avg_sq`` as the parameter, ``GG_i`` and ``Q_i`` Shard(0) on the same mesh): each
