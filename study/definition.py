@@ -330,7 +330,8 @@ def command_args(
 ) -> list[str]:
     """Every argument of the part's command: its own, the run options (``report_only``;
     or ``jobs``, ``threads``, ``device``, ``dry_run``, ``allow_dirty``), then ``--`` and its
-    train.py overrides."""
+    train.py overrides (the part's, then the command line's ``overrides``: how a run is computed,
+    e.g. a GPU's micro-batch, never a value the study compares)."""
     argv = part_args(part, parts, main_only=main_only)
     if options.get("report_only"):
         argv.append("--report-only")
@@ -339,7 +340,7 @@ def command_args(
         argv += ["--device", options["device"]] if options.get("device") else []
         argv += ["--dry-run"] if options.get("dry_run") else []
         argv += ["--allow-dirty"] if options.get("allow_dirty") else []
-    overrides = part.values.get("overrides") or []
+    overrides = [*(part.values.get("overrides") or []), *options.get("overrides", [])]
     return argv + (["--", *map(str, overrides)] if overrides else [])
 
 

@@ -2,6 +2,7 @@
 
     python -m study run <study> [--part P ...] [--jobs 2] [--threads 1] [--device D]
                                 [--runs DIR] [--allow-dirty] [--report-only] [--dry-run]
+                                [--set KEY=VALUE ...]
     python -m study publish <study> [--part P ...] [--runs DIR]
     python -m study compare <study>
 
@@ -56,6 +57,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--allow-dirty", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="reports only, nothing published")
     ap.add_argument("--dry-run", action="store_true", help="print each part's first commands")
+    ap.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="train.py overrides after each part's own: how its runs are computed "
+                    "(e.g. micro_batch_size=2048 on a GPU), not a value the study compares")
     args = ap.parse_args(argv)
     args.argv = list(argv)  # the command again, for a stop's last line
     for name, value in (("--jobs", args.jobs), ("--threads", args.threads)):
@@ -119,7 +123,7 @@ def run(definition: Definition, args: argparse.Namespace) -> int:
     report_only = args.report_only or args.command == "publish"
     options = {"again": shlex.join(["python", "-m", "study", *args.argv]), "jobs": args.jobs, "threads": args.threads, "device": args.device,
                "dry_run": args.dry_run, "allow_dirty": args.allow_dirty,
-               "report_only": report_only}  # fmt: skip
+               "report_only": report_only, "overrides": args.overrides}  # fmt: skip
     restore(definition)
     # a report or publish without --part: every part once, whole (the order's staging is for runs)
     wanted = args.part or (list(definition.parts) if report_only else [])

@@ -24,7 +24,9 @@ BASE_COLUMNS = [
 MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "chosen", "grid",
                 "diverged", "collapsed", "collapse", "run_dir", "cpu", "command"]  # fmt: skip
 # Written only where a row has them: ledgers written before they were read back unchanged.
-LATER_COLUMNS = ["routes"]  # before "command": the optimizer's routes (routes_text)
+# before "command": the optimizer's routes (routes_text) and, for a run on an accelerator, its
+# name (a GPU row and a CPU row of one cell share a comparison only statistically)
+LATER_COLUMNS = ["routes", "device"]
 
 
 def _commit(run_dir: Path) -> str:
@@ -106,6 +108,9 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     }  # fmt: skip
     if routes_text(summary):  # none recorded (an older run): no column from this row
         row["routes"] = routes_text(summary)
+    metas = runfiles.read_meta(run_dir)
+    if metas and metas[0].get("gpu"):  # a CPU run (every run before the field): no column
+        row["device"] = str(metas[0]["gpu"])
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
     base = split_variant(cell.optimizer)[0]
     for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with

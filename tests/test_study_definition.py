@@ -103,13 +103,15 @@ def test_the_crossover_definition_gives_the_commands_the_sweep_ran():
     crossover became a definition (its argv captured from that command for 8,192 bytes; its
     files in runs/crossover/b<B> and results/crossover/b<B>/)."""
     d = defs.load("crossover")
-    assert list(d.parts) == ["b8192", "b2048", "b32768", "b131072"]
+    assert list(d.parts) == ["b8192", "b2048", "b32768", "b131072", "b524288"]
     ran = ["--out", "runs/crossover/b8192", "--optimizers", "adamw", "mars-adamw",
            "mars-adamw:gamma=0", "--models", "proxy-100k", "--budgets", "4",
            "--baseline-budgets", "--batch-tokens", "8192", "--knobs", "lr", "--center-from",
            "results/referee/batch/results.csv", "--center-cell", "proxy-100k:1", "--no-swap",
            "--jobs", "2", "--threads", "1", "--", "ckpt_every=100"]  # fmt: skip
     assert defs.command_args(d.parts["b8192"], d.parts, {}) == ran
+    gpu = defs.command_args(d.parts["b8192"], d.parts, {"overrides": ["micro_batch_size=2048"]})
+    assert gpu == [*ran, "micro_batch_size=2048"]  # `run --set`: after the part's own
     for b in (8192, 2048, 32768, 131072):
         part = d.parts[f"b{b}"]
         assert part.runs == Path(f"runs/crossover/b{b}")

