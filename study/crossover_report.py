@@ -38,6 +38,38 @@ def batch_losses(results: Path, batches: list[int]) -> dict[int, dict[str, dict[
     return out
 
 
+SELECTION_SEEDS = (0, 6, 7)
+
+
+def selection(results: Path, batches: list[int]) -> dict[int, dict[str, dict]]:
+    """``{batch: {arm: {lr, mean, lrs, device}}}``: while evaluation runs are missing, each arm's
+    best lr so far among those run on all three selection seeds (the mean over them, the lrs
+    so measured) and where the batch's runs ran (the ledger's device column, else the CPU's)."""
+    out: dict[int, dict[str, dict]] = {}
+    for b in sorted(batches):
+        path = results / f"b{b}" / "results.csv"
+        if not path.is_file():
+            continue
+        by: dict[tuple[str, float], dict[int, float]] = {}
+        where: dict[str, set[str]] = {}
+        for r in read_csv(path):
+            if r.get("role") != "select" or r.get("final_val_loss") in (None, ""):
+                continue
+            opt = str(r["optimizer"])
+            by.setdefault((opt, float(r["lr"])), {})[int(r["seed"])] = float(r["final_val_loss"])
+            where.setdefault(opt, set()).add(str(r.get("device") or r.get("cpu") or "?"))
+        for (opt, lr), seeds in by.items():
+            if not set(SELECTION_SEEDS) <= set(seeds):
+                continue
+            mean = sum(seeds[s] for s in SELECTION_SEEDS) / len(SELECTION_SEEDS)
+            arm = out.setdefault(b, {}).setdefault(opt, {"lr": lr, "mean": mean, "lrs": 0})
+            arm["lrs"] += 1
+            if mean < arm["mean"]:
+                arm.update(lr=lr, mean=mean)
+            arm["device"] = "; ".join(sorted(where[opt]))
+    return out
+
+
 def effects(losses: dict, n_seeds: int = 5) -> list[dict]:
     """Every comparison at every batch where both arms have all ``n_seeds`` evaluation seeds:
     the paired interval, the p-value, and the Holm-adjusted p over that comparison's batches."""
@@ -75,7 +107,8 @@ def _b(x: float) -> str:
     return "> ladder" if x == math.inf else "-" if math.isnan(x) else f"{x:,.0f}"
 
 
-def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[int]) -> str:
+def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[int],
+             picked: dict | None = None) -> str:
     pct = f"{LEVEL:.0%}"
     lines = ["# The batch crossover (`python -m study run crossover`)", "",
              "proxy-100k, 966 steps at every batch; per batch, each arm's lr tuned on its own line "
@@ -97,6 +130,20 @@ def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[in
         arms = losses.get(b, {})
         cells = [str(len(arms.get(a, {}))) for a in (ADAMW, MARS, OFF)]
         lines.append(f"| {b:,} | " + " | ".join(cells) + f" | {'yes' if b in done else 'no'} |")
+    if picked:
+        lines += ["", "## On the selection seeds so far", "",
+                  "Each arm's best lr among those run on all three selection seeds (0, 6, 7), the "
+                  "mean loss over them, and how many lrs were so measured: the tuning, not the "
+                  "comparison (that is the evaluation seeds', above). A GPU row and a CPU row of one "
+                  "cell share a comparison only statistically.", "",
+                  "| batch | arm | lr | mean over 0, 6, 7 | lrs on all three | ran on |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for b, arms in sorted(picked.items()):
+            for arm in (ADAMW, MARS, OFF):
+                if arm in arms:
+                    a = arms[arm]
+                    lines.append(f"| {b:,} | {arm} | {a['lr']:g} | {a['mean']:.4f} | {a['lrs']} "
+                                 f"| {a['device']} |")  # fmt: skip
     lines += ["", "## Predicted (python -m study.predict)", ""]
     if not preds:
         lines.append("No prediction record yet (`python -m study.predict RUN_DIR --json "
@@ -147,6 +194,7 @@ def write(results: Path, batches: list[int]) -> Path:
     results.mkdir(parents=True, exist_ok=True)
     losses = batch_losses(results, batches)
     rows, preds = effects(losses), predictions(results)
-    (results / "report.md").write_text(markdown(losses, rows, preds, batches))
+    picked = selection(results, batches)
+    (results / "report.md").write_text(markdown(losses, rows, preds, batches, picked))
     figure(rows, preds, results / "crossover.png")
     return results / "report.md"

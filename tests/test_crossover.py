@@ -244,3 +244,28 @@ def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_pat
     assert (root / "results" / "crossover" / "crossover.png").is_file()
     with pytest.raises(SystemExit):
         crossover.parse(["run"])
+
+
+def test_the_selection_table_takes_each_arms_best_lr_on_all_three_seeds(tmp_path):
+    """An lr run on seeds 0 and 6 only is not chosen however low; the device column (a GPU's
+    name) is where the batch ran, the CPU's name where the column is empty."""
+    from study import crossover_report as cr
+    from study.results import write_csv
+
+    rows = []
+    for lr, base, seeds in ((0.01, 1.30, (0, 6, 7)), (0.02, 1.20, (0, 6, 7)), (0.04, 1.0, (0, 6))):
+        for s in seeds:
+            rows.append({"optimizer": "adamw", "role": "select", "lr": lr, "seed": s,
+                         "final_val_loss": base + s / 1000, "cpu": "CPU X", "device": "GPU Y"})  # fmt: skip
+    rows.append({"optimizer": "mars-adamw", "role": "select", "lr": 0.1, "seed": 0,
+                 "final_val_loss": 1.5, "cpu": "CPU X", "device": ""})  # fmt: skip
+    for s in (6, 7):
+        rows.append({**rows[-1], "seed": s})
+    (tmp_path / "b8192").mkdir()
+    write_csv(rows, tmp_path / "b8192" / "results.csv")
+    picked = cr.selection(tmp_path, [8192])[8192]
+    assert picked["adamw"]["lr"] == 0.02 and picked["adamw"]["lrs"] == 2
+    assert picked["adamw"]["mean"] == pytest.approx(1.20 + 13 / 3000)
+    assert picked["adamw"]["device"] == "GPU Y" and picked["mars-adamw"]["device"] == "CPU X"
+    text = cr.markdown({}, [], [], [8192], {8192: picked})
+    assert "| 8,192 | adamw | 0.02 | 1.2043 | 2 | GPU Y |" in text
