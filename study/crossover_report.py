@@ -107,8 +107,13 @@ def _b(x: float) -> str:
     return "> ladder" if x == math.inf else "-" if math.isnan(x) else f"{x:,.0f}"
 
 
-def markdown(losses: dict, rows: list[dict], preds: list[dict], batches: list[int],
-             picked: dict | None = None) -> str:
+def markdown(
+    losses: dict,
+    rows: list[dict],
+    preds: list[dict],
+    batches: list[int],
+    picked: dict | None = None,
+) -> str:
     pct = f"{LEVEL:.0%}"
     lines = ["# The batch crossover (`python -m study run crossover`)", "",
              "proxy-100k, 966 steps at every batch; per batch, each arm's lr tuned on its own line "

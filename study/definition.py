@@ -188,7 +188,9 @@ def _part(study: str, name: str, values: dict, runs_root: Path | None) -> Part:
     unknown = sorted(set(values) - set(PART_KEYS))
     for key in unknown:
         if key in RENAMED_KEYS:
-            raise DefinitionError(f"part {name}: {key} is now {RENAMED_KEYS[key]} (the same values)")
+            raise DefinitionError(
+                f"part {name}: {key} is now {RENAMED_KEYS[key]} (the same values)"
+            )
     if unknown:
         raise DefinitionError(f"part {name}: unknown key {unknown[0]!r}; a part has "
                               f"{', '.join(PART_KEYS)}")  # fmt: skip

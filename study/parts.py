@@ -57,9 +57,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--allow-dirty", action="store_true")
     ap.add_argument("--report-only", action="store_true", help="reports only, nothing published")
     ap.add_argument("--dry-run", action="store_true", help="print each part's first commands")
-    ap.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="train.py overrides after each part's own: how its runs are computed "
-                    "(e.g. micro_batch_size=2048 on a GPU), not a value the study compares")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train.py overrides after each part's own: how its runs are computed "
+        "(e.g. micro_batch_size=2048 on a GPU), not a value the study compares",
+    )
     args = ap.parse_args(argv)
     args.argv = list(argv)  # the command again, for a stop's last line
     for name, value in (("--jobs", args.jobs), ("--threads", args.threads)):

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from study import gradstats
 from study import definition as defs
+from study import gradstats
 from study.crossover import budget_of
 from study.plan import block_params, budget_steps
 

@@ -183,7 +183,10 @@ def test_val_loss_table_token_columns_seeds_paper_and_unfinished(tmp_path, capsy
     with pytest.raises(SystemExit, match="--budgets is now --at-tokens"):  # renamed: one meaning
         report.main([str(runs), "--out", str(tmp_path / "x"), "--budgets", "5e9"])
     csv_text = (out / "val_loss.csv").read_text()
-    assert csv_text.startswith("dataset,size,optimizer,column,column_tokens") and "MARS-approx" in csv_text
+    assert (
+        csv_text.startswith("dataset,size,optimizer,column,column_tokens")
+        and "MARS-approx" in csv_text
+    )
 
 
 def test_lr_sweep_variants_and_small_run_token_columns(tmp_path):

@@ -117,6 +117,7 @@ def test_the_crossover_definition_gives_the_commands_the_sweep_ran():
         assert part.runs == Path(f"runs/crossover/b{b}")
         assert part.results == Path(f"results/crossover/b{b}")
 
+
 def write(tmp_path, text):
     path = tmp_path / "s.yaml"
     path.write_text(text)

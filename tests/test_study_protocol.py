@@ -255,7 +255,9 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
     for r in rows:  # every value from the run's own config.yaml, not from its directory's name
         cfg = yaml.safe_load((tmp_path / r["run_dir"] / "config.yaml").read_text())
         assert (r["lr"], r["wd"], r["seed"]) == (
-            cfg["optimizer"]["lr"], cfg["optimizer"]["weight_decay"], cfg["seed"]
+            cfg["optimizer"]["lr"],
+            cfg["optimizer"]["weight_decay"],
+            cfg["seed"],
         )
         assert r["routes"] == "engine:1;foreach:2"  # summary.json's optimizer_routes, counted
     write_curves(curves, tmp_path / "curves.csv.gz")
