@@ -117,6 +117,6 @@ def test_engine_splits_newton_schulz_over_gloo_ranks(tmp_path, world):
                 assert torch.equal(a, b), (name, "the ranks differ after a skipped step")
         routes = [results[r][name]["routes"] for r in range(world)]  # each rank's, the same
         assert all(r == routes[0] for r in routes) and {r for _, r in routes[0]} == {"engine"}
-        skipped_ref, _ = run(name, False, flagged=2)
+        skipped_ref, _ = run(name, "foreach", flagged=2)
         for a, b in zip(results[0][name]["skipped"], skipped_ref):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
