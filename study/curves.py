@@ -84,13 +84,16 @@ def write_curves(curves: dict[str, list[dict]], path: Path) -> None:
 
 
 def read_curves(path: Path) -> dict[str, list[dict]]:
-    """curves.csv.gz back: ``{run_dir: records}``, numbers as floats (empty: missing)."""
+    """curves.csv.gz back: ``{run_dir: records}``, numbers as floats, whole numbers written as
+    such (a step, a token count) as ints, so that writing them again gives the same bytes
+    (empty: missing)."""
     out: dict[str, list[dict]] = {}
     with gzip.open(path, "rt", newline="") as f:
         for r in csv.DictReader(f):
             rec = {"kind": r["kind"]}
             for k in COLUMNS[2:]:
                 if r.get(k) not in (None, ""):
-                    rec[k] = float(r[k])
+                    text = r[k]
+                    rec[k] = int(text) if text.lstrip("-").isdigit() else float(text)
             out.setdefault(r["run_dir"], []).append(rec)
     return out

@@ -113,3 +113,20 @@ def test_a_parts_report_comes_back_byte_for_byte_from_its_ledger(tmp_path):
     assert main(["--out", str(tmp_path), *ARGS, "--report-only"]) == 0
     for name in ("report.md", "results.csv", "curves.csv.gz"):
         assert (tmp_path / name).read_bytes() == (PART / name).read_bytes(), name
+
+
+def test_curves_read_back_and_written_again_are_the_same_bytes(tmp_path):
+    """A token count written from a run directory as a whole number (1024000) stays one when a
+    fresh clone republishes the curves from the ledger (it came back as 1.024e+06 once)."""
+    from study.curves import read_curves, write_curves
+
+    first = tmp_path / "a.csv.gz"
+    curves = {"runs/x": [{"kind": "train", "step": 500, "tokens": 1024000, "loss": 2.07624,
+                          "lr": 0.022}, {"kind": "val", "step": 966, "tokens": 1978368,
+                                         "loss": 1.70879}]}  # fmt: skip
+    write_curves(curves, first)
+    again = tmp_path / "b.csv.gz"
+    write_curves(read_curves(first), again)
+    assert again.read_bytes() == first.read_bytes()
+    write_curves(read_curves(again), first)
+    assert again.read_bytes() == first.read_bytes()
