@@ -23,8 +23,9 @@ the GPU kernels of one step (torch's profiler: kernels, copies and memsets it re
 ``--clip MAX_NORM`` each step is the trainer's: the global gradient clip first, folded into the
 engine where the optimizer can (optim/engine/clip.py), else ``clip_grad_norm_``, inside the time
 and the kernel count (the gradients are scaled in place then: values drift, times do not); the bytes
-moved count the clip's passes as taken (folded: one read of g; ``clip_grad_norm_``: three) and
-exact mode's reference store (``passes``). ``--out DIR`` writes the raw record (bench/record.py:
+moved count each tensor's passes by its rule (a MARS family's 1-D tensors are AdamW's), the
+clip's as taken (folded: one read of g, none beyond MARS's own where the fold merged with MARS's
+norm pass; ``clip_grad_norm_``: three) and exact mode's reference store (``moved_bytes``). ``--out DIR`` writes the raw record (bench/record.py:
 each round's median per variant, the bytes, kernels and the device's copy bandwidth).
 """
 
@@ -45,24 +46,50 @@ from optim.core import VarianceReduced
 from optim.rule import Rule
 from runtime.distributed import pick_device
 
-# tensors an element-wise step reads + writes per parameter: p, g, state (and g_ref, plus the
-# norm pass re-reading g and g_ref for the per-tensor clip); None: Newton-Schulz does more
+# tensors an element-wise step reads + writes per parameter of its rule: p, g, state (and
+# g_ref, plus the norm pass reading g and g_ref for MARS's per-tensor clip: 2 of mars-adamw's
+# 11, update 9); None: Newton-Schulz does more. The MARS families' tensors without the
+# correction (1-D: the official code's AdamW) move ``PASSES["adamw"]``.
 PASSES = {"adamw": 7, "mars-adamw": 11, "mars-adamw-exact": 10, "mars-lion": 9, "lion": 5,
           "ademamix": 9, "adamw-schedulefree": 7, "muon": None, "mars-m": None}  # fmt: skip
 # what ``one_step`` adds: exact mode's reference store (reads g, writes the stored gradient);
-# the trainer's clip folded into the engine (one norm pass: reads g) or torch's
-# ``clip_grad_norm_`` (reads g for the norm, then reads and writes g to scale it)
+# the trainer's clip folded into the engine (one norm pass: reads g; merged with MARS's norm
+# pass, optim/engine/clip.py: reads g and g_ref once for both, so nothing beyond MARS's own
+# passes) or torch's ``clip_grad_norm_`` (reads g for the norm, then reads and writes g)
 EXACT_STORE, CLIP_PASSES = 2, {None: 0, "fold": 1, "torch": 3}
 
 
-def passes(name: str, clip: str | None) -> int | None:
+def passes(name: str, clip: str | None, corrected: bool = True, merged: bool = False) -> int | None:
     """Tensors a step of ``name`` reads + writes per parameter, as ``one_step`` runs it: the
     optimizer's own passes, exact mode's reference store and the trainer's clip (``clip``:
-    None, ``"fold"`` or ``"torch"``); None for Newton-Schulz families."""
+    None, ``"fold"`` or ``"torch"``); None for Newton-Schulz families. ``corrected``: a
+    tensor with MARS's correction (else a MARS family's AdamW tensor); ``merged``: its fold
+    merged with MARS's norm pass."""
     own = PASSES[name]
     if own is None:
         return None
-    return own + (EXACT_STORE if name.endswith("-exact") else 0) + CLIP_PASSES[clip]
+    if name.startswith("mars-") and not corrected:
+        return PASSES["adamw"] + CLIP_PASSES[clip]
+    return own + (EXACT_STORE if name.endswith("-exact") else 0) + \
+        (0 if merged else CLIP_PASSES[clip])  # fmt: skip
+
+
+def moved_bytes(opt, name: str, clip: str | None) -> int:
+    """The bytes one step of ``opt`` (the last one ``one_step`` ran) reads and writes, per
+    tensor by its rule (``passes``): a MARS family's corrected tensors and its AdamW ones, the
+    fold merged or not (the step's ``engine_state.sums``: the merged tensors' state dicts);
+    0 for Newton-Schulz families."""
+    engine = getattr(opt, "engine_state", None)
+    sums = engine.sums if engine is not None and clip == "fold" else None
+    merged = set() if sums is None else set(sums.index)
+    view_of = getattr(opt, "rule_view", None)
+    total = 0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            corrected = view_of is None or bool(view_of(p, group)[1].get("variance_reduction"))
+            n = passes(name, clip, corrected, id(opt.state.get(p)) in merged)
+            total += (n or 0) * p.numel() * p.element_size()
+    return total
 
 
 COMPILED = ("mars-adamw", "mars-adamw-exact", "mars-lion", "lion")  # with a compiled path
@@ -193,7 +220,7 @@ def main() -> None:
                 sync(device)
                 times[label].append(time.perf_counter() - t0)
     copy_gbs = copy_bandwidth(device) if device.type == "cuda" else None
-    moved = {label: (passes(o, clips[label]) or 0) * 4 * n for label, o, _ in runs}
+    moved = {label: moved_bytes(opts[label], o, clips[label]) for label, o, _ in runs}
     report(runs, times, first, moved, copy_gbs, kernels)
     if args.out:
         keep(args, device, runs, times, moved, clips, kernels, copy_gbs, first)

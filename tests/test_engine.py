@@ -414,6 +414,16 @@ def test_the_kernels_pass_the_gpu_compilers_front_end():
                                           "divisors": f"*{dt}"}, dict(CHUNK=1024))  # fmt: skip
         compile_(k.finish_global_kernel, {"partial": f"*{dt}", "count": "i32",
                                           "divisors": f"*{dt}"}, dict(CHUNK=1024))  # fmt: skip
+        # the folded clip's pass merged with MARS's, and a step's clips from its sums
+        compile_(k.fold_norm_kernel, {"table": "*i64", "blocks": "*i32", "partial": f"*{dt}",
+                                      "stride": "i32"},
+                 dict(DT=ty, ACC=ty, BLOCK=4096, ALIGNED=True))  # fmt: skip
+        for summed, glob in ((False, False), (True, True)):
+            compile_(k.merged_finish_kernel, {"table": "*i64", "partial": f"*{dt}",
+                                              "stride": "i32", "rows": "*i64",
+                                              "coef": f"*{dt}", "kappa": f32,
+                                              "out": f"*{dt}"},
+                     dict(SUMMED=summed, GLOBAL=glob, CHUNK=1024))  # fmt: skip
     apply = {"table": "*i64", "blocks": "*i32", "src": "*bf16", "skip": "*u8", "keep": f32,
              "neg_size": f32, "neg_size_t": f32}  # fmt: skip
     for strided, skip in ((True, True), (False, False), (True, False)):

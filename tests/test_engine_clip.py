@@ -78,6 +78,57 @@ def test_schedulefree_folds_the_clip():
     assert_same(ref_p, ref, eng_p, eng)
 
 
+MERGED = {  # approx MARS with its clip: the fold's pass merged with MARS's norm pass
+    "mars-adamw": CASES["mars-adamw"],
+    "mars-adamw-global": lambda p, f: MARS(p, lr=1e-2, weight_decay=0.1, clip="global",
+                                           implementation=f),  # fmt: skip
+    "mars-lion": CASES["mars-lion"],
+    "mars-adamw-plain-first-step": lambda p, f: MARS(p, lr=1e-2, first_step="plain",
+                                                     implementation=f),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", MERGED)
+def test_the_fold_merges_with_the_mars_norm_pass(name, monkeypatch):
+    """From the second step (the first makes the reference buffers), one norm pass a step reads
+    g and g_ref for both the global clip and MARS's clip (``fold_norm_kernel``, then
+    ``merged_finish_kernel`` per bucket: no ``norm_kernel``); the step equals the foreach path
+    with ``clip_grad_norm_`` (float64, 1e-12), norms and every state tensor included."""
+    from optim.engine import loader
+
+    names, call = [], loader.Go.__call__
+    monkeypatch.setattr(loader.Go, "__call__", lambda self, kernel, *a, **kw: (
+        names.append(kernel.__name__) if not self.dry else None, call(self, kernel, *a, **kw))[1])
+    make = MERGED[name]
+    ref_p, eng_p = make_params(), make_params()
+    ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
+    ref_norms, eng_norms, launched = [], [], []
+    for t in range(4):
+        ref_norms += trainer_steps(ref, ref_p, 1, False, start=t)
+        names.clear()
+        eng_norms += trainer_steps(eng, eng_p, 1, True, start=t)
+        launched.append(list(names))
+    assert_norms(ref_norms, eng_norms)
+    assert_same(ref_p, ref, eng_p, eng)
+    assert "norm_kernel" in launched[0] and "fold_norm_kernel" not in launched[0]
+    for names_t in launched[1:]:
+        assert names_t.count("fold_norm_kernel") == 1 and "norm_kernel" not in names_t, names_t
+        assert "merged_finish_kernel" in names_t, names_t
+
+
+def test_exact_mode_keeps_the_separate_norm_pass(monkeypatch):
+    """Exact mode's fold is the reference store's too: its pass is the plain one."""
+    from optim.engine import loader
+
+    names, call = [], loader.Go.__call__
+    monkeypatch.setattr(loader.Go, "__call__", lambda self, kernel, *a, **kw: (
+        names.append(kernel.__name__), call(self, kernel, *a, **kw))[1])
+    ps = make_params()
+    eng = CASES["mars-adamw-exact-global-amsgrad"](ps, "triton")
+    trainer_steps(eng, ps, 3, True)
+    assert "fold_norm_kernel" not in names and "norm_kernel" in names
+
+
 @pytest.mark.parametrize("name", ["mars-adamw", "mars-adamw-exact-global-amsgrad", "mars-m"])
 def test_a_skipped_step_with_a_folded_clip_changes_nothing(name):
     """NaN gradients: the fold's norm is NaN (the non-finite check sees it), the step flagged on
@@ -222,3 +273,20 @@ def test_folded_clip_on_cuda(name, monkeypatch):
     torch.testing.assert_close(norms[1], norms[0], **tol)
     assert set(eng.path_counts) == {"engine"}
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-4, atol=1e-5))
+
+
+def test_the_benchmarks_byte_count_follows_the_merge():
+    """bench.optim_fused's bytes: a corrected tensor of MARS-AdamW moves 11 tensors a parameter
+    with the fold merged (44 bytes in float32; 12 before the merge, the first step), its 1-D
+    AdamW tensors 7 + the fold's read of g."""
+    from bench.optim_fused import moved_bytes, passes
+
+    ps = make_params()
+    opt = CASES["mars-adamw"](ps, "triton")
+    mats = sum(p.numel() for p in ps if p.ndim == 2) * 8  # float64
+    rest = sum(p.numel() for p in ps if p.ndim != 2) * 8
+    trainer_steps(opt, ps, 1, True)
+    assert moved_bytes(opt, "mars-adamw", "fold") == 12 * mats + 8 * rest  # state made: apart
+    trainer_steps(opt, ps, 1, True, start=1)
+    assert moved_bytes(opt, "mars-adamw", "fold") == 11 * mats + 8 * rest  # merged
+    assert passes("mars-adamw", "fold", merged=True) == 11

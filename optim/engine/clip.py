@@ -71,24 +71,34 @@ class ClipFoldMixin:
         the gradients then as they were, for ``clip_grad_norm_``."""
         params = self._clip_params(params)
         engine = state_of(self)
+        engine.sums_pending = None
         ident = (tuple(id(p) for p in params), self.implementation, engine.off,
                  len(self.param_groups),
-                 tuple(-1 if p.grad is None else local(p.grad).data_ptr() for p in params))  # fmt: skip
+                 tuple(-1 if p.grad is None else local(p.grad).data_ptr() for p in params),
+                 self._merge_key(params))  # fmt: skip
         kept = engine.fold
         if kept is not None and kept[0] == ident:  # the same gradients: no check, no plan key
-            norm, self._clip_fold = _launch(kept[1], float(max_norm), group=kept[2])
+            plan, group, index = kept[1:]
+            norm, self._clip_fold, engine.sums_pending = _launch(
+                plan, float(max_norm), group=group, index=index)
             return norm
         reason = self._clip_fold_refusal(params)
         if reason is None:
-            grads = [local(p.grad) for p in params if p.grad is not None]
-            plan = _fold(self, grads)
+            with_grads = [p for p in params if p.grad is not None]
+            grads = [local(p.grad) for p in with_grads]
+            refs = self._merge_refs(with_grads)
+            plan = _fold(self, grads, refs)
             if plan is None:
                 reason = engine.off
             else:
-                shards = [p for p in params if p.grad is not None and sharded.is_sharded(p)]
+                shards = [p for p in with_grads if sharded.is_sharded(p)]
                 group = sharded.group_of(shards) if shards else None  # FSDP2: all-reduced
-                engine.fold = (ident, plan, group)
-                norm, self._clip_fold = _launch(plan, float(max_norm), group=group)
+                index = None if refs is None else {  # a merged row by its state dict
+                    id(self.state[p]): r for r, (p, ref) in enumerate(zip(with_grads, refs))
+                    if ref is not None}  # fmt: skip
+                engine.fold, engine.fold_params = (ident, plan, group, index), params
+                norm, self._clip_fold, engine.sums_pending = _launch(
+                    plan, float(max_norm), group=group, index=index)
         if reason != self.__dict__.get("clip_fold_off_reason", "") and (
             reason is None or (params and engine_wanted(self.implementation, params[0].device.type))
         ):  # said once, where the engine was asked for
@@ -98,14 +108,69 @@ class ClipFoldMixin:
         return norm if reason is None else None
 
     def _take_clip_fold(self) -> torch.Tensor | None:
-        """The pending fold's factor, once (the step or the reference store that applies it)."""
+        """The pending fold's factor, once (the step or the reference store that applies it);
+        its sums merged with MARS's norm pass become the step's (``engine_state.sums``)."""
         coef, self._clip_fold = self._clip_fold, None
+        engine = state_of(self)
+        engine.sums, engine.sums_pending = engine.sums_pending, None
         return coef
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """torch's; a fold no step applied (the step was skipped on the host) is dropped."""
         self._clip_fold = None
+        state_of(self).sums_pending = None  # (``sums``: the last step's, read with its factor)
         super().zero_grad(set_to_none=set_to_none)
+
+    def _merge_refs(self, params: list[torch.Tensor]) -> list | None:
+        """Per parameter (each with a gradient), the reference gradient whose MARS correction
+        the step clips (``clip`` tensor or global, approx mode: the local block of
+        ``last_grad``), or None for one without; None for all where the fold's pass is not
+        merged with MARS's norm pass: exact mode (its fold is also the reference store's, whose
+        gradients no correction reads), no rule view (Schedule-Free), no such tensor (Newton-
+        Schulz's pre-pass keeps its own norm pass: optim/engine/launch.py ``_merged``), or a
+        state not made yet (the first step)."""
+        from optim.preconditioners import PRECONDITIONERS, NewtonSchulz
+
+        view_of = getattr(self, "rule_view", None)
+        if view_of is None or not getattr(self, "is_approx", True):
+            return None
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
+        refs = []
+        for p in params:
+            view = view_of(p, group_of[id(p)])[1]
+            ns = issubclass(PRECONDITIONERS[view["preconditioner"]], NewtonSchulz)
+            if (not view.get("variance_reduction") or ns  # (NS's pre-pass: its own norm pass)
+                    or view.get("clip") not in ("tensor", "global")):  # fmt: skip
+                refs.append(None)
+                continue
+            ref = self.state.get(p, {}).get("last_grad")
+            if ref is None:
+                return None
+            refs.append(local(ref))
+        return refs if any(r is not None for r in refs) else None
+
+    def _prepare_merge(self) -> None:
+        """After a step that made the reference buffers under an unmerged fold (the first): the
+        merged fold's plan built and compiled now, so that the next fold (its gradients where
+        they were) finds it in the cache, as a steady step's plans are."""
+        engine = state_of(self)
+        params = engine.fold_params
+        if params is None or engine.off:
+            return
+        with_grads = [p for p in params if p.grad is not None]
+        refs = self._merge_refs(with_grads) if with_grads else None
+        if refs is not None:
+            _fold(self, [local(p.grad) for p in with_grads], refs)
+
+    def _merge_key(self, params: list[torch.Tensor]) -> tuple:
+        """What the kept fold's merge depends on beyond the gradients: the reference buffers'
+        addresses (their state made or loaded) and the groups' clip scopes."""
+        if getattr(self, "rule_view", None) is None or not getattr(self, "is_approx", True):
+            return ()
+        state = self.state
+        refs = tuple(-1 if "last_grad" not in state.get(p, ()) else
+                     local(state[p]["last_grad"]).data_ptr() for p in params)  # fmt: skip
+        return refs, tuple(g.get("clip") for g in self.param_groups)
 
     def _clip_params(self, params) -> list[torch.Tensor]:
         if params is None:
@@ -155,22 +220,38 @@ def apply_to(grads: list[torch.Tensor], coef: torch.Tensor | None) -> None:
         torch._foreach_mul_(grads, coef)
 
 
-def _fold(opt, grads: list[torch.Tensor]):
+class Sums:
+    """A merged fold's sums for the step's MARS clips (optim/engine/launch.py ``_merged``):
+    ``partial`` holds ``sum(g*g)``, ``sum(g*g_ref)``, ``sum(g_ref*g_ref)`` at ``0``,
+    ``stride``, ``2 * stride``, per block of ``table``'s rows, or per row where ``summed``
+    (FSDP2: all-reduced); ``index`` maps a merged row's state dict (its ``id``) to its row;
+    ``coef`` is the clip's factor."""
+
+    def __init__(self, plan: Plan, partial: torch.Tensor, stride: int, summed: bool,
+                 index: dict, coef: torch.Tensor) -> None:  # fmt: skip
+        self.table, self.partial, self.stride, self.summed = plan.table, partial, stride, summed
+        self.index, self.coef = index, coef
+
+
+def _fold(opt, grads: list[torch.Tensor], refs: list | None = None):
     """The fold's plan over ``grads``, its kernels compiled; None where a kernel failed to
-    compile (the engine is then off for ``opt``: its ``engine_state.off``)."""
+    compile (the engine is then off for ``opt``: its ``engine_state.off``). ``refs`` (one per
+    gradient, None for a row without): the pass merged with MARS's norm pass, three partial
+    sums a block (``fold_norm_kernel``)."""
     from optim.engine.launch import BLOCKS
 
     device, dtype = grads[0].device, grads[0].dtype
     block = BLOCKS[device.type]
     engine = state_of(opt)
     cache = engine.cache
-    cols = {L.C_G: grads}
-    plan = cache.get(key(cols, block, ("clip",)), lambda: Plan(cols, block, norm=True))
+    cols = {L.C_G: grads} if refs is None else {L.C_G: grads, L.C_REF: refs}
+    plan = cache.get(key(cols, block, ("clip", refs is not None)),
+                     lambda: _fold_plan(cols, block, refs is not None))  # fmt: skip
     compiled = engine.compiled
-    variant = ("clip", dtype, plan.aligned)
+    variant = ("clip", dtype, plan.aligned, refs is not None)
     if variant not in compiled:
         try:
-            _launch(plan, 1.0, dry=True)
+            _launch(plan, 1.0, dry=True, index={} if refs is not None else None)
         except Exception as e:  # noqa: BLE001 (a compile failure: nothing written, fall back)
             engine.off = f"a kernel failed to compile ({type(e).__name__}: {e})"
             log.warning("optimizer engine off (%s); using the other paths", engine.off)
@@ -179,10 +260,21 @@ def _fold(opt, grads: list[torch.Tensor]):
     return plan
 
 
-def _launch(plan: Plan, max_norm: float, dry: bool = False, group=None):
-    """``(norm, coef)``: two launches over the plan's gradients (``dry``: compile only);
-    FSDP2 (``group``: the shards' process group): the norm pass over the local blocks, then
-    ``_finish_sharded``."""
+def _fold_plan(cols: dict, block: int, merged: bool) -> Plan:
+    """The fold's plan; merged: three partial sums a block (``fold_norm_kernel``)."""
+    plan = Plan(cols, block, norm=True)
+    if merged:
+        plan.partial = torch.empty(3 * max(plan.nblocks, 1), dtype=plan.partial.dtype,
+                                   device=plan.partial.device)  # fmt: skip
+        plan.which = plan.blocks[:, 0].long()  # each program's row (FSDP2's per-row sums)
+    return plan
+
+
+def _launch(plan: Plan, max_norm: float, dry: bool = False, group=None, index=None):
+    """``(norm, coef, sums)``: two launches over the plan's gradients (``dry``: compile only);
+    ``index`` (the merged rows, ``Sums``; None: not merged) the norm pass merged with MARS's,
+    ``sums`` then the step's ``Sums`` (else None). FSDP2 (``group``: the shards' process group):
+    the norm pass over the local blocks, then ``_finish_sharded``."""
     from optim.engine.availability import kernels_for
     from optim.engine.launch import CHUNK
     from optim.engine.loader import Go, tl_dtype, warps
@@ -190,23 +282,47 @@ def _launch(plan: Plan, max_norm: float, dry: bool = False, group=None):
     device, dtype = plan.partial.device, plan.partial.dtype
     k, chunk, block, go = kernels_for(device.type), CHUNK[device.type], plan.block, Go(dry=dry)
     out = torch.empty(2, dtype=dtype, device=device)  # new each step: a kept norm stays valid
-    if plan.nblocks:  # (FSDP2: a rank may hold no element of any gradient)
-        go(k.norm_kernel, (plan.nblocks,), plan.table, plan.blocks, plan.partial, 0.0,
+    merged, nb = index is not None, plan.nblocks
+    if nb and merged:  # (FSDP2: a rank may hold no element of any gradient)
+        go(k.fold_norm_kernel, (nb,), plan.table, plan.blocks, plan.partial, nb,
+           DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block, ALIGNED=plan.aligned,
+           num_warps=warps(block))  # fmt: skip
+    elif nb:
+        go(k.norm_kernel, (nb,), plan.table, plan.blocks, plan.partial, 0.0,
            plan.partial, DT=tl_dtype(dtype), ACC=tl_dtype(dtype), BLOCK=block,
            ALIGNED=plan.aligned, REDUCE=False, GSCALE=False, num_warps=warps(block))  # fmt: skip
+    if dry:
+        if group is None:
+            go(k.finish_clip_kernel, (1,), plan.partial, nb, out, max_norm, EPS, CHUNK=chunk)
+        return None
     if group is not None:
-        return None if dry else _finish_sharded(plan, max_norm, group)
-    go(k.finish_clip_kernel, (1,), plan.partial, plan.nblocks, out, max_norm, EPS, CHUNK=chunk)
-    return out[0], out[1]
+        return _finish_sharded(plan, max_norm, group, index)
+    go(k.finish_clip_kernel, (1,), plan.partial, nb, out, max_norm, EPS, CHUNK=chunk)
+    sums = None if index is None else Sums(plan, plan.partial, nb, False, index, out[1:])
+    return out[0], out[1], sums
 
 
-def _finish_sharded(plan: Plan, max_norm: float, group) -> tuple[torch.Tensor, torch.Tensor]:
+def _finish_sharded(plan: Plan, max_norm: float, group, index=None):
     """``finish_clip_kernel``'s norm and factor where the gradients are FSDP2 shards: the
     local blocks' sum of squares all-reduced over ``group`` (one small all-reduce, no host
-    read), then the norm and ``min(1, max_norm / (norm + eps))`` as torch computes them."""
-    total = plan.partial[: plan.nblocks].sum().reshape(1)
-    dist.all_reduce(total, group=group)
+    read), then the norm and ``min(1, max_norm / (norm + eps))`` as torch computes them.
+    Merged (``index``): the three sums per row all-reduced instead, in the same one call (the
+    step's MARS clips then need none), the norm from the rows' ``sum(g*g)``."""
+    if index is None:
+        total = plan.partial[: plan.nblocks].sum().reshape(1)
+        dist.all_reduce(total, group=group)
+    else:
+        nb, n = plan.nblocks, plan.n
+        which = getattr(plan, "which", None)
+        if which is None:  # each program's row, kept on the plan (a device copy, once)
+            which = plan.which = plan.blocks[:, 0].long()
+        flat = torch.zeros(3 * n, dtype=plan.partial.dtype, device=plan.partial.device)
+        for i in range(3):
+            flat[i * n : (i + 1) * n].index_add_(0, which, plan.partial[i * nb : i * nb + nb])
+        dist.all_reduce(flat, group=group)
+        total = flat[:n].sum().reshape(1)
     norm = total.sqrt()
     coef = (norm + EPS).reciprocal() * max_norm  # torch's ``max_norm / x``: reciprocal, times
     coef = torch.where(coef > 1.0, torch.ones_like(coef), coef)  # a NaN kept, as torch's clamp
-    return norm[0], coef[0]
+    sums = None if index is None else Sums(plan, flat, n, True, index, coef)
+    return norm[0], coef[0], sums

@@ -97,8 +97,9 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
     k = kernels_for(device_type)
     engine = state_of(opt)
     cache, compiled = engine.cache, engine.compiled
+    sums = engine.sums if gscale is not None else None  # the fold's, merged (clip.py)
     try:
-        launches = launch.step(items, skip, k, cache, device_type, compiled, gscale)
+        launches = launch.step(items, skip, k, cache, device_type, compiled, gscale, sums)
     except launch.CompileFailed as e:  # nothing written: the other paths take over
         engine.off = f"a kernel failed to compile ({e})"
         log.warning("optimizer engine off (%s); using the other paths", engine.off)
@@ -106,7 +107,9 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
     for b, _ in items:
         opt.last_paths.append("engine")
         opt._swap_exact(b, skip)
-    keep(opt, items, launches, rest or not whole, steady.flags(skip, gscale))
+    keep(opt, items, launches, rest or not whole, steady.flags(skip, gscale, sums))
+    if gscale is not None and sums is None and hasattr(opt, "_prepare_merge"):
+        opt._prepare_merge()  # (the state made: the next fold may merge, its plan ready)
     return rest
 
 
@@ -127,9 +130,10 @@ def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> boo
     """Run the kept program if it still holds (steady.Program.matches); whether it ran."""
     engine = state_of(opt)
     program = engine.program
-    if program is None or not program.matches(opt, steady.flags(skip, gscale)):
+    sums = engine.sums if gscale is not None else None  # the fold's, merged (clip.py)
+    if program is None or not program.matches(opt, steady.flags(skip, gscale, sums)):
         return False
-    program.prepare(opt, gscale)
+    program.prepare(opt, gscale, sums)
     device_type = program.launches[0].plan.table.device.type
     cache = engine.cache
     launch.run(program.launches, skip, kernels_for(device_type), cache, device_type)

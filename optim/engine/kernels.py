@@ -147,6 +147,88 @@ def norm_kernel(table, blocks, partial, kappa, gscale, DT: tl.constexpr, ACC: tl
 
 
 @triton.jit
+def fold_norm_kernel(table, blocks, partial, stride, DT: tl.constexpr, ACC: tl.constexpr,
+                     BLOCK: tl.constexpr, ALIGNED: tl.constexpr):  # fmt: skip
+    """The folded global clip's norm pass merged with MARS's (optim/engine/clip.py): over one
+    block, ``partial[program] = sum(g * g)`` and, for a row with a reference gradient (its
+    ``C_REF`` address not 0), ``partial[stride + program] = sum(g * g_ref)`` and
+    ``partial[2 * stride + program] = sum(g_ref * g_ref)`` (0 for a row without one): from these
+    a step computes ``||c||^2`` of ``c = a * g - kappa * g_ref``, ``a = coef * (1 + kappa)``,
+    once the clip's ``coef`` is known (``merged_finish_kernel``), with no second read of g."""
+    pid = tl.program_id(0)
+    t = tl.load(blocks + 2 * pid).to(tl.int64)
+    j = tl.load(blocks + 2 * pid + 1).to(tl.int64)
+    row = table + t * NCOLS
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    n = tl.load(row + C_NUMEL)
+    g_ptr = _ptr(row, C_G, DT, ALIGNED)
+    whole = (j + 1) * BLOCK <= n
+    if whole:
+        g = tl.load(g_ptr + offs)
+    else:
+        g = tl.load(g_ptr + offs, mask=offs < n, other=0.0)
+    g = g.to(ACC)
+    gg = _sum(g * g)
+    gr = tl.full([], 0.0, ACC)
+    rr = tl.full([], 0.0, ACC)
+    if tl.load(row + C_REF) != 0:
+        ref_ptr = _ptr(row, C_REF, DT, ALIGNED)
+        if whole:
+            ref = tl.load(ref_ptr + offs)
+        else:
+            ref = tl.load(ref_ptr + offs, mask=offs < n, other=0.0)
+        ref = ref.to(ACC)
+        gr = _sum(g * ref)
+        rr = _sum(ref * ref)
+    tl.store(partial + pid, gg)  # (every load before the stores)
+    tl.store(partial + stride + pid, gr)
+    tl.store(partial + 2 * stride + pid, rr)
+
+
+@triton.jit
+def merged_finish_kernel(table, partial, stride, rows, coef, kappa, out, SUMMED: tl.constexpr,
+                         GLOBAL: tl.constexpr, CHUNK: tl.constexpr):  # fmt: skip
+    """MARS's clip of ``c = coef * g + kappa * (coef * g - g_ref)`` for tensor ``t`` of a
+    launch from ``fold_norm_kernel``'s sums (the fold's row ``rows[t]``; -1: none, 0): ``||c||^2 = a^2 Sgg - 2 a kappa Sgr + kappa^2 Srr``, ``a = coef[0] * (1 + kappa)``,
+    kept from going below 0 by rounding (a NaN kept). ``out[t] = 1 / max(1, ||c||)`` (the
+    per-tensor clip), or ``||c||^2`` (``GLOBAL``: one slot of the global clip's buffer, summed
+    by ``finish_global_kernel``). ``SUMMED``: the sums are per row already (FSDP2, after their
+    all-reduce: ``partial[r]``, ``partial[stride + r]``, ``partial[2 * stride + r]``), else
+    per block of the fold's table row ``r``."""
+    t = tl.program_id(0).to(tl.int64)
+    r = tl.load(rows + t)
+    has = r >= 0
+    r = tl.maximum(r, 0)
+    if SUMMED:
+        gg = tl.load(partial + r)
+        gr = tl.load(partial + stride + r)
+        rr = tl.load(partial + 2 * stride + r)
+    else:
+        row = table + r * NCOLS
+        first = tl.load(row + C_FIRST)
+        count = tl.where(has, tl.load(row + C_NBLK), 0)
+        a_gg = tl.full([CHUNK], 0.0, partial.dtype.element_ty)
+        a_gr = tl.full([CHUNK], 0.0, partial.dtype.element_ty)
+        a_rr = tl.full([CHUNK], 0.0, partial.dtype.element_ty)
+        for k in range(0, count, CHUNK):
+            idx = k + tl.arange(0, CHUNK)
+            a_gg += tl.load(partial + first + idx, mask=idx < count, other=0.0)
+            a_gr += tl.load(partial + stride + first + idx, mask=idx < count, other=0.0)
+            a_rr += tl.load(partial + 2 * stride + first + idx, mask=idx < count, other=0.0)
+        gg, gr, rr = _sum(a_gg), _sum(a_gr), _sum(a_rr)
+    a = tl.load(coef) * (1.0 + kappa)
+    b = kappa + a * 0.0  # (kappa in the sums' dtype)
+    ss = a * a * gg - 2.0 * a * b * gr + b * b * rr
+    ss = tl.where(ss < 0.0, 0.0, ss)  # rounding below 0 (c about 0); a NaN stays a NaN
+    ss = tl.where(has, ss, 0.0)
+    if GLOBAL:
+        tl.store(out + t, ss.to(out.dtype.element_ty))
+    else:
+        norm = tl.maximum(_sqrt(ss), 1.0).to(out.dtype.element_ty)
+        tl.store(out + t, _div(tl.full([], 1.0, norm.dtype), norm))
+
+
+@triton.jit
 def finish_tensor_kernel(table, partial, divisors, CHUNK: tl.constexpr):
     """``divisors[t] = 1 / max(1, sqrt(sum of tensor t's partials))``: the per-tensor clip's
     factor (foreach: the norm clamped, its reciprocal, a multiplication)."""

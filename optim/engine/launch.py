@@ -68,8 +68,10 @@ class Launch:
     """One launch group: a bucket's tensors at one step count, with its plan."""
 
     def __init__(self, b, kind: Kind, t: int, idx: list[int], cache: PlanCache, block: int,
-                 gscale: torch.Tensor | None = None):  # fmt: skip
-        self.b, self.kind, self.t, self.gscale = b, kind, t, gscale
+                 gscale: torch.Tensor | None = None, sums=None):  # fmt: skip
+        self.b, self.kind, self.t, self.gscale, self.sums = b, kind, t, gscale, sums
+        self.idx = idx  # the bucket's tensors of this launch, in the plan's row order
+        self.rows = None  # (the fold's index, each row's merged row there): ``_merged``
         # FSDP2: the local blocks' norms are all-reduced over the shards' group (``_finish``)
         self.group = sharded.group_of(b.shards) if b.shards and b.shards[0] is not None else None
         self.first = idx[0]  # a tensor of this count: where a kept launch reads the next one
@@ -88,7 +90,8 @@ class Launch:
         subs = [(s.plan.aligned, s.plan.strided) for s in stacks] + [self.plan.strided]
         first = self.kind.direction == L.SOAP_ADAM and self.t == 1
         folded = self.gscale is not None
-        return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs), folded
+        merged = self.sums is not None
+        return self.kind, self.dtype, skip, first, self.plan.aligned, tuple(subs), folded, merged
 
 
 GO = Go(dry=False)
@@ -99,14 +102,16 @@ class CompileFailed(RuntimeError):
 
 
 def step(items: list[tuple], skip: torch.Tensor | None, k, cache: PlanCache,
-         device_type: str, compiled: set, gscale: torch.Tensor | None = None) -> list[Launch]:  # fmt: skip
+         device_type: str, compiled: set, gscale: torch.Tensor | None = None,
+         sums=None) -> list[Launch]:  # fmt: skip
     """Run the covered buckets ``items`` (``(bucket, kind)`` pairs) through the kernels ``k``.
     A kernel variant not in ``compiled`` is compiled first, all of the step's before any runs
     (``CompileFailed``: every tensor is as it was), and added to it. ``gscale``: the folded
-    global clip's factor (module docstring), or None. Returns the launches (kept by
+    global clip's factor (module docstring), or None; ``sums``: its norm pass's sums merged
+    with MARS's (optim/engine/clip.py ``Sums``), or None. Returns the launches (kept by
     optim/engine/steady.py for the next steps: ``run``)."""
     block, chunk = BLOCKS[device_type], CHUNK[device_type]
-    launches = [Launch(b, kind, t, idx, cache, block, gscale)
+    launches = [Launch(b, kind, t, idx, cache, block, gscale, sums)
                 for b, kind in items for t, idx in by_step(b, kind)]  # fmt: skip
     new = {ln.variant(skip is not None) for ln in launches} - compiled
     if new:
@@ -127,18 +132,25 @@ def run(launches: list[Launch], skip: torch.Tensor | None, k, cache: PlanCache,
 
 def _run(launches: list[Launch], skip, k, cache: PlanCache, chunk: int, go: Go) -> None:
     flag = None if skip is None else skip.view(torch.uint8)
+    merged = {id(ln) for ln in launches if _merged(ln) is not None}
     for ln in launches:
-        if ln.kind.clip == L.CLIP_TENSOR and ln.plan.nblocks:
+        if ln.kind.clip == L.CLIP_TENSOR and id(ln) in merged:  # the fold's sums: no norm pass
+            _merged_finish(go, k, ln, ln.plan.divisors, False, chunk)
+        elif ln.kind.clip == L.CLIP_TENSOR and ln.plan.nblocks:
             _norm(go, k, ln, ln.plan.partial)
             if ln.group is None:  # (sharded: finished after the all-reduce, below)
                 go(k.finish_tensor_kernel, (ln.plan.n,), ln.plan.table, ln.plan.partial,
                    ln.plan.divisors, CHUNK=chunk)  # fmt: skip
     glob = [ln for ln in launches if ln.kind.clip == L.CLIP_GLOBAL]
-    shards = bool(glob) and glob[0].group is not None  # (all sharded or none: dispatch.py)
-    total = _global_clip(go, k, glob, cache, chunk, finish=not shards)
+    if glob and all(id(ln) in merged for ln in glob):  # (whole-tensor sums: no all-reduce)
+        total, shards = _global_merged(go, k, glob, cache, chunk), False
+    else:
+        merged -= {id(ln) for ln in glob}
+        shards = bool(glob) and glob[0].group is not None  # (all sharded or none: dispatch.py)
+        total = _global_clip(go, k, glob, cache, chunk, finish=not shards)
     if not go.dry:
-        _finish_sharded([ln for ln in launches if ln.group is not None and
-                         ln.kind.clip == L.CLIP_TENSOR], glob if shards else [], cache)  # fmt: skip
+        _finish_sharded([ln for ln in launches if ln.group is not None and id(ln) not in merged
+                         and ln.kind.clip == L.CLIP_TENSOR], glob if shards else [], cache)  # fmt: skip
     for ln in launches:
         divisors = total if ln.kind.clip == L.CLIP_GLOBAL else ln.plan.divisors
         if ln.kind.direction == L.NS_OUT:
@@ -153,6 +165,49 @@ def _norm(go: Go, k, ln: Launch, partial: torch.Tensor) -> None:
        _or(ln.gscale, partial), DT=tl_dtype(ln.dtype), ACC=tl_dtype(ln.dtype),
        BLOCK=ln.plan.block, ALIGNED=ln.plan.aligned, REDUCE=True, GSCALE=ln.gscale is not None,
        num_warps=warps(ln.plan.block))  # fmt: skip
+
+
+def _merged(ln: Launch) -> torch.Tensor | None:
+    """Each plan row's row in the fold's merged sums (``ln.sums``),
+    where every tensor of the launch has one; else None (its own norm pass). Decided by the
+    tensors' state dicts, the same on every rank (FSDP2: the clips' all-reduce depends on it);
+    kept on the launch per fold index. Newton-Schulz's pre-pass keeps its own norm pass (its
+    plan's rows follow the stacks' slots)."""
+    sums = ln.sums
+    if sums is None or ln.kind.direction == L.NS_OUT or not ln.kind.reduce:
+        return None
+    if ln.rows is not None and ln.rows[0] is sums.index:
+        return ln.rows[1]
+    rows = [sums.index.get(id(ln.b.owners[i])) for i in ln.idx]
+    found = None
+    if all(r is not None for r in rows):  # (FSDP2: a rank's empty block has its whole sums)
+        found = torch.tensor(rows, dtype=torch.int64).to(ln.plan.table.device)
+    ln.rows = (sums.index, found)
+    return found
+
+
+def _merged_finish(go: Go, k, ln: Launch, out: torch.Tensor, glob: bool, chunk: int) -> None:
+    """The launch's clip from the fold's merged sums (``merged_finish_kernel``): per tensor
+    ``1 / max(1, ||c||)``, or ``||c||^2`` into ``out`` (``glob``: the global clip's buffer)."""
+    sums = ln.sums
+    sc = scalars(ln.b, ln.kind, ln.t)
+    go(k.merged_finish_kernel, (ln.plan.n,), sums.table, sums.partial, sums.stride,
+       _merged(ln), sums.coef, sc.kappa, out, SUMMED=sums.summed, GLOBAL=glob,
+       CHUNK=chunk)  # fmt: skip
+
+
+def _global_merged(go: Go, k, launches: list[Launch], cache: PlanCache, chunk: int):
+    """The global clip from the fold's merged sums: each tensor's ``||c||^2`` into one buffer
+    (a slot per tensor), one ``finish_global_kernel`` over it."""
+    sizes = [ln.plan.n for ln in launches]
+    first = launches[0]
+    device = first.plan.table.device
+    ident = ("global-merged", tuple(sizes), first.dtype, device)
+    buf = cache.get(ident, lambda: _GlobalBuffer(sizes, first.dtype, device))
+    for ln, part in zip(launches, buf.parts):
+        _merged_finish(go, k, ln, part, True, chunk)
+    go(k.finish_global_kernel, (1,), buf.partial, buf.count, buf.divisors, CHUNK=chunk)
+    return buf.divisors
 
 
 def _or(tensor: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,9 @@ class EngineState:
       ``programs_built`` counting the lists built, ``keep`` False to keep none (a benchmark's
       "before");
     - ``fold``: the clip fold's kept ``(identity, plan)`` and ``fold_checked`` its coverage
-      check (optim/engine/clip.py).
+      check (optim/engine/clip.py); ``sums_pending`` the last fold's sums merged with MARS's
+      norm pass (``clip.Sums``), ``sums`` those of the step under way (taken with the fold's
+      factor, ``_take_clip_fold``).
     """
 
     cache: PlanCache = field(default_factory=PlanCache)
@@ -35,6 +37,9 @@ class EngineState:
     keep: bool = True
     fold: tuple | None = None
     fold_checked: tuple | None = None
+    fold_params: list | None = None
+    sums_pending: object | None = None
+    sums: object | None = None
 
 
 def of(opt) -> EngineState:

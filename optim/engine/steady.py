@@ -100,8 +100,9 @@ class Program:
             for g, s in zip(groups, self.structure)
         )
 
-    def prepare(self, opt, gscale: torch.Tensor | None) -> None:
-        """This step's counts, views and folded clip on the kept buckets and launches."""
+    def prepare(self, opt, gscale: torch.Tensor | None, sums=None) -> None:
+        """This step's counts, views and folded clip (its factor, its merged sums) on the kept
+        buckets and launches."""
         for state in self.counted:
             state["step"] += 1
         opt._last_counted = self.counted
@@ -109,9 +110,11 @@ class Program:
             b.view = self.route(b.params[0], group)[1]
             b.preconditioner.group = b.view
         for ln in self.launches:  # (``owners``: the optimizer's own state dicts)
-            ln.gscale, ln.t = gscale, ln.b.owners[ln.first]["step"]
+            ln.gscale, ln.sums, ln.t = gscale, sums, ln.b.owners[ln.first]["step"]
 
 
-def flags(skip: torch.Tensor | None, gscale: torch.Tensor | None) -> tuple[bool, bool]:
-    """What the kernel variants depend on beyond the tensors: a flagged step, a folded clip."""
-    return skip is not None, gscale is not None
+def flags(skip: torch.Tensor | None, gscale: torch.Tensor | None,
+          sums=None) -> tuple[bool, bool, bool]:  # fmt: skip
+    """What the kernel variants depend on beyond the tensors: a flagged step, a folded clip,
+    its norm pass merged with MARS's (optim/engine/clip.py ``Sums``)."""
+    return skip is not None, gscale is not None, sums is not None

@@ -28,7 +28,13 @@ def key(cols: dict[int, Tensors], block: int, extra: tuple = ()) -> tuple:
     """What a plan depends on: the block size, each column's addresses, the sizes."""
     first = next(iter(cols.values()))
     return (block, extra, tuple(t.numel() for t in first),
-            tuple((c, tuple(t.data_ptr() for t in ts)) for c, ts in sorted(cols.items())))  # fmt: skip
+            tuple((c, tuple(_address(t) for t in ts)) for c, ts in sorted(cols.items())))  # fmt: skip
+
+
+def _address(t: torch.Tensor | None) -> int:
+    """A tensor's address in a table row; 0 for None (a row without that tensor: the clip
+    fold's rows without a reference gradient, optim/engine/clip.py)."""
+    return 0 if t is None else t.data_ptr()
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,10 +63,10 @@ class Plan:
             ]
         self.n, self.nblocks, self.block = len(numels), sum(counts), block
         # every address 16-byte aligned: the kernels may say so (vectorised loads and stores)
-        self.aligned = all(t.data_ptr() % 16 == 0 for ts in cols.values() for t in ts)
+        self.aligned = all(_address(t) % 16 == 0 for ts in cols.values() for t in ts)
         rows = torch.zeros((self.n, L.NCOLS), dtype=torch.int64)
-        for c, ts in cols.items():
-            rows[:, c] = torch.tensor([t.data_ptr() for t in ts], dtype=torch.int64)
+        for c, ts in cols.items():  # (None: address 0, a row without that tensor)
+            rows[:, c] = torch.tensor([_address(t) for t in ts], dtype=torch.int64)
         rows[:, L.C_NUMEL] = torch.tensor(numels, dtype=torch.int64)
         count = torch.tensor(counts, dtype=torch.int64)
         firsts = torch.cumsum(count, 0) - count
