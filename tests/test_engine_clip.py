@@ -80,11 +80,13 @@ def test_schedulefree_folds_the_clip():
 
 MERGED = {  # approx MARS with its clip: the fold's pass merged with MARS's norm pass
     "mars-adamw": CASES["mars-adamw"],
-    "mars-adamw-global": lambda p, f: MARS(p, lr=1e-2, weight_decay=0.1, clip="global",
-                                           implementation=f),  # fmt: skip
+    "mars-adamw-global": lambda p, f: MARS(
+        p, lr=1e-2, weight_decay=0.1, clip="global", implementation=f
+    ),
     "mars-lion": CASES["mars-lion"],
-    "mars-adamw-plain-first-step": lambda p, f: MARS(p, lr=1e-2, first_step="plain",
-                                                     implementation=f),  # fmt: skip
+    "mars-adamw-plain-first-step": lambda p, f: MARS(
+        p, lr=1e-2, first_step="plain", implementation=f
+    ),
 }
 
 
@@ -97,8 +99,14 @@ def test_the_fold_merges_with_the_mars_norm_pass(name, monkeypatch):
     from optim.engine import loader
 
     names, call = [], loader.Go.__call__
-    monkeypatch.setattr(loader.Go, "__call__", lambda self, kernel, *a, **kw: (
-        names.append(kernel.__name__) if not self.dry else None, call(self, kernel, *a, **kw))[1])
+    monkeypatch.setattr(
+        loader.Go,
+        "__call__",
+        lambda self, kernel, *a, **kw: (
+            names.append(kernel.__name__) if not self.dry else None,
+            call(self, kernel, *a, **kw),
+        )[1],
+    )
     make = MERGED[name]
     ref_p, eng_p = make_params(), make_params()
     ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
@@ -121,8 +129,14 @@ def test_exact_mode_keeps_the_separate_norm_pass(monkeypatch):
     from optim.engine import loader
 
     names, call = [], loader.Go.__call__
-    monkeypatch.setattr(loader.Go, "__call__", lambda self, kernel, *a, **kw: (
-        names.append(kernel.__name__), call(self, kernel, *a, **kw))[1])
+    monkeypatch.setattr(
+        loader.Go,
+        "__call__",
+        lambda self, kernel, *a, **kw: (
+            names.append(kernel.__name__),
+            call(self, kernel, *a, **kw),
+        )[1],
+    )
     ps = make_params()
     eng = CASES["mars-adamw-exact-global-amsgrad"](ps, "triton")
     trainer_steps(eng, ps, 3, True)

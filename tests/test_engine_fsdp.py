@@ -118,8 +118,9 @@ def test_engine_on_fsdp_shards_equals_ddp_on_gloo_ranks(tmp_path, world):
             assert built == ((0 if case == "mars-m" else 1 + merged), 1 + merged), (case, built)
             ranks_routes, _ = paths.pop("routes"), ddp_paths.pop("routes")
             taken = {r for _, r in ranks_routes}  # (mars-m's matrices: the CPU's eager path)
-            assert "engine" in taken and taken <= ({"engine", "foreach", "loop"}
-                                                   if case == "mars-m" else {"engine"}), taken
+            assert "engine" in taken and taken <= (
+                {"engine", "foreach", "loop"} if case == "mars-m" else {"engine"}
+            ), taken
             assert paths.get("engine", 0) >= STEPS, (case, paths)
             if case == "mars-m":  # its matrices on the owners' path, its Adam part on the engine
                 eager = set(paths) - {"engine"}  # (the CPU's default: the loop)

@@ -80,7 +80,8 @@ class ClipFoldMixin:
         if kept is not None and kept[0] == ident:  # the same gradients: no check, no plan key
             plan, group, index = kept[1:]
             norm, self._clip_fold, engine.sums_pending = _launch(
-                plan, float(max_norm), group=group, index=index)
+                plan, float(max_norm), group=group, index=index
+            )
             return norm
         reason = self._clip_fold_refusal(params)
         if reason is None:
@@ -98,7 +99,8 @@ class ClipFoldMixin:
                     if ref is not None}  # fmt: skip
                 engine.fold, engine.fold_params = (ident, plan, group, index), params
                 norm, self._clip_fold, engine.sums_pending = _launch(
-                    plan, float(max_norm), group=group, index=index)
+                    plan, float(max_norm), group=group, index=index
+                )
         if reason != self.__dict__.get("clip_fold_off_reason", "") and (
             reason is None or (params and engine_wanted(self.implementation, params[0].device.type))
         ):  # said once, where the engine was asked for
