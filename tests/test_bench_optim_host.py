@@ -22,7 +22,7 @@ def test_host_benchmark_writes_every_round_and_counts_stubbed_launches(
     monkeypatch.setattr(sys, "argv", argv)
     optim_host.main()
     out = capsys.readouterr().out
-    assert out.startswith("device: cpu") and "6 engine launches" in out
+    assert out.startswith("device: cpu") and "5 engine launches" in out
     (path,) = tmp_path.glob("*.json")
     rec = json.loads(path.read_text())
     assert rec["device"].startswith("device: cpu") and rec["versions"]["torch"]
@@ -31,8 +31,10 @@ def test_host_benchmark_writes_every_round_and_counts_stubbed_launches(
     for name, rounds in rec["rounds"].items():
         s = rec["summary"][name]
         assert len(rounds) == 3 and s["min"] <= s["median"] <= s["max"]
-    assert rec["launches_per_step"]["mars-adamw"] == 6  # 2 groups of 3 + 1, less the empty
-    assert rec["launches_per_step"]["mars-adamw-unkept"] == 6
+    # 2 groups of 2 + 1, less the empty, + the fold's 2 (its pass merged with MARS's norm pass
+    # after the warmup step: optim/engine/clip.py)
+    assert rec["launches_per_step"]["mars-adamw"] == 5
+    assert rec["launches_per_step"]["mars-adamw-unkept"] == 5
 
 
 def test_fewer_than_three_rounds_is_refused_in_one_line(monkeypatch):
