@@ -115,7 +115,11 @@ def _assert_complete(run_dir, world_size):
         assert (run_dir / name).is_file(), run_dir / name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["world_size"] == world_size
-    assert (run_dir / "checkpoints" / "step_0000004.pt").is_file()
+    # one process: the single file; several: the sharded DCP directory (checkpoint_format=auto)
+    if world_size == 1:
+        assert (run_dir / "checkpoints" / "step_0000004.pt").is_file()
+    else:
+        assert (run_dir / "checkpoints" / "step_0000004").is_dir()
 
 
 def test_single_run_directory_is_named_after_the_run(tmp_path, sotu_dir):
