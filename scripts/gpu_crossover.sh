@@ -15,7 +15,8 @@
 #   a value compared: a 128k-byte step in one micro-batch) and the
 #   optimizer's foreach implementation (no per-process compile; every process steps the same);
 # - publishes each part (`python -m study publish crossover --part P`) and copies its ledger,
-#   curves and report into OUT/results/crossover/P/ (plus the crossover's table).
+#   curves and report into OUT as P-results.csv, P-curves.csv.gz, ... (plus the crossover's
+#   table): copy them into results/crossover/P/ here.
 set -uo pipefail
 parts="b131072 b524288" jobs=12 limit=360 wheels=.whl
 while [[ $# -gt 0 ]]; do
@@ -29,7 +30,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 out="${OUT:?set OUT to the folder the record and results go to}"
-mkdir -p "$out/results/crossover"
+mkdir -p "$out"
 rec="$out/record.jsonl"
 py="${PYTHON:-python3}"
 t0=$(date +%s)
@@ -85,9 +86,9 @@ for part in $parts; do
   note part-stop "part=$part" "rc=$?"
   "$py" -m study publish crossover --part "$part" >> "$out/$part.log" 2>&1
   note published "part=$part" "rc=$?"
-  mkdir -p "$out/results/crossover/$part"
-  cp results/crossover/"$part"/* "$out/results/crossover/$part/" 2>/dev/null
-  cp results/crossover/report.md results/crossover/crossover.png "$out/results/crossover/" 2>/dev/null
-  note copied "part=$part" "files=$(ls "$out/results/crossover/$part" | tr '\n' ' ')"
+  # flat: the device tool returns files at most two folders deep (OUT/b131072-results.csv)
+  for f in results/crossover/"$part"/*; do cp "$f" "$out/$part-$(basename "$f")"; done
+  cp results/crossover/report.md "$out/crossover-report.md" 2>/dev/null
+  note copied "part=$part" "files=$(cd "$out" && ls "$part"-* | tr '\n' ' ')"
 done
 note end
