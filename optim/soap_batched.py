@@ -1,5 +1,5 @@
 """SOAP's direction on per-shape stacks: the fast path (``foreach``) of optim/soap.py, whose
-loop (``foreach=False``) stays the readable reference.
+loop (``implementation="loop"``) stays the readable reference.
 
 The tensors of one call that share a work shape, the set of preconditioned dimensions, dtype,
 device and what this step does to them (the first step's basis, a power iteration, neither) are
