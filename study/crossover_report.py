@@ -125,7 +125,6 @@ def markdown(
     for r in rows:
         lines.append(f"| {r['comparison']} | {r['batch']:,} | {r['mean']:+.4f} [{r['lo']:+.4f}, "
                      f"{r['hi']:+.4f}] | {r['p']:.2g} | {r['holm_p']:.2g} |")  # fmt: skip
-    done = {r["batch"] for r in rows}
     lines += ["", "Evaluation seeds finished per arm (a batch without all three arms' five is "
               "still running: the same `python -m study run crossover` continues it):", "",
               "| batch | " + " | ".join(a for _, a, _ in [("", ADAMW, 0), ("", MARS, 0),
@@ -134,7 +133,8 @@ def markdown(
     for b in sorted(batches):
         arms = losses.get(b, {})
         cells = [str(len(arms.get(a, {}))) for a in (ADAMW, MARS, OFF)]
-        lines.append(f"| {b:,} | " + " | ".join(cells) + f" | {'yes' if b in done else 'no'} |")
+        whole = all(len(arms.get(a, {})) >= 5 for a in (ADAMW, MARS, OFF))  # every arm's five
+        lines.append(f"| {b:,} | " + " | ".join(cells) + f" | {'yes' if whole else 'no'} |")
     if picked:
         lines += ["", "## On the selection seeds so far", "",
                   "Each arm's best lr among those run on all three selection seeds (0, 6, 7), the "
