@@ -270,14 +270,20 @@ def _keep_running(study: Study, args: argparse.Namespace, pool, queue: list, run
                 mark_failed(runs)
 
 
+RESULTS = "results/"  # the published ledgers, reports and figures: outputs, not code
+
+
 def dirty_files(root: Path = ROOT) -> list[str]:
-    """Tracked files with uncommitted changes under ``root`` (empty outside a git checkout)."""
+    """Tracked files with uncommitted changes under ``root`` (empty outside a git checkout),
+    the study's own published files (results/) aside: a study publishes each part there, and
+    the next part must not refuse to run for it (trainer.rundir.git_info leaves them out too)."""
     try:
         out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                              capture_output=True, text=True, check=True).stdout  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return []
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    return [line[3:] for line in out.splitlines()
+            if line.strip() and not line[3:].startswith(RESULTS)]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

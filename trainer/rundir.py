@@ -149,9 +149,12 @@ def git_info(root: Path | None = None) -> dict[str, Any]:
 
     try:
         commit = git("rev-parse", "HEAD").strip()
-        diff = git("diff", "HEAD")
-        untracked = [f for f in git("ls-files", "--others", "--exclude-standard", "-z").split("\0")
-                     if f]  # fmt: skip
+        # results/ (a study's published ledgers and reports) are outputs, not the code a run
+        # ran: a study publishing a part there must not mark its next runs dirty
+        code = ("--", ".", ":(exclude)results")
+        diff = git("diff", "HEAD", *code)
+        untracked = [f for f in git("ls-files", "--others", "--exclude-standard", "-z", *code)
+                     .split("\0") if f]  # fmt: skip
         recorded, skipped = [], []
         for name in untracked:
             if _is_small_text(root / name):
