@@ -51,3 +51,20 @@ def test_a_big_or_binary_untracked_file_makes_the_run_not_reproducible(repo):
 def test_a_clean_checkout_is_reproducible_with_an_empty_diff(repo):
     info = git_info(repo)
     assert info["reproducible"] and not info["dirty"] and info["diff"] == ""
+
+
+def test_a_studys_published_results_are_not_code(repo):
+    """results/ holds a study's published ledgers: changing them neither dirties the runs'
+    code (git_info) nor stops the study's next part (study.cli.dirty_files)."""
+    from study.cli import dirty_files
+
+    (repo / "results" / "part").mkdir(parents=True)
+    (repo / "results" / "part" / "results.csv").write_text("a\n1\n")
+    git(repo, "add", "."), git(repo, "commit", "-qm", "ledger")
+    (repo / "results" / "part" / "results.csv").write_text("a\n1\n2\n")
+    (repo / "results" / "part" / "report.md").write_text("# new\n")
+    info = git_info(repo)
+    assert not info["dirty"] and info["diff"] == "" and info["untracked"] == []
+    assert dirty_files(repo) == []
+    (repo / "core.py").write_text("a = 3\n")
+    assert git_info(repo)["dirty"] and dirty_files(repo) == ["core.py"]
