@@ -47,6 +47,7 @@ from bench.harness import (  # noqa: F401 (model_config, paper_micro_batch: benc
     reset_compiled,
     time_call,
 )
+from data.loader import RandomBatches
 from model import build_model
 from runtime.attention import SDPA_BACKENDS, set_sdpa_backend
 from runtime.device import autocast, configure_backends, peak_flops, resolve_dtype
@@ -56,25 +57,11 @@ from trainer.memory_model import estimate_memory
 from trainer.trainer import Trainer
 
 
-class RandomBatches:
-    """Stands in for data.TokenLoader: the same few random batches, on the device."""
-
-    def __init__(self, cfg: TrainConfig, device: torch.device, n: int = 2) -> None:
-        g = torch.Generator().manual_seed(0)
-        shape = (cfg.micro_batch_size, cfg.sequence_length + 1)
-        vocab = min(cfg.model.vocab_size, 50257)
-        tokens = [torch.randint(0, vocab, shape, generator=g) for _ in range(n)]
-        self.batches = [
-            (t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)) for t in tokens
-        ]
-        self.i = 0
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.i += 1
-        return self.batches[self.i % len(self.batches)]
-
-    def peek_batch(self, k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.batches[(self.i + 1 + k) % len(self.batches)]
+def random_batches(cfg: TrainConfig, device: torch.device) -> RandomBatches:
+    """data.RandomBatches in place of the loader: micro-batches of the run's shape, token ids
+    below min(vocab, 50257)."""
+    return RandomBatches(cfg.micro_batch_size, cfg.sequence_length,
+                         min(cfg.model.vocab_size, 50257), device=device)  # fmt: skip
 
 
 class BenchTrainer(Trainer):
@@ -82,7 +69,7 @@ class BenchTrainer(Trainer):
     logger (the non-finite check, part of every step, is timed with it)."""
 
     def __init__(self, cfg: TrainConfig, dist: DistInfo) -> None:
-        super().__init__(cfg, dist, batches=RandomBatches(cfg, dist.device))
+        super().__init__(cfg, dist, batches=random_batches(cfg, dist.device))
         self.wrap()
 
 
@@ -103,7 +90,7 @@ class NanoGPTStep:
         self.optimizer = self.raw_model.configure_optimizers(
             0.1, 6e-4, (0.9, 0.95), dist.device.type
         )
-        self.loader = RandomBatches(cfg, dist.device)
+        self.loader = random_batches(cfg, dist.device)
         self.dist, self.dtype = dist, resolve_dtype(cfg.dtype, dist.device)
 
     def train_step(self) -> None:

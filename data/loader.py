@@ -359,3 +359,27 @@ def _iter_batches(
         x, y = _to_device(full, device)
         y[len(mine) :] = -1  # padding rows: no target
         yield x, y
+
+
+class RandomBatches:
+    """Stands in for ``TokenLoader`` where the data must not cost time (the benchmarks, the
+    study's proxy speed): the same ``n`` random batches of ``batch_size`` windows of
+    ``seq_len`` tokens below ``vocab_size``, in turn, on ``device``."""
+
+    def __init__(self, batch_size: int, seq_len: int, vocab_size: int, *, n: int = 2,
+                 device: str | torch.device = "cpu") -> None:  # fmt: skip
+        _check_positive(batch_size=batch_size, seq_len=seq_len, n=n)
+        g = torch.Generator().manual_seed(0)
+        shape = (batch_size, seq_len + 1)
+        tokens = [torch.randint(0, vocab_size, shape, generator=g) for _ in range(n)]
+        self.batches = [
+            (t[:, :-1].contiguous().to(device), t[:, 1:].contiguous().to(device)) for t in tokens
+        ]
+        self.i = 0
+
+    def next_batch(self) -> Batch:
+        self.i += 1
+        return self.batches[self.i % len(self.batches)]
+
+    def peek_batch(self, k: int = 0) -> Batch:
+        return self.batches[(self.i + 1 + k) % len(self.batches)]

@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import torch
 
+from data.loader import RandomBatches
 from model import build_model
 from optim import get_spec
 from runtime.device import configure_backends
@@ -34,23 +35,11 @@ from trainer.config import TrainConfig
 from trainer.trainer import Trainer
 
 
-class RandomBatches:
-    """Stands in for the data loader: the same two random batches, in turn."""
-
-    def __init__(self, cfg: TrainConfig, n: int = 2) -> None:
-        g = torch.Generator().manual_seed(0)
-        shape = (cfg.micro_batch_size, cfg.sequence_length + 1)
-        vocab = min(cfg.model.vocab_size, 50257)  # as bench.train draws them
-        tokens = [torch.randint(0, vocab, shape, generator=g) for _ in range(n)]
-        self.batches = [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in tokens]
-        self.i = 0
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.i += 1
-        return self.batches[self.i % len(self.batches)]
-
-    def peek_batch(self, k: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.batches[(self.i + 1 + k) % len(self.batches)]
+def random_batches(cfg: TrainConfig) -> RandomBatches:
+    """data.RandomBatches in place of the loader, as bench.train draws them (token ids below
+    min(vocab, 50257))."""
+    return RandomBatches(cfg.micro_batch_size, cfg.sequence_length,
+                         min(cfg.model.vocab_size, 50257))  # fmt: skip
 
 
 def best_time(fn: Callable[[], object], repeats: int) -> float:
@@ -80,7 +69,7 @@ def case(model: str, micro: int, opt: str, steps: int) -> tuple[float, float]:
     cfg = TrainConfig(model=m, optimizer=get_spec(opt).config_cls(), micro_batch_size=micro,
                       batch_tokens=micro * m.block_size, device="cpu", dtype="float32",
                       loss_chunk_tokens=0, max_steps=10**6)  # fmt: skip
-    trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), batches=RandomBatches(cfg))
+    trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")), batches=random_batches(cfg))
     trainer.wrap()
     for _ in range(3):  # warm-up: allocator, first-step state
         trainer.train_step()
