@@ -329,7 +329,7 @@ def test_engine_equals_foreach_on_cuda(name, monkeypatch):
         return [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params(shapes)]
 
     ref_p, eng_p = cuda_params(), cuda_params()  # (the cases' ns_dtype "param": float32)
-    ref, eng = CASES[name](ref_p, False), CASES[name](eng_p, "engine")
+    ref, eng = CASES[name](ref_p, "foreach"), CASES[name](eng_p, "triton")
     run(ref, ref_p, 2), run(eng, eng_p, 2)
     eng.found_inf = torch.ones((), device="cuda")
     if eng.needs_reference_grad:

@@ -124,6 +124,38 @@ def test_the_fold_merges_with_the_mars_norm_pass(name, monkeypatch):
         assert "merged_finish_kernel" in names_t, names_t
 
 
+def test_new_gradient_buffers_copy_no_merged_rows_again(monkeypatch):
+    """Every step's gradients in new buffers (as ``zero_grad(set_to_none=True)`` leaves them):
+    each step builds a new fold and new launches, but the plans recur (the plan cache), and the
+    device tensor of a launch's rows in the merged sums is kept with its plan, not copied from the
+    host each step (a host sync on a GPU: the GPU test of a training step with the device
+    decision caught it)."""
+    from optim.engine import launch
+
+    seen, merged = [], launch._merged
+    monkeypatch.setattr(launch, "_merged", lambda ln: (seen.append(merged(ln)), seen[-1])[1])
+    ps = make_params()
+    eng = MERGED["mars-adamw"](ps, "triton")
+    buffers = [[torch.empty_like(p) for p in ps] for _ in range(2)]  # a GPU allocator's two
+    folds, early = set(), set()
+    for t in range(8):
+        seen.clear()
+        set_grads(ps, t)
+        for p, buf in zip(ps, buffers[t % 2]):
+            p.grad = buf.copy_(p.grad)
+        clip_like_trainer(eng, ps, True, MAX_NORM)
+        eng.step()
+        eng.zero_grad(set_to_none=True)
+        folds.add(id(eng.engine_state.fold[3]))
+        rows = {id(r) for r in seen if r is not None}
+        if t < 4:
+            early |= rows
+            built = eng.engine_state.cache.built
+        else:
+            assert rows and rows <= early, "a launch's merged rows were copied again"
+    assert len(folds) > 1 and eng.engine_state.cache.built == built  # new folds, the same plans
+
+
 def test_exact_mode_keeps_the_separate_norm_pass(monkeypatch):
     """Exact mode's fold is the reference store's too: its pass is the plain one."""
     from optim.engine import loader

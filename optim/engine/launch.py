@@ -31,7 +31,7 @@ from optim.engine import layout as L
 from optim.engine import ns as ns_pass
 from optim.engine.loader import Go, tl_dtype, warps
 from optim.engine.rules import Kind, scalars
-from optim.engine.tables import Plan, PlanCache, key
+from optim.engine.tables import Plan, PlanCache, key, to_device
 
 BLOCKS = {"cuda": 4096, "cpu": 1024}  # elements per program (tests set a small one)
 CHUNK = {"cuda": 1024, "cpu": 64}  # partial sums read at a time by a finish program
@@ -178,10 +178,16 @@ def _merged(ln: Launch) -> torch.Tensor | None:
         return None
     if ln.rows is not None and ln.rows[0] is sums.index:
         return ln.rows[1]
-    rows = [sums.index.get(id(ln.b.owners[i])) for i in ln.idx]
+    rows = tuple(sums.index.get(id(ln.b.owners[i])) for i in ln.idx)
     found = None
     if all(r is not None for r in rows):  # (FSDP2: a rank's empty block has its whole sums)
-        found = torch.tensor(rows, dtype=torch.int64).to(ln.plan.table.device)
+        # kept on the plan (the plan cache's: it outlives a step's launches and folds, which new
+        # gradient buffers rebuild), copied to the device without a host sync (pinned, async;
+        # the host copy kept alive with it)
+        kept = ln.plan.__dict__.setdefault("merged_rows", {})
+        if rows not in kept:
+            kept[rows] = to_device(torch.tensor(rows, dtype=torch.int64), ln.plan.table.device)
+        found = kept[rows][0]
     ln.rows = (sums.index, found)
     return found
 
