@@ -14,9 +14,9 @@
 #   the micro-batch raised to 2,048 sequences (MICRO: at most a step's; how a run is computed, not
 #   a value compared: a 128k-byte step in one micro-batch) and the
 #   optimizer's foreach implementation (no per-process compile; every process steps the same);
-# - publishes each part (`python -m study publish crossover --part P`) and copies its ledger,
-#   curves and report into OUT as P-results.csv, P-curves.csv.gz, ... (plus the crossover's
-#   table): copy them into results/crossover/P/ here.
+# - publishes each part (`python -m study publish crossover --part P`) and packs its ledger,
+#   curves and report with the crossover's table into OUT/P.tar.gz (the device returns at most
+#   8 files): `tar xzf P.tar.gz -C results/crossover` here.
 set -uo pipefail
 parts="b131072 b524288" jobs=12 limit=360 wheels=.whl
 while [[ $# -gt 0 ]]; do
@@ -86,9 +86,9 @@ for part in $parts; do
   note part-stop "part=$part" "rc=$?"
   "$py" -m study publish crossover --part "$part" >> "$out/$part.log" 2>&1
   note published "part=$part" "rc=$?"
-  # flat: the device tool returns files at most two folders deep (OUT/b131072-results.csv)
-  for f in results/crossover/"$part"/*; do cp "$f" "$out/$part-$(basename "$f")"; done
-  cp results/crossover/report.md "$out/crossover-report.md" 2>/dev/null
-  note copied "part=$part" "files=$(cd "$out" && ls "$part"-* | tr '\n' ' ')"
+  # one archive a part: the device tool returns at most 8 files (the record, the install log,
+  # and per part its log and its archive: 2 + 2 per part), at most two folders down
+  tar czf "$out/$part.tar.gz" -C results/crossover "$part" report.md crossover.png 2>/dev/null
+  note packed "part=$part" "rc=$?" "archive=$part.tar.gz"
 done
 note end
