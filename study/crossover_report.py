@@ -38,6 +38,38 @@ def batch_losses(results: Path, batches: list[int]) -> dict[int, dict[str, dict[
     return out
 
 
+def collapsed_seeds(results: Path, batches: list[int]) -> dict[int, dict[str, set[int]]]:
+    """``{batch: {arm: {seed, ...}}}``: the chosen evaluation runs that collapsed (the ledger's
+    ``collapsed`` column: the floor, divergence or a runaway training loss, study/curves.py)."""
+    out: dict[int, dict[str, set[int]]] = {}
+    for b in sorted(batches):
+        path = results / f"b{b}" / "results.csv"
+        if not path.is_file():
+            continue
+        for r in read_csv(path):
+            if r.get("role") == "eval" and r.get("chosen", 1.0) == 1.0 and r.get("collapsed"):
+                out.setdefault(b, {}).setdefault(str(r["optimizer"]), set()).add(int(r["seed"]))
+    return out
+
+
+def trained_pairs(losses: dict, collapsed: dict) -> list[dict]:
+    """Each comparison at each batch on the evaluation seeds where neither run collapsed: the
+    number of such pairs and their per-seed differences (a description, not a test: which seeds
+    survive is itself an outcome). Only where some pair was left out."""
+    rows = []
+    for name, base, other in COMPARISONS:
+        for b, arms in sorted(losses.items()):
+            a, o = arms.get(base, {}), arms.get(other, {})
+            gone = collapsed.get(b, {}).get(base, set()) | collapsed.get(b, {}).get(other, set())
+            both = sorted(set(a) & set(o))
+            if not both or not gone & set(both):
+                continue
+            kept = [s for s in both if s not in gone]
+            rows.append({"comparison": name, "batch": b, "seeds": kept,
+                         "diffs": [o[s] - a[s] for s in kept], "left_out": len(both) - len(kept)})  # fmt: skip
+    return rows
+
+
 SELECTION_SEEDS = (0, 6, 7)
 
 
@@ -113,6 +145,7 @@ def markdown(
     preds: list[dict],
     batches: list[int],
     picked: dict | None = None,
+    collapsed: dict | None = None,
 ) -> str:
     pct = f"{LEVEL:.0%}"
     lines = ["# The batch crossover (`python -m study run crossover`)", "",
@@ -125,16 +158,33 @@ def markdown(
     for r in rows:
         lines.append(f"| {r['comparison']} | {r['batch']:,} | {r['mean']:+.4f} [{r['lo']:+.4f}, "
                      f"{r['hi']:+.4f}] | {r['p']:.2g} | {r['holm_p']:.2g} |")  # fmt: skip
-    lines += ["", "Evaluation seeds finished per arm (a batch without all three arms' five is "
-              "still running: the same `python -m study run crossover` continues it):", "",
+    collapsed = collapsed or {}
+    lines += ["", "Evaluation seeds finished per arm, with how many of them collapsed (a batch "
+              "without all three arms' five is still running: the same `python -m study run "
+              "crossover` continues it):", "",
               "| batch | " + " | ".join(a for _, a, _ in [("", ADAMW, 0), ("", MARS, 0),
                                                           ("", OFF, 0)]) + " | complete |",
               "|---|---|---|---|---|"]  # fmt: skip
     for b in sorted(batches):
         arms = losses.get(b, {})
-        cells = [str(len(arms.get(a, {}))) for a in (ADAMW, MARS, OFF)]
+        gone = collapsed.get(b, {})
+        cells = [str(len(arms.get(a, {}))) + (f" ({len(gone[a])} collapsed)" if gone.get(a) else "")
+                 for a in (ADAMW, MARS, OFF)]  # fmt: skip
         whole = all(len(arms.get(a, {})) >= 5 for a in (ADAMW, MARS, OFF))  # every arm's five
         lines.append(f"| {b:,} | " + " | ".join(cells) + f" | {'yes' if whole else 'no'} |")
+    pairs = trained_pairs(losses, collapsed)
+    if pairs:
+        lines += ["", "## Where both runs of a pair trained (a description, not a test)", "",
+                  "The same comparisons on the evaluation seeds where neither run collapsed. Which "
+                  "seeds survive is itself an outcome, so these are no tests and are not in the "
+                  "Holm family; they say what the collapses hide.", "",
+                  "| comparison | batch (bytes) | pairs (seeds) | per-seed differences | mean |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in pairs:
+            diffs = ", ".join(f"{d:+.4f}" for d in r["diffs"]) or "-"
+            mean = f"{sum(r['diffs']) / len(r['diffs']):+.4f}" if r["diffs"] else "-"
+            lines.append(f"| {r['comparison']} | {r['batch']:,} | {len(r['seeds'])} "
+                         f"({', '.join(map(str, r['seeds']))}) | {diffs} | {mean} |")  # fmt: skip
     if picked:
         lines += ["", "## On the selection seeds so far", "",
                   "Each arm's best lr among those run on all three selection seeds (0, 6, 7), the "
@@ -199,7 +249,7 @@ def write(results: Path, batches: list[int]) -> Path:
     results.mkdir(parents=True, exist_ok=True)
     losses = batch_losses(results, batches)
     rows, preds = effects(losses), predictions(results)
-    picked = selection(results, batches)
-    (results / "report.md").write_text(markdown(losses, rows, preds, batches, picked))
+    picked, collapsed = selection(results, batches), collapsed_seeds(results, batches)
+    (results / "report.md").write_text(markdown(losses, rows, preds, batches, picked, collapsed))
     figure(rows, preds, results / "crossover.png")
     return results / "report.md"

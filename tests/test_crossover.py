@@ -269,3 +269,33 @@ def test_the_selection_table_takes_each_arms_best_lr_on_all_three_seeds(tmp_path
     assert picked["adamw"]["device"] == "GPU Y" and picked["mars-adamw"]["device"] == "CPU X"
     text = cr.markdown({}, [], [], [8192], {8192: picked})
     assert "| 8,192 | adamw | 0.02 | 1.2043 | 2 | GPU Y |" in text
+
+
+def test_collapsed_evaluation_runs_are_counted_and_the_trained_pairs_described(tmp_path):
+    """A ledger's collapsed evaluation runs: counted per arm in the seeds table, and each
+    comparison read again on the seeds where neither run collapsed (described, not tested: the
+    Holm family keeps every seed)."""
+    from study import crossover_report as cr
+    from study.results import write_csv
+
+    rows = []
+    for arm, shift, gone in (("adamw", 0.0, {1, 2}), ("mars-adamw", 0.1, {4}),
+                             ("mars-adamw:gamma=0", 0.05, {3})):  # fmt: skip
+        for s in range(1, 6):
+            rows.append({"optimizer": arm, "model": "proxy-100k", "budget": 64, "seed": s,
+                         "role": "eval", "chosen": 1, "collapsed": int(s in gone),
+                         "final_val_loss": 2.4 if s in gone else 1.2 + shift + s / 1000})  # fmt: skip
+    (tmp_path / "b131072").mkdir()
+    write_csv(rows, tmp_path / "b131072" / "results.csv")
+    collapsed = cr.collapsed_seeds(tmp_path, [131072])
+    assert collapsed == {131072: {"adamw": {1, 2}, "mars-adamw": {4}, "mars-adamw:gamma=0": {3}}}
+    losses = cr.batch_losses(tmp_path, [131072])
+    pairs = {r["comparison"]: r for r in cr.trained_pairs(losses, collapsed)}
+    dg = pairs["Delta_gamma: MARS-AdamW - (gamma = 0)"]
+    assert dg["seeds"] == [1, 2, 5] and dg["left_out"] == 2
+    assert dg["diffs"] == pytest.approx([0.05, 0.05, 0.05])
+    assert pairs["MARS-AdamW - AdamW"]["seeds"] == [3, 5]
+    text = cr.write(tmp_path, [131072]).read_text()
+    assert "| 131,072 | 5 (2 collapsed) | 5 (1 collapsed) | 5 (1 collapsed) | yes |" in text
+    assert "| MARS-AdamW - AdamW | 131,072 | 2 (3, 5) | +0.1000, +0.1000 | +0.1000 |" in text
+    assert len(cr.effects(losses)) == 2  # the tests keep every seed
