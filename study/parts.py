@@ -159,7 +159,8 @@ def write_tables(definition: Definition) -> None:
             if len(folders) != 1:
                 raise SystemExit(f"study {definition.name}: tables: crossover wants every part's "
                                  "results in one folder (results/<study>/<part>)")  # fmt: skip
-            batches = [int(p.values["batch_tokens"]) for p in definition.parts.values()]
+            batches = sorted({int(p.values["batch_tokens"]) for name, p in
+                              definition.parts.items() if name == f"b{p.values['batch_tokens']}"})  # fmt: skip
             path = crossover_report.write(folders.pop(), batches)
             log.info("the crossover's table: %s", path)
 

@@ -135,8 +135,9 @@ def test_every_batch_of_the_sweep_runs_the_headlines_steps():
     for b in (2048, 8192, 32768, 131072, 524288):
         assert budget_steps(n, budget_of(b), b) == 966
     parts = defs.load("crossover").parts
-    assert [p.values["batch_tokens"] for p in parts.values()] == [8192, 2048, 32768, 131072,
-                                                                  524288]  # fmt: skip
+    batches = {name: p.values["batch_tokens"] for name, p in parts.items() if name[1:].isdigit()}
+    assert list(batches.values()) == [8192, 2048, 32768, 131072, 524288]
+    assert all(name == f"b{b}" for name, b in batches.items())
     for part in parts.values():
         (budget,) = part.values["budgets"]
         assert budget == budget_of(part.values["batch_tokens"])
@@ -151,6 +152,23 @@ def test_the_sweep_tunes_only_the_lr_and_checkpoints():
     assert argv[argv.index("--budgets") + 1] == "16"
     assert "mars-adamw:gamma=0" in argv and argv[-1] == "ckpt_every=100"
     assert d.tables == ["crossover"]
+
+
+def test_the_float32_check_reruns_the_131072_cells_choices_untuned(tmp_path, monkeypatch):
+    """b131072-fp32: the 131,072-byte cell's chosen values on the evaluation seeds in float32,
+    no tuning; the crossover's table keeps one row per batch (the check is not a batch)."""
+    from study import crossover_report, parts
+
+    d = defs.load("crossover")
+    argv = defs.command_args(d.parts["b131072-fp32"], d.parts, {})
+    untuned = argv[argv.index("--untuned") + 1 : argv.index("--models")]
+    assert untuned == ["adamw", "mars-adamw", "mars-adamw:gamma=0"]
+    assert argv[argv.index("--center-from") + 1].endswith("crossover/b131072/results.csv")
+    assert argv[-2:] == ["ckpt_every=100", "dtype=float32"]
+    seen = []
+    monkeypatch.setattr(crossover_report, "write", lambda folder, b: seen.append(b) or folder)
+    parts.write_tables(d)
+    assert seen == [[2048, 8192, 32768, 131072, 524288]]
 
 
 def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, capsys):
