@@ -9,10 +9,13 @@ every test of the study is counted. This gathers, from the committed ledgers alo
 - **across cells**: for every optimizer, the change of its gap to AdamW between two cells the
   study compares (0.25x -> 1x; default -> width-aware init; 2,048 -> 8,192 bytes; each step up
   the size ladder), paired per seed;
+- **the batch crossover** (results/crossover/b<B>/, ``--crossover``): in every batch whose arms
+  have all finished their evaluation seeds, every pair of its arms (``Delta_gamma`` among them);
 
 and adjusts all of their p-values together (Holm, family-wise level 0.10, the intervals' level).
 
-    python -m study.family [--results results/referee] [--out results/referee/family.md]
+    python -m study.family [--results results/referee] [--crossover results/crossover]
+                           [--out results/referee/family.md]
 """
 
 from __future__ import annotations
@@ -112,10 +115,24 @@ def across_tests(losses: dict[str, dict]) -> list[dict]:
     return out
 
 
-def family(results: Path) -> list[dict]:
+def crossover_losses(folder: Path | None, n_seeds: int = 5) -> dict[str, dict]:
+    """``{"crossover b<B>": cells}`` of the crossover's batches whose every arm has all
+    ``n_seeds`` evaluation seeds (a batch still running adds no test)."""
+    out = {}
+    for path in sorted(folder.glob("b*/results.csv")) if folder and folder.is_dir() else []:
+        if not path.parent.name[1:].isdigit():  # (a check such as b131072-fp32: not a batch)
+            continue
+        cells = own_losses(path)
+        if cells and all(len(seeds) >= n_seeds for seeds in cells.values()):
+            out[f"crossover {path.parent.name}"] = cells
+    return dict(sorted(out.items(), key=lambda kv: int(kv[0].split(" b")[1])))
+
+
+def family(results: Path, crossover: Path | None = None) -> list[dict]:
     """Every test, with its Holm p over all of them (``holm_p``)."""
     losses = {p: own_losses(results / p / "results.csv", merged=p == "factorial") for p in PARTS
               if (results / p / "results.csv").is_file()}  # fmt: skip
+    losses.update(crossover_losses(crossover))
     tests = pair_tests(losses) + factorial_tests(losses.get("factorial", {})) + across_tests(losses)
     for t, adj in zip(tests, holm([t["p"] for t in tests])):
         t["holm_p"] = adj
@@ -129,7 +146,8 @@ def markdown(tests: list[dict]) -> str:
         "# One family: every test of the study, one Holm correction (python -m study.family)",
         "",
         f"{len(tests)} tests ({sum(t['kind'] == 'pair' for t in tests)} pairs within cells, "
-        f"{sum(t['kind'] == 'factorial' for t in tests)} factorial switches, "
+        f"{sum(t['test'].startswith('crossover') for t in tests)} of them the batch crossover's; "
+        f"{sum(t['kind'] == 'factorial' for t in tests)} factorial switches; "
         f"{sum(t['kind'] == 'across' for t in tests)} changes across cells); {held} hold at "
         f"family-wise {alpha:.2f}. Differences are the second named minus the first (for "
         "changes: after minus before), paired over the evaluation seeds, "
@@ -149,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m study.family", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "referee")
+    ap.add_argument("--crossover", type=Path, default=ROOT / "results" / "crossover",
+                    help="the batch crossover's published batches (none: leave them out)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-    tests = family(args.results)
+    tests = family(args.results, args.crossover)
     if not tests:
         raise SystemExit(f"study.family: no ledger with tests under {args.results}")
     text = markdown(tests)

@@ -54,11 +54,40 @@ def test_every_figure_gives_an_optimizer_one_colour():
 def test_one_family_counts_every_test_and_adjusts_them_together():
     from study import family
 
-    tests = family.family(ROOT / "results" / "referee")
+    tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
+    batches = family.crossover_losses(ROOT / "results" / "crossover")
+    assert {"crossover b2048", "crossover b8192"} <= set(batches)  # finished batches: their tests
     kinds = {k: sum(t["kind"] == k for t in tests) for k in ("pair", "factorial", "across")}
-    assert kinds == {"pair": 51, "factorial": 10, "across": 17}
+    assert kinds == {"pair": 51 + 3 * len(batches), "factorial": 10, "across": 17}
+    dg = [
+        t
+        for t in tests
+        if t["test"] == "crossover b2048: proxy-100k 1x: mars-adamw:gamma=0 - mars-adamw"
+    ]
+    assert len(dg) == 1 and dg[0]["mean"] > 0  # gamma = 0 worse there: Delta_gamma < 0
     assert all(t["holm_p"] >= t["p"] for t in tests)
     narrowing = [t for t in tests if t["test"].startswith("batch 2,048 -> 8,192: mars-adamw")]
     assert len(narrowing) == 1 and narrowing[0]["p"] < 0.05 < 0.1 < narrowing[0]["holm_p"]
     text = (ROOT / "results" / "referee" / "family.md").read_text()
     assert text == family.markdown(tests), "run: python -m study.family"
+
+
+def test_the_family_takes_only_the_crossovers_finished_batches(tmp_path):
+    """A batch with an arm short of its five evaluation seeds adds no test; nor does a check that
+    is not a batch (b131072-fp32)."""
+    from study import family
+    from study.results import write_csv
+
+    def ledger(name, seeds_of):
+        rows = [{"optimizer": arm, "model": "proxy-100k", "budget": 1.0, "seed": s, "role": "eval",
+                 "chosen": 1, "final_val_loss": 1.5 + i / 10 + s / 1000,
+                 "run_dir": f"runs/proxy-100k/1x/{arm}/eval/lr-0.01_seed-{s}"}
+                for i, (arm, n) in enumerate(seeds_of.items()) for s in range(1, n + 1)]  # fmt: skip
+        (tmp_path / name).mkdir()
+        write_csv(rows, tmp_path / name / "results.csv")
+
+    ledger("b2048", {"adamw": 5, "mars-adamw": 5, "mars-adamw:gamma=0": 5})
+    ledger("b32768", {"adamw": 5, "mars-adamw": 3, "mars-adamw:gamma=0": 0})
+    ledger("b131072-fp32", {"adamw": 5, "mars-adamw": 5})
+    assert list(family.crossover_losses(tmp_path)) == ["crossover b2048"]
+    assert family.crossover_losses(None) == {}
