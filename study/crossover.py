@@ -38,9 +38,13 @@ def budget_of(batch: int) -> float:
     return batch / 2048
 
 
-def batches() -> list[int]:
-    """The definition's batches, in the order its parts run."""
-    return [int(p.values["batch_tokens"]) for p in defs.load("crossover").parts.values()]
+def batches() -> list:
+    """The definition's cells (study/crossover_report.py ``Cell``: a proxy at a batch), in the
+    order its parts run; a part that is no cell (a check such as b131072-fp32) left out."""
+    from study.crossover_report import Cell
+
+    cells = (Cell.of(name) for name in defs.load("crossover").parts)
+    return [c for c in cells if c is not None]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -48,7 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("command", help="report")
     ap.add_argument("--batches", nargs="+", type=int, default=None, metavar="BYTES",
-                    help="default: the definition's")  # fmt: skip
+                    help="proxy-100k's batches (default: the definition's cells)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "crossover",
                     help="the published ledgers (results/crossover/b<B>/)")  # fmt: skip
     args = ap.parse_args(argv)

@@ -6,16 +6,20 @@ the gradient statistics predict (study/predict.py's records, ``predict*.json``).
 
     python -m study.crossover report      # RESULTS/report.md and RESULTS/crossover.png
 
-Reads only the published files: each batch's ledger (``RESULTS/b<B>/results.csv``: the chosen
+Reads only the published files: each batch's ledger (``RESULTS/b<B>/results.csv`` for
+proxy-100k, ``RESULTS/m<SIZE>-b<B>/`` for another proxy, e.g. ``m423k-b8192``: the chosen
 evaluation runs of each arm) and the prediction records. A batch whose three arms have not all
-finished their evaluation seeds is listed as running, with what it holds so far.
+finished their evaluation seeds is listed as running, with what it holds so far. Each proxy is
+its own family for Holm.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.results import read_csv
@@ -26,11 +30,50 @@ COMPARISONS = [("Delta_gamma: MARS-AdamW - (gamma = 0)", OFF, MARS),
                ("MARS-AdamW - AdamW", ADAMW, MARS)]  # fmt: skip
 
 
-def batch_losses(results: Path, batches: list[int]) -> dict[int, dict[str, dict[int, float]]]:
-    """``{batch: {arm: {seed: loss}}}`` of the chosen evaluation runs each ledger holds."""
+HEADLINE_MODEL = "proxy-100k"
+_FOLDER = re.compile(r"(?:m(?P<size>\d+k)-)?b(?P<batch>\d+)")
+
+
+class Cell(NamedTuple):
+    """One crossover cell: a proxy at a batch (bytes a step), 966 steps."""
+
+    model: str
+    batch: int
+
+    @property
+    def folder(self) -> str:
+        """Its part's name and folder: ``b<B>`` for proxy-100k, ``m<SIZE>-b<B>`` for another."""
+        size = self.model.removeprefix("proxy-")
+        return f"b{self.batch}" if self.model == HEADLINE_MODEL else f"m{size}-b{self.batch}"
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.batch:,}" if self.model == HEADLINE_MODEL else f"{self.batch:,} ({self.model})"
+        )
+
+    @staticmethod
+    def of(name: str) -> Cell | None:
+        """The cell a part's name is (None: not a cell, e.g. the check ``b131072-fp32``)."""
+        m = _FOLDER.fullmatch(name)
+        if m is None:
+            return None
+        model = f"proxy-{m['size']}" if m["size"] else HEADLINE_MODEL
+        return Cell(model, int(m["batch"]))
+
+
+def _cells(cells: list) -> list[Cell]:
+    """Cells in report order (proxy-100k first, then by model, each by batch); a bare batch is
+    proxy-100k's."""
+    out = {c if isinstance(c, Cell) else Cell(HEADLINE_MODEL, int(c)) for c in cells}
+    return sorted(out, key=lambda c: (c.model != HEADLINE_MODEL, c.model, c.batch))
+
+
+def batch_losses(results: Path, cells: list) -> dict[Cell, dict[str, dict[int, float]]]:
+    """``{cell: {arm: {seed: loss}}}`` of the chosen evaluation runs each ledger holds."""
     out = {}
-    for b in sorted(batches):
-        path = results / f"b{b}" / "results.csv"
+    for b in _cells(cells):
+        path = results / b.folder / "results.csv"
         if not path.is_file():
             continue
         losses = eval_losses(read_csv(path))
@@ -38,12 +81,12 @@ def batch_losses(results: Path, batches: list[int]) -> dict[int, dict[str, dict[
     return out
 
 
-def collapsed_seeds(results: Path, batches: list[int]) -> dict[int, dict[str, set[int]]]:
-    """``{batch: {arm: {seed, ...}}}``: the chosen evaluation runs that collapsed (the ledger's
+def collapsed_seeds(results: Path, cells: list) -> dict[Cell, dict[str, set[int]]]:
+    """``{cell: {arm: {seed, ...}}}``: the chosen evaluation runs that collapsed (the ledger's
     ``collapsed`` column: the floor, divergence or a runaway training loss, study/curves.py)."""
-    out: dict[int, dict[str, set[int]]] = {}
-    for b in sorted(batches):
-        path = results / f"b{b}" / "results.csv"
+    out: dict[Cell, dict[str, set[int]]] = {}
+    for b in _cells(cells):
+        path = results / b.folder / "results.csv"
         if not path.is_file():
             continue
         for r in read_csv(path):
@@ -58,14 +101,14 @@ def trained_pairs(losses: dict, collapsed: dict) -> list[dict]:
     survive is itself an outcome). Only where some pair was left out."""
     rows = []
     for name, base, other in COMPARISONS:
-        for b, arms in sorted(losses.items()):
-            a, o = arms.get(base, {}), arms.get(other, {})
+        for b in _cells(list(losses)):
+            a, o = losses[b].get(base, {}), losses[b].get(other, {})
             gone = collapsed.get(b, {}).get(base, set()) | collapsed.get(b, {}).get(other, set())
             both = sorted(set(a) & set(o))
             if not both or not gone & set(both):
                 continue
             kept = [s for s in both if s not in gone]
-            rows.append({"comparison": name, "batch": b, "seeds": kept,
+            rows.append({"comparison": name, "cell": b, "batch": b.batch, "seeds": kept,
                          "diffs": [o[s] - a[s] for s in kept], "left_out": len(both) - len(kept)})  # fmt: skip
     return rows
 
@@ -73,13 +116,13 @@ def trained_pairs(losses: dict, collapsed: dict) -> list[dict]:
 SELECTION_SEEDS = (0, 6, 7)
 
 
-def selection(results: Path, batches: list[int]) -> dict[int, dict[str, dict]]:
-    """``{batch: {arm: {lr, mean, lrs, device}}}``: while evaluation runs are missing, each arm's
+def selection(results: Path, cells: list) -> dict[Cell, dict[str, dict]]:
+    """``{cell: {arm: {lr, mean, lrs, device}}}``: while evaluation runs are missing, each arm's
     best lr so far among those run on all three selection seeds (the mean over them, the lrs
     so measured) and where the batch's runs ran (the ledger's device column, else the CPU's)."""
-    out: dict[int, dict[str, dict]] = {}
-    for b in sorted(batches):
-        path = results / f"b{b}" / "results.csv"
+    out: dict[Cell, dict[str, dict]] = {}
+    for b in _cells(cells):
+        path = results / b.folder / "results.csv"
         if not path.is_file():
             continue
         by: dict[tuple[str, float], dict[int, float]] = {}
@@ -104,20 +147,24 @@ def selection(results: Path, batches: list[int]) -> dict[int, dict[str, dict]]:
 
 def effects(losses: dict, n_seeds: int = 5) -> list[dict]:
     """Every comparison at every batch where both arms have all ``n_seeds`` evaluation seeds:
-    the paired interval, the p-value, and the Holm-adjusted p over that comparison's batches."""
+    the paired interval, the p-value, and the Holm-adjusted p over that comparison's batches
+    (one family per comparison and proxy)."""
     rows = []
+    models = sorted({c.model for c in losses}, key=lambda m: (m != HEADLINE_MODEL, m))
     for name, base, other in COMPARISONS:
-        family = []
-        for b, arms in sorted(losses.items()):
-            a, o = arms.get(base, {}), arms.get(other, {})
-            if len(set(a) & set(o)) < n_seeds:
-                continue
-            iv = paired_interval(a, o)
-            family.append({"comparison": name, "batch": b, "mean": iv.mean, "lo": iv.lo,
-                           "hi": iv.hi, "n": iv.n, "p": paired_p_value(a, o)})  # fmt: skip
-        for row, adj in zip(family, holm([r["p"] for r in family])):
-            row["holm_p"] = adj
-        rows += family
+        for model in models:
+            family = []
+            for b in _cells([c for c in losses if c.model == model]):
+                a, o = losses[b].get(base, {}), losses[b].get(other, {})
+                if len(set(a) & set(o)) < n_seeds:
+                    continue
+                iv = paired_interval(a, o)
+                family.append({"comparison": name, "cell": b, "batch": b.batch, "model": model,
+                               "mean": iv.mean, "lo": iv.lo, "hi": iv.hi, "n": iv.n,
+                               "p": paired_p_value(a, o)})  # fmt: skip
+            for row, adj in zip(family, holm([r["p"] for r in family])):
+                row["holm_p"] = adj
+            rows += family
     return rows
 
 
@@ -143,20 +190,22 @@ def markdown(
     losses: dict,
     rows: list[dict],
     preds: list[dict],
-    batches: list[int],
+    batches: list,
     picked: dict | None = None,
     collapsed: dict | None = None,
 ) -> str:
+    cells = _cells(batches)
     pct = f"{LEVEL:.0%}"
     lines = ["# The batch crossover (`python -m study run crossover`)", "",
-             "proxy-100k, 966 steps at every batch; per batch, each arm's lr tuned on its own line "
-             "(selection seeds 0, 6, 7), the other knobs carried from the batch part; evaluation "
-             "seeds 1-5. Differences are paired per seed; Holm over the batches of each "
-             "comparison.", "", "## Measured", "",
+             "proxy-100k (and where named another proxy), 966 steps at every batch; per batch, "
+             "each arm's lr tuned on its own line (selection seeds 0, 6, 7), the other knobs "
+             "carried from the referee's batch part (another proxy: from its cell of the size "
+             "ladder); evaluation seeds 1-5. Differences are paired per seed; Holm over the "
+             "batches of each comparison and proxy.", "", "## Measured", "",
              f"| comparison | batch (bytes) | mean [{pct} t-interval] | p | Holm p |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['comparison']} | {r['batch']:,} | {r['mean']:+.4f} [{r['lo']:+.4f}, "
+        lines.append(f"| {r['comparison']} | {r['cell'].label} | {r['mean']:+.4f} [{r['lo']:+.4f}, "
                      f"{r['hi']:+.4f}] | {r['p']:.2g} | {r['holm_p']:.2g} |")  # fmt: skip
     collapsed = collapsed or {}
     lines += ["", "Evaluation seeds finished per arm, with how many of them collapsed (a batch "
@@ -165,13 +214,13 @@ def markdown(
               "| batch | " + " | ".join(a for _, a, _ in [("", ADAMW, 0), ("", MARS, 0),
                                                           ("", OFF, 0)]) + " | complete |",
               "|---|---|---|---|---|"]  # fmt: skip
-    for b in sorted(batches):
+    for b in cells:
         arms = losses.get(b, {})
         gone = collapsed.get(b, {})
-        cells = [str(len(arms.get(a, {}))) + (f" ({len(gone[a])} collapsed)" if gone.get(a) else "")
-                 for a in (ADAMW, MARS, OFF)]  # fmt: skip
+        counts = [str(len(arms.get(a, {}))) + (f" ({len(gone[a])} collapsed)" if gone.get(a) else "")
+                  for a in (ADAMW, MARS, OFF)]  # fmt: skip
         whole = all(len(arms.get(a, {})) >= 5 for a in (ADAMW, MARS, OFF))  # every arm's five
-        lines.append(f"| {b:,} | " + " | ".join(cells) + f" | {'yes' if whole else 'no'} |")
+        lines.append(f"| {b.label} | " + " | ".join(counts) + f" | {'yes' if whole else 'no'} |")
     pairs = trained_pairs(losses, collapsed)
     if pairs:
         lines += ["", "## Where both runs of a pair trained (a description, not a test)", "",
@@ -183,7 +232,7 @@ def markdown(
         for r in pairs:
             diffs = ", ".join(f"{d:+.4f}" for d in r["diffs"]) or "-"
             mean = f"{sum(r['diffs']) / len(r['diffs']):+.4f}" if r["diffs"] else "-"
-            lines.append(f"| {r['comparison']} | {r['batch']:,} | {len(r['seeds'])} "
+            lines.append(f"| {r['comparison']} | {r['cell'].label} | {len(r['seeds'])} "
                          f"({', '.join(map(str, r['seeds']))}) | {diffs} | {mean} |")  # fmt: skip
     if picked:
         lines += ["", "## On the selection seeds so far", "",
@@ -193,11 +242,12 @@ def markdown(
                   "cell share a comparison only statistically.", "",
                   "| batch | arm | lr | mean over 0, 6, 7 | lrs on all three | ran on |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
-        for b, arms in sorted(picked.items()):
+        for b in _cells(list(picked)):
+            arms = picked[b]
             for arm in (ADAMW, MARS, OFF):
                 if arm in arms:
                     a = arms[arm]
-                    lines.append(f"| {b:,} | {arm} | {a['lr']:g} | {a['mean']:.4f} | {a['lrs']} "
+                    lines.append(f"| {b.label} | {arm} | {a['lr']:g} | {a['mean']:.4f} | {a['lrs']} "
                                  f"| {a['device']} |")  # fmt: skip
     lines += ["", "## Predicted (python -m study.predict)", ""]
     if not preds:
@@ -223,12 +273,17 @@ def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     from study.figures import colour_of
 
+    models = sorted({r["model"] for r in rows}, key=lambda m: (m != HEADLINE_MODEL, m))
     for (name, _base, _other), colour in zip(COMPARISONS, (colour_of(OFF), colour_of(ADAMW))):
-        rs = [r for r in rows if r["comparison"] == name]
-        if rs:
-            xs = [r["batch"] for r in rs]
-            ax.errorbar(xs, [r["mean"] for r in rs], marker="o", color=colour, label=name,
-                        yerr=[[r["mean"] - r["lo"] for r in rs], [r["hi"] - r["mean"] for r in rs]])  # fmt: skip
+        for model, marker in zip(models, "osD^v"):
+            rs = [r for r in rows if r["comparison"] == name and r["model"] == model]
+            if rs:
+                xs = [r["batch"] for r in rs]
+                label = name if model == HEADLINE_MODEL else f"{name} ({model})"
+                ax.errorbar(xs, [r["mean"] for r in rs], marker=marker, color=colour, label=label,
+                            ls="-" if model == HEADLINE_MODEL else "--",
+                            yerr=[[r["mean"] - r["lo"] for r in rs],
+                                  [r["hi"] - r["mean"] for r in rs]])  # fmt: skip
     finite = [p["crossover"] for p in preds if math.isfinite(p["crossover"])]
     for x in sorted(set(finite)):
         ax.axvline(x, color="grey", ls=":", lw=0.8)
@@ -244,7 +299,7 @@ def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write(results: Path, batches: list[int]) -> Path:
+def write(results: Path, batches: list) -> Path:
     """RESULTS/report.md and RESULTS/crossover.png from the published files."""
     results.mkdir(parents=True, exist_ok=True)
     losses = batch_losses(results, batches)

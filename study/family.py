@@ -9,8 +9,9 @@ every test of the study is counted. This gathers, from the committed ledgers alo
 - **across cells**: for every optimizer, the change of its gap to AdamW between two cells the
   study compares (0.25x -> 1x; default -> width-aware init; 2,048 -> 8,192 bytes; each step up
   the size ladder), paired per seed;
-- **the batch crossover** (results/crossover/b<B>/, ``--crossover``): in every batch whose arms
-  have all finished their evaluation seeds, every pair of its arms (``Delta_gamma`` among them);
+- **the batch crossover** (results/crossover/b<B>/ and m<SIZE>-b<B>/, ``--crossover``): in every
+  batch whose arms have all finished their evaluation seeds, every pair of its arms
+  (``Delta_gamma`` among them);
 
 and adjusts all of their p-values together (Holm, family-wise level 0.10, the intervals' level).
 
@@ -118,14 +119,18 @@ def across_tests(losses: dict[str, dict]) -> list[dict]:
 def crossover_losses(folder: Path | None, n_seeds: int = 5) -> dict[str, dict]:
     """``{"crossover b<B>": cells}`` of the crossover's batches whose every arm has all
     ``n_seeds`` evaluation seeds (a batch still running adds no test)."""
-    out = {}
-    for path in sorted(folder.glob("b*/results.csv")) if folder and folder.is_dir() else []:
-        if not path.parent.name[1:].isdigit():  # (a check such as b131072-fp32: not a batch)
+    from study.crossover_report import Cell
+
+    found = {}
+    for path in sorted(folder.glob("*/results.csv")) if folder and folder.is_dir() else []:
+        cell = Cell.of(path.parent.name)  # (None: a check such as b131072-fp32, not a batch)
+        if cell is None:
             continue
         cells = own_losses(path)
         if cells and all(len(seeds) >= n_seeds for seeds in cells.values()):
-            out[f"crossover {path.parent.name}"] = cells
-    return dict(sorted(out.items(), key=lambda kv: int(kv[0].split(" b")[1])))
+            found[cell] = cells
+    order = sorted(found, key=lambda c: (c.model != "proxy-100k", c.model, c.batch))
+    return {f"crossover {c.folder}": found[c] for c in order}
 
 
 def family(results: Path, crossover: Path | None = None) -> list[dict]:

@@ -159,9 +159,20 @@ def write_tables(definition: Definition) -> None:
             if len(folders) != 1:
                 raise SystemExit(f"study {definition.name}: tables: crossover wants every part's "
                                  "results in one folder (results/<study>/<part>)")  # fmt: skip
-            batches = sorted({int(p.values["batch_tokens"]) for name, p in
-                              definition.parts.items() if name == f"b{p.values['batch_tokens']}"})  # fmt: skip
-            path = crossover_report.write(folders.pop(), batches)
+            cells = []
+            for name, p in definition.parts.items():  # b<B>, m<SIZE>-b<B>: a cell; else a check
+                cell = crossover_report.Cell.of(name)
+                if cell is None:
+                    continue
+                if (cell.batch, [cell.model]) != (
+                    int(p.values["batch_tokens"]),
+                    p.values["models"],
+                ):
+                    raise SystemExit(f"study {definition.name}: part {name} runs "
+                                     f"{p.values['models']} at {p.values['batch_tokens']} bytes, "
+                                     f"not the cell its name says ({cell.model} at {cell.batch})")  # fmt: skip
+                cells.append(cell)
+            path = crossover_report.write(folders.pop(), cells)
             log.info("the crossover's table: %s", path)
 
 

@@ -138,9 +138,9 @@ def test_every_batch_of_the_sweep_runs_the_headlines_steps():
     batches = {name: p.values["batch_tokens"] for name, p in parts.items() if name[1:].isdigit()}
     assert list(batches.values()) == [8192, 2048, 32768, 131072, 524288]
     assert all(name == f"b{b}" for name, b in batches.items())
-    for part in parts.values():
-        (budget,) = part.values["budgets"]
-        assert budget == budget_of(part.values["batch_tokens"])
+    for name in batches:
+        (budget,) = parts[name].values["budgets"]
+        assert budget == budget_of(parts[name].values["batch_tokens"])
     with pytest.raises(ValueError, match="multiple of 2048"):
         budget_of(3000)
 
@@ -168,7 +168,9 @@ def test_the_float32_check_reruns_the_131072_cells_choices_untuned(tmp_path, mon
     seen = []
     monkeypatch.setattr(crossover_report, "write", lambda folder, b: seen.append(b) or folder)
     parts.write_tables(d)
-    assert seen == [[2048, 8192, 32768, 131072, 524288]]
+    assert [(c.model, c.batch) for c in seen[0]] == [
+        ("proxy-100k", b) for b in (8192, 2048, 32768, 131072, 524288)
+    ] + [("proxy-423k", 8192), ("proxy-423k", 131072)]
 
 
 def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, capsys):
@@ -229,7 +231,7 @@ def test_delta_gamma_on_a_fake_cell_is_the_paired_mean_with_holm_over_batches(tm
     _ledger(tmp_path / "b32768" / "results.csv", {"adamw": base, "mars-adamw": base})
     rows = cr.effects(cr.batch_losses(tmp_path, [8192, 32768]))
     dg = [r for r in rows if r["comparison"].startswith("Delta_gamma")]
-    assert len(dg) == 1 and dg[0]["batch"] == 8192  # 32768 lacks the gamma = 0 arm
+    assert len(dg) == 1 and dg[0]["cell"] == cr.Cell("proxy-100k", 8192)  # 32768 lacks gamma = 0
     assert dg[0]["mean"] == pytest.approx(0.05 - 0.003)  # 0.10 - (0.05 + 0.001 s), s = 1..5
     assert dg[0]["lo"] < dg[0]["mean"] < dg[0]["hi"] and dg[0]["holm_p"] == dg[0]["p"]
     vs = [r for r in rows if r["comparison"].startswith("MARS-AdamW - AdamW")]
@@ -281,11 +283,11 @@ def test_the_selection_table_takes_each_arms_best_lr_on_all_three_seeds(tmp_path
         rows.append({**rows[-1], "seed": s})
     (tmp_path / "b8192").mkdir()
     write_csv(rows, tmp_path / "b8192" / "results.csv")
-    picked = cr.selection(tmp_path, [8192])[8192]
+    picked = cr.selection(tmp_path, [8192])[cr.Cell("proxy-100k", 8192)]
     assert picked["adamw"]["lr"] == 0.02 and picked["adamw"]["lrs"] == 2
     assert picked["adamw"]["mean"] == pytest.approx(1.20 + 13 / 3000)
     assert picked["adamw"]["device"] == "GPU Y" and picked["mars-adamw"]["device"] == "CPU X"
-    text = cr.markdown({}, [], [], [8192], {8192: picked})
+    text = cr.markdown({}, [], [], [8192], {cr.Cell("proxy-100k", 8192): picked})
     assert "| 8,192 | adamw | 0.02 | 1.2043 | 2 | GPU Y |" in text
 
 
@@ -306,7 +308,8 @@ def test_collapsed_evaluation_runs_are_counted_and_the_trained_pairs_described(t
     (tmp_path / "b131072").mkdir()
     write_csv(rows, tmp_path / "b131072" / "results.csv")
     collapsed = cr.collapsed_seeds(tmp_path, [131072])
-    assert collapsed == {131072: {"adamw": {1, 2}, "mars-adamw": {4}, "mars-adamw:gamma=0": {3}}}
+    cell = cr.Cell("proxy-100k", 131072)
+    assert collapsed == {cell: {"adamw": {1, 2}, "mars-adamw": {4}, "mars-adamw:gamma=0": {3}}}
     losses = cr.batch_losses(tmp_path, [131072])
     pairs = {r["comparison"]: r for r in cr.trained_pairs(losses, collapsed)}
     dg = pairs["Delta_gamma: MARS-AdamW - (gamma = 0)"]
@@ -317,3 +320,31 @@ def test_collapsed_evaluation_runs_are_counted_and_the_trained_pairs_described(t
     assert "| 131,072 | 5 (2 collapsed) | 5 (1 collapsed) | 5 (1 collapsed) | yes |" in text
     assert "| MARS-AdamW - AdamW | 131,072 | 2 (3, 5) | +0.1000, +0.1000 | +0.1000 |" in text
     assert len(cr.effects(losses)) == 2  # the tests keep every seed
+
+
+def test_a_second_proxy_is_its_own_cells_and_holm_family(tmp_path):
+    """m423k-b8192: proxy-423k at 8,192 bytes, in the same table as proxy-100k's batches but in
+    its own Holm family; its budget gives the same 966 steps; a check part is no cell."""
+    from study import crossover_report as cr
+
+    assert cr.Cell.of("b2048") == cr.Cell("proxy-100k", 2048)
+    assert cr.Cell.of("m423k-b8192") == cr.Cell("proxy-423k", 8192)
+    assert (
+        cr.Cell.of("b131072-fp32") is None and cr.Cell("proxy-423k", 8192).folder == "m423k-b8192"
+    )
+    parts = defs.load("crossover").parts
+    for name in ("m423k-b8192", "m423k-b131072"):
+        v = parts[name].values
+        assert budget_steps(block_params("proxy-423k"), v["budgets"][0], v["batch_tokens"]) == 966
+    base = {s: 2.0 + 0.01 * s for s in range(1, 6)}
+    arms = {"adamw": base, "mars-adamw": {s: v + 0.1 for s, v in base.items()},
+            "mars-adamw:gamma=0": {s: v + 0.05 + 0.001 * s for s, v in base.items()}}  # fmt: skip
+    _ledger(tmp_path / "b8192" / "results.csv", arms)
+    _ledger(tmp_path / "m423k-b8192" / "results.csv", arms)
+    cells = [cr.Cell("proxy-100k", 8192), cr.Cell("proxy-423k", 8192)]
+    rows = cr.effects(cr.batch_losses(tmp_path, cells))
+    assert [(r["model"], r["batch"]) for r in rows if r["comparison"].startswith("MARS")] == [
+        ("proxy-100k", 8192), ("proxy-423k", 8192)]  # fmt: skip
+    assert all(r["holm_p"] == r["p"] for r in rows)  # one batch per proxy: nothing to adjust
+    text = cr.write(tmp_path, cells).read_text()
+    assert "| 8,192 (proxy-423k) | 5 | 5 | 5 | yes |" in text
