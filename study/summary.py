@@ -41,6 +41,8 @@ PARTS = [
     Part("referee/ladder-up/results.csv", ""),
     Part("referee/widthinit/results.csv", "width-aware init"),
     Part("referee/batch/results.csv", "both tuned anew"),
+    # the headline's cell again: MARS-AdamW's lr tuned, its other knobs the batch part's
+    Part("crossover/b2048/results.csv", "lr tuned, other knobs from 8,192 B"),
 ]
 
 
