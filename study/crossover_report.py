@@ -132,7 +132,7 @@ def selection(results: Path, cells: list) -> dict[Cell, dict[str, dict]]:
                 continue
             opt = str(r["optimizer"])
             by.setdefault((opt, float(r["lr"])), {})[int(r["seed"])] = float(r["final_val_loss"])
-            where.setdefault(opt, set()).add(str(r.get("device") or r.get("cpu") or "?"))
+            where.setdefault(opt, set()).add(ran_on(r))
         for (opt, lr), seeds in by.items():
             if not set(SELECTION_SEEDS) <= set(seeds):
                 continue
@@ -143,6 +143,23 @@ def selection(results: Path, cells: list) -> dict[Cell, dict[str, dict]]:
                 arm.update(lr=lr, mean=mean)
             arm["device"] = "; ".join(sorted(where[opt]))
     return out
+
+
+def ran_on(row: dict) -> str:
+    """Where a ledger row ran and in what arithmetic: its GPU (the ``device`` column) or CPU,
+    with the dtype (the row's ``dtype`` column; else the ``dtype=`` its command set; else the
+    default: bf16 autocast on a GPU, float32 on a CPU)."""
+    gpu = row.get("device")
+    dtype = row.get("dtype")
+    if not dtype:
+        said = [a.split("=", 1)[1] for a in str(row.get("command") or "").split()
+                if a.startswith("dtype=")]  # fmt: skip
+        dtype = said[-1] if said else ("auto" if gpu else "float32")
+    if gpu:
+        from study.results import gpu_dtype
+
+        dtype = gpu_dtype(str(dtype))
+    return f"{gpu or row.get('cpu') or '?'}, {dtype}"
 
 
 def effects(losses: dict, n_seeds: int = 5) -> list[dict]:

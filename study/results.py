@@ -111,6 +111,7 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     metas = runfiles.read_meta(run_dir)
     if metas and metas[0].get("gpu"):  # a CPU run (every run before the field): no column
         row["device"] = str(metas[0]["gpu"])
+        row["dtype"] = gpu_dtype(str(cfg.get("dtype", "auto")))  # bf16 autocast or float32
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
     base = split_variant(cell.optimizer)[0]
     for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with
@@ -118,6 +119,12 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
             row.setdefault(k, v)
     row["command"] = _command(run_dir)
     return row
+
+
+def gpu_dtype(setting: str) -> str:
+    """The arithmetic a GPU run's ``dtype`` setting meant (runtime/device.py ``resolve_dtype``:
+    auto is bf16 autocast on CUDA); a CPU run is float32 unless it says otherwise."""
+    return "bfloat16" if setting in ("auto", "bfloat16") else setting
 
 
 def _command(run_dir: Path) -> str:

@@ -286,9 +286,17 @@ def test_the_selection_table_takes_each_arms_best_lr_on_all_three_seeds(tmp_path
     picked = cr.selection(tmp_path, [8192])[cr.Cell("proxy-100k", 8192)]
     assert picked["adamw"]["lr"] == 0.02 and picked["adamw"]["lrs"] == 2
     assert picked["adamw"]["mean"] == pytest.approx(1.20 + 13 / 3000)
-    assert picked["adamw"]["device"] == "GPU Y" and picked["mars-adamw"]["device"] == "CPU X"
+    assert picked["adamw"]["device"] == "GPU Y, bfloat16"  # auto on a GPU: bf16 autocast
+    assert picked["mars-adamw"]["device"] == "CPU X, float32"
     text = cr.markdown({}, [], [], [8192], {cr.Cell("proxy-100k", 8192): picked})
-    assert "| 8,192 | adamw | 0.02 | 1.2043 | 2 | GPU Y |" in text
+    assert "| 8,192 | adamw | 0.02 | 1.2043 | 2 | GPU Y, bfloat16 |" in text
+    assert cr.ran_on({"device": "GPU Y", "command": "seed=1 dtype=float32"}) == "GPU Y, float32"
+    assert cr.ran_on({"device": "GPU Y", "dtype": "float32"}) == "GPU Y, float32"
+    assert cr.ran_on({"cpu": "CPU X", "command": "dtype=bfloat16"}) == "CPU X, bfloat16"
+    from study.results import gpu_dtype  # the ledger's dtype column, written for GPU rows
+
+    assert [gpu_dtype(d) for d in ("auto", "bfloat16", "float32")] == ["bfloat16", "bfloat16",
+                                                                        "float32"]  # fmt: skip
 
 
 def test_collapsed_evaluation_runs_are_counted_and_the_trained_pairs_described(tmp_path):
