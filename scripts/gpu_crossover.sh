@@ -79,9 +79,12 @@ PY
 note preflight "rc=$?"
 
 deadline=$(( t0 + limit ))
-if [[ -n "$tests" ]]; then  # (word splitting: the files)
+left=$(( deadline - $(date +%s) ))
+if [[ -n "$tests" ]] && (( left < 30 )); then
+  note skipped "tests=$tests" "why=less than 30 s left"
+elif [[ -n "$tests" ]]; then  # (word splitting: the files)
   # shellcheck disable=SC2086
-  timeout --kill-after=10 $(( deadline - $(date +%s) )) "$py" -m pytest -m gpu -q -rfEs \
+  timeout --kill-after=10 "$left" "$py" -m pytest -m gpu -q -rfEs \
     -p no:cacheprovider --junitxml="$out/gpu-tests.xml" $tests > "$out/gpu-tests.log" 2>&1
   note gpu-tests "rc=$?" "files=$tests" "summary=$(tail -1 "$out/gpu-tests.log")"
 fi

@@ -109,9 +109,12 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     if routes_text(summary):  # none recorded (an older run): no column from this row
         row["routes"] = routes_text(summary)
     metas = runfiles.read_meta(run_dir)
+    setting = str(cfg.get("dtype", "auto"))
     if metas and metas[0].get("gpu"):  # a CPU run (every run before the field): no column
         row["device"] = str(metas[0]["gpu"])
-        row["dtype"] = gpu_dtype(str(cfg.get("dtype", "auto")))  # bf16 autocast or float32
+        row["dtype"] = gpu_dtype(setting)  # bf16 autocast or float32
+    elif setting not in ("auto", "float32"):  # a CPU run off its float32 default says so
+        row["dtype"] = setting
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
     base = split_variant(cell.optimizer)[0]
     for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with
