@@ -80,7 +80,9 @@ def encoded_batches(
     if workers <= 1:
         yield from (encode_batch(b, tokenizer) for b in _batched(texts))
         return
-    with mp.get_context().Pool(workers, initializer=get_tokenizer) as pool:
+    # spawn, not fork: a fork copies the caller's locks but not its threads (torch's, a test
+    # runner's, a study's), and a child that meets a lock a missing thread held waits for ever
+    with mp.get_context("spawn").Pool(workers, initializer=get_tokenizer) as pool:
         pending: deque = deque()
         for batch in _batched(texts):
             pending.append(pool.apply_async(encode_batch, (batch, tokenizer)))

@@ -310,12 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         started.write_text(f"{time.time():.0f}\n")
     study = Study(plan)
     t0 = time.perf_counter()
-    signal.signal(signal.SIGTERM, _interrupt)  # a scheduler's stop: as Ctrl-C, one line
     if not args.report_only:
+        # a scheduler's stop: as Ctrl-C, one line; the caller's handler back afterwards (main may
+        # run inside another program, a test runner, whose later forks would inherit this one)
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             schedule(study, args)
         except KeyboardInterrupt:
             raise SystemExit(stopped_line(study, argv)) from None
+        finally:
+            if previous is not None:  # None: set outside Python, which cannot be put back
+                signal.signal(signal.SIGTERM, previous)
     if args.dry_run:
         return 0
     from study.report import write_report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import uuid
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -41,6 +42,13 @@ def fast_config(out_dir: Path, data_dir: Path, *overrides: str):
 
     cfg = compose_config(*FAST, f"out_dir={out_dir}", f"data.dir={data_dir}", *overrides)
     return train.to_typed(cfg)
+
+
+def rendezvous(directory: Path | str) -> str:
+    """A spawned process group's init_method: a new file under ``directory``. Unlike a free TCP
+    port, nobody else can take it between the choice and the bind (gloo's own connections and
+    another worker's groups open ports all the time), so two tests' groups never meet."""
+    return f"file://{Path(directory).resolve()}/rendezvous-{uuid.uuid4().hex}"
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 pytest.importorskip("triton")
 
 import optim.newton_schulz as ns  # noqa: E402
-from helpers import free_port  # noqa: E402
+from helpers import rendezvous  # noqa: E402
 from optim import MARS_M, Muon  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -65,12 +65,12 @@ def run(name: str, how: str, flagged: int = -1) -> tuple[list, object]:
     return [p.detach().clone() for p in ps], opt
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     from optim.engine import launch
 
     launch.BLOCKS["cpu"], launch.CHUNK["cpu"] = 16, 2  # several blocks a tensor, as test_engine
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     calls = []
     gather = ns._all_gather
@@ -96,7 +96,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_splits_newton_schulz_over_gloo_ranks(tmp_path, world):
     """2 and 4 ranks (on 4, every stack leaves some rank an empty slot)."""
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_worker, args=(world, rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name in MAKE:
         one, _ = run(name, "foreach")  # one process, no split: the reference of both

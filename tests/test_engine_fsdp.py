@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 from test_optim_fsdp import Tiny, ddp, forward_backward, fsdp  # noqa: E402
 
 import optim  # noqa: E402
-from helpers import free_port  # noqa: E402
+from helpers import rendezvous  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 STEPS = 4
@@ -82,12 +82,12 @@ def train(case: str, wrap) -> tuple[dict, dict, int, list]:
     return whole, paths, counts, norms
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     from optim.engine import launch
 
     launch.BLOCKS["cpu"], launch.CHUNK["cpu"] = 16, 2
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     try:
         cases = CASES if world == 2 else FOUR
@@ -99,7 +99,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_engine_on_fsdp_shards_equals_ddp_on_gloo_ranks(tmp_path, world):
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_worker, args=(world, rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for case in CASES if world == 2 else FOUR:
         routes = [results[r][case]["fsdp"][1]["routes"] for r in range(world)]

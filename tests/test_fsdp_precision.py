@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from helpers import free_port
+from helpers import rendezvous
 from model import GPT, GPTConfig
 from runtime.distributed import DistInfo
 
@@ -62,9 +62,9 @@ def _run(parallel: str, rank: int) -> dict:
     return {"loss": loss.item(), "grads": grads, **seen}
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=2)  # fmt: skip
     try:
         out = {parallel: _run(parallel, rank) for parallel in ("ddp", "fsdp")}
@@ -76,7 +76,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("fsdp_precision")
-    mp.spawn(_worker, args=(free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(rendezvous(out), str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

@@ -27,7 +27,7 @@ import torch.nn as nn
 from test_optim_fsdp import Tiny, ddp, forward_backward, fsdp
 
 import optim
-from helpers import free_port
+from helpers import rendezvous
 
 pytestmark = pytest.mark.slow
 STEPS, SAVED = 5, 2  # the basis step, then Adam in the eigenbasis; a power iteration at 3 (freq 2)
@@ -148,9 +148,9 @@ def resumed(case: str, ckpt: str) -> dict:
     return {"params": whole(fresh), "kinds": kinds, "kinds_resumed": placements(new)}
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     try:
         cases = CASES if world == 2 else ON_FOUR
@@ -165,7 +165,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 def spawn(tmp_path_factory, world: int) -> list[dict]:
     out = tmp_path_factory.mktemp(f"whole{world}")
-    mp.spawn(_worker, args=(world, free_port(), str(out)), nprocs=world)
+    mp.spawn(_worker, args=(world, rendezvous(out), str(out)), nprocs=world)
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 

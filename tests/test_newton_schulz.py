@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import optim.newton_schulz as ns
-from helpers import free_port
+from helpers import rendezvous
 from optim import MARS, MARS_M, Muon, sharded
 from optim.functional import newton_schulz
 
@@ -162,9 +162,9 @@ def run_steps(name: str, steps: int = 3, **kw) -> list[torch.Tensor]:
     return [p.detach().clone() for p in params]
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     calls = []
     gather = ns._all_gather
@@ -188,7 +188,7 @@ def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
     steps equal the single-process ones exactly (float32 and bf16 NS on CPU: a slice of a batched
     matmul rounds as the single matmul), and so does the split turned off."""
     world = 2
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_worker, args=(world, rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name in OPTIMIZERS:
         want = run_steps(name)

@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_fsdp import assert_close_metrics, metrics
 
-from helpers import FAST, ROOT, free_port
+from helpers import FAST, ROOT, free_port, rendezvous
 from trainer import shared_fs
 
 
-def _check(rank: int, port: int, root: str, case: str) -> str:
+def _check(rank: int, init: str, root: str, case: str) -> str:
     """Rank ``rank``'s outcome of check_shared_files when the ranks see ``case``'s directories."""
     import torch
 
@@ -28,7 +28,7 @@ def _check(rank: int, port: int, root: str, case: str) -> str:
 
     shared_fs.WAIT_S = 0.5
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=2)  # fmt: skip
     base = Path(root)
     out = base / ("out" if case != "out_dir" else f"out{rank}")  # node-local run dirs
@@ -49,16 +49,15 @@ def _check(rank: int, port: int, root: str, case: str) -> str:
     (base / f"{case}.rank{rank}").write_text(outcome)
 
 
-def _worker(rank: int, port: int, root: str) -> None:
+def _worker(rank: int, init: str, root: str) -> None:
     for i, case in enumerate(("shared", "out_dir", "data")):
-        _check(rank, port + i, f"{root}/{case}", case)
+        _check(rank, f"{init}-{i}", f"{root}/{case}", case)  # a new group, a new file
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("nodes")
-    port = free_port()
-    mp.spawn(_worker, args=(port, str(root)), nprocs=2)
+    mp.spawn(_worker, args=(rendezvous(root), str(root)), nprocs=2)
     found = {
         case: [(root / case / f"{case}.rank{r}").read_text() for r in range(2)]
         for case in ("shared", "out_dir", "data")

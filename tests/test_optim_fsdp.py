@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import optim
 import optim.newton_schulz as ns
-from helpers import free_port
+from helpers import rendezvous
 from optim.sharded import owners
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "optimizer"
@@ -140,9 +140,9 @@ def unsupported_placement() -> str:
     return "no error"
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     counted: list[int] = []
     iterate = ns.newton_schulz
@@ -169,7 +169,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 def spawned(tmp_path_factory) -> list[dict]:
     """Both ranks' results: every optimizer under FSDP2 and DDP (one spawn for the module)."""
     out = tmp_path_factory.mktemp("fsdp")
-    mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(2, rendezvous(out), str(out)), nprocs=2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 

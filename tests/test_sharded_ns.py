@@ -7,7 +7,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import optim.newton_schulz as ns
-from helpers import free_port
+from helpers import rendezvous
 
 pytestmark = pytest.mark.slow
 # counts 3, 1, 1, 1; (1, 6): rank 1 holds no row; (9, 6): uneven blocks (5 and 4 rows)
@@ -24,9 +24,9 @@ def orthogonalised(us, dtype, divisor):
                             distributed=False, cast_back=True)  # fmt: skip
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -55,7 +55,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 @pytest.mark.parametrize("world", [2, 4])
 def test_sharded_newton_schulz_is_two_all_to_alls_per_shape_and_equals_one_process(tmp_path, world):
     """On 2 and 4 ranks (on 4, (5, 5) and (1, 6) leave ranks without a row)."""
-    mp.spawn(_worker, args=(world, free_port(), str(tmp_path)), nprocs=world)
+    mp.spawn(_worker, args=(world, rendezvous(tmp_path), str(tmp_path)), nprocs=world)
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for name, dtype, divisor in (("bf16", torch.bfloat16, 0.1), ("fp32", torch.float32, None)):
         want = orthogonalised(matrices(), dtype, divisor)

@@ -83,3 +83,15 @@ def test_a_renamed_definition_key_is_refused_with_its_new_name(tmp_path):
     path.write_text("study: s\ndefaults: {reference_budgets: []}\nparts: {a: {budgets: [1]}}\n")
     with pytest.raises(defs.DefinitionError, match="a: reference_budgets is now baseline_budgets"):
         defs.load(str(path))
+
+
+def test_main_in_another_program_gives_back_its_sigterm_handler(tmp_path):
+    """A study run inside another program (a test runner, a notebook) installs its stop handler
+    only while it schedules: the caller's handler is back afterwards, so the caller's later forks
+    (a tokenizer pool) do not turn a SIGTERM into a KeyboardInterrupt."""
+    import signal
+
+    mine = signal.getsignal(signal.SIGTERM)
+    assert main(["--out", str(tmp_path / "s"), "--optimizers", "adamw", "--budgets", "0.25",
+                 "--baseline-budgets", "--dry-run", "--allow-dirty"]) == 0  # fmt: skip
+    assert signal.getsignal(signal.SIGTERM) is mine
