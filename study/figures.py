@@ -132,7 +132,8 @@ def study_figure(rows: list[dict], floors: dict, path: Path) -> None:
     b.set_xscale("log")
     b.set_xlabel("training tokens")
     b.set_ylabel("final validation loss (evaluation seeds)")
-    b.legend(fontsize=5, ncol=2)
+    if b.get_legend_handles_labels()[0]:  # a study with no evaluation runs yet has no lines
+        b.legend(fontsize=5, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
