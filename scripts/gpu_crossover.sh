@@ -3,7 +3,7 @@
 # "The batch crossover"; study/studies/crossover.yaml): the parts a CPU cannot reach, run by the
 # same study command as the CPU's, their ledgers and reports copied to OUT as they finish.
 #
-#   OUT=DIR COMMIT=SHA [MICRO=2048] scripts/gpu_crossover.sh [--parts "b131072-fp32 b524288"] [--jobs 14]
+#   OUT=DIR COMMIT=SHA [MICRO=2048] scripts/gpu_crossover.sh [--parts "b32768 b131072-fp32 b524288"] [--jobs 14]
 #                                               [--limit 360] [--wheels .whl] [--tests "FILE ..."]
 #
 # - installs what the node lacks from the carried wheels (docs/offline-install.md), offline;
@@ -11,8 +11,8 @@
 #   the commit, each part's start, stop and files), so a run cut off still leaves its record;
 # - runs `python -m study run crossover --part P --device cuda --jobs N` under a time limit
 #   (the study continues after a stop from its ledger: the same command on the next GPU), with
-#   the micro-batch raised to 2,048 sequences (MICRO: at most a step's; how a run is computed, not
-#   a value compared: a 128k-byte step in one micro-batch) and the
+#   the micro-batch raised to 2,048 sequences (MICRO; at most the part's step, 512 at 32k bytes:
+#   how a run is computed, not a value compared: a 128k-byte step in one micro-batch) and the
 #   optimizer's foreach implementation (no per-process compile; every process steps the same);
 # - with --tests, first runs `pytest -m gpu` on those files (their time counts in --limit) into
 #   OUT/gpu-tests.xml and OUT/gpu-tests.log, a line in the record;
@@ -20,7 +20,7 @@
 #   curves and report with the crossover's table into OUT/P.tar.gz (the device returns at most
 #   8 files): `tar xzf P.tar.gz -C results/crossover` here.
 set -uo pipefail
-parts="b131072-fp32 b524288" jobs=14 limit=360 wheels=.whl tests=""
+parts="b32768 b131072-fp32 b524288" jobs=14 limit=360 wheels=.whl tests=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --parts) parts="$2"; shift 2 ;;
@@ -91,10 +91,14 @@ fi
 for part in $parts; do
   left=$(( deadline - $(date +%s) ))
   if (( left < 30 )); then note skipped "part=$part" "why=less than 30 s left"; continue; fi
-  note part-start "part=$part" "seconds=$left"
+  # the micro-batch: MICRO sequences, at most the part's step (train.py refuses more)
+  micro=$("$py" -c "import sys; from study import definition as d
+b = d.load('crossover').parts[sys.argv[1]].values['batch_tokens']
+print(min(int(sys.argv[2]), b // 64))" "$part" "${MICRO:-2048}")  # (the proxies' 64 bytes)
+  note part-start "part=$part" "seconds=$left" "micro_batch_size=$micro"
   timeout --signal=TERM --kill-after=20 "$left" "$py" -m study run crossover --part "$part" \
     --device "${DEVICE:-cuda}" --jobs "$jobs" --allow-dirty \
-    --set micro_batch_size="${MICRO:-2048}" optimizer.implementation=foreach > "$out/$part.log" 2>&1
+    --set micro_batch_size="$micro" optimizer.implementation=foreach > "$out/$part.log" 2>&1
   note part-stop "part=$part" "rc=$?"
   "$py" -m study publish crossover --part "$part" >> "$out/$part.log" 2>&1
   note published "part=$part" "rc=$?"

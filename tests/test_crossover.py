@@ -150,7 +150,7 @@ def test_the_sweep_tunes_only_the_lr_and_checkpoints():
     argv = defs.command_args(d.parts["b32768"], d.parts, {})
     assert argv[argv.index("--knobs") + 1 : argv.index("--center-from")] == ["lr"]
     assert argv[argv.index("--budgets") + 1] == "16"
-    assert "mars-adamw:gamma=0" in argv and argv[-1] == "ckpt_every=100"
+    assert "mars-adamw:gamma=0" in argv and argv[-2:] == ["ckpt_every=100", "dtype=float32"]
     assert d.tables == ["crossover"]
 
 
