@@ -79,6 +79,40 @@ def test_config_differences_ignore_resumable_keys():
     assert config_differences(old, new) == ["optimizer.lr: 0.001 -> 0.002"]
 
 
+def _run_dir(path, dtype, device):
+    """A run directory as train.py leaves it: its config and the session that said its device."""
+    from runtime import runfiles
+
+    path.mkdir()
+    runfiles.write_config(path, {"seed": 1, "dtype": dtype})
+    if device is not None:
+        runfiles.append_meta(path, {"started": "then", "device": device})
+    return path
+
+
+def test_a_run_continues_in_the_arithmetic_it_ran_in(tmp_path):
+    """``dtype`` is compared as what it meant on each session's device: ``auto`` on a CPU is
+    float32, so ``dtype=float32`` continues that run (on a CPU or a GPU), while a GPU continuing
+    it as ``auto`` (bf16 autocast) is refused, naming both; a run dir with no device on record is
+    compared as written."""
+    from trainer.rundir import check_run_dir
+
+    cpu = _run_dir(tmp_path / "cpu", "auto", "cpu")
+    for dtype, device in (("float32", "cpu"), ("float32", "cuda:0"), ("auto", "cpu")):
+        check_run_dir(cpu, {"seed": 1, "dtype": dtype}, resuming=True, device=device)
+    with pytest.raises(SystemExit) as err:
+        check_run_dir(cpu, {"seed": 1, "dtype": "auto"}, resuming=True, device="cuda:0")
+    assert "dtype: 'auto (float32 on cpu)' -> 'auto (bfloat16 on cuda:0)'" in str(err.value)
+    gpu = _run_dir(tmp_path / "gpu", "auto", "cuda:0")  # ran bf16: float32 is another run
+    check_run_dir(gpu, {"seed": 1, "dtype": "bfloat16"}, resuming=True, device="cuda:0")
+    with pytest.raises(SystemExit, match="bfloat16 on cuda:0.*float32 on cpu"):
+        check_run_dir(gpu, {"seed": 1, "dtype": "auto"}, resuming=True, device="cpu")
+    old = _run_dir(tmp_path / "old", "auto", None)  # no meta.jsonl: as written
+    check_run_dir(old, {"seed": 1, "dtype": "auto"}, resuming=True, device="cpu")
+    with pytest.raises(SystemExit, match="dtype: 'auto' -> 'float32'"):
+        check_run_dir(old, {"seed": 1, "dtype": "float32"}, resuming=True, device="cpu")
+
+
 def test_bench_script_runs():
     import subprocess
     import sys

@@ -63,7 +63,7 @@ def prepare_out_dir(
     before anything is written."""
     out_dir = Path(broadcast_object(name))
     resume_path = ckpt.resolve_resume(resume, out_dir)
-    on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None, resume)
+    on_main(dist, check_run_dir, out_dir, config_dict, resume_path is not None, resume, dist.device)
     lock = RunLock(out_dir)
     on_main(dist, lock.acquire)  # one process per run directory; only rank 0 of the job holds it
     resume_path = ckpt.resolve_resume(resume, out_dir)  # again, now that no one else writes

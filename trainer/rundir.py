@@ -17,6 +17,7 @@ import yaml
 
 from optim import implementation
 from runtime import runfiles
+from runtime.device import resolve_dtype
 from trainer.checks import redact
 from trainer.config import RESUMABLE_KEYS, config_differences
 
@@ -66,13 +67,16 @@ def sweep_job_dir_name(swept_overrides: list[str], job_num: int) -> str:
     return override_tag(swept_overrides, exclude=frozenset({"hydra", "out_dir"})) or f"job{job_num}"
 
 
-def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "auto") -> None:
+def check_run_dir(
+    out_dir: Path, config: dict, resuming: bool, resume: str = "auto", device: Any = None
+) -> None:
     """Refuse to write into a directory that holds another run.
 
     The directory may hold a run with the same config (it is then continued from its newest
     checkpoint, or, with resume=auto and no checkpoint yet, started over), or nothing of a run.
     A different config, or an existing run with resume=never, is an error that names the
-    differences and the way out.
+    differences and the way out. ``dtype`` is compared as the arithmetic it means
+    (``same_arithmetic``) where ``device``, this session's, is given.
     """
     if not (out_dir / runfiles.CONFIG).exists():
         leftovers = [name for name in (runfiles.METRICS, runfiles.CHECKPOINTS)
@@ -84,6 +88,7 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
             )
         return
     old = _upgraded(_existing_config(out_dir), out_dir / runfiles.CONFIG, out_dir)
+    old, config = same_arithmetic(old, config, last_device(out_dir), device)
     diffs = config_differences(old, config)
     if diffs:
         raise SystemExit(
@@ -97,6 +102,37 @@ def check_run_dir(out_dir: Path, config: dict, resuming: bool, resume: str = "au
             f"{out_dir} already holds a run and resume=never: for a fresh run give it another "
             f"name=NAME (or out_dir=DIR), or delete {out_dir}; resume=auto continues it"
         )
+
+
+def last_device(out_dir: Path) -> str | None:
+    """The device the run in ``out_dir`` last trained on (its newest session in meta.jsonl that
+    says), or None."""
+    try:
+        sessions = runfiles.read_meta(out_dir)
+    except OSError:
+        return None
+    devices = [s["device"] for s in sessions if isinstance(s.get("device"), str)]
+    return devices[-1] if devices else None
+
+
+def same_arithmetic(old: dict, new: dict, old_device: Any, new_device: Any) -> tuple[dict, dict]:
+    """``old`` and ``new`` with ``dtype`` as what each means on its device: ``auto`` is float32
+    on a CPU and bf16 autocast on a GPU (runtime.device.resolve_dtype). So a run started as
+    ``auto`` on a CPU continues as ``dtype=float32``, and a GPU does not continue it in bf16
+    unasked (the device itself may change: it is not what a run computes). Unchanged where a
+    device is unknown (a run dir from before meta.jsonl) or a dtype is not one torch names."""
+    a, b = old.get("dtype", "auto"), new.get("dtype", "auto")
+    if old_device is None or new_device is None or not (isinstance(a, str) and isinstance(b, str)):
+        return old, new
+    try:
+        ra = str(resolve_dtype(a, torch.device(old_device))).removeprefix("torch.")
+        rb = str(resolve_dtype(b, torch.device(new_device))).removeprefix("torch.")
+    except (ValueError, RuntimeError):
+        return old, new
+    if ra == rb:
+        return {**old, "dtype": ra}, {**new, "dtype": rb}
+    return ({**old, "dtype": f"{a} ({ra} on {old_device})"},
+            {**new, "dtype": f"{b} ({rb} on {new_device})"})  # fmt: skip
 
 
 def _existing_config(out_dir: Path) -> dict:
