@@ -105,6 +105,8 @@ def test_a_run_continues_in_the_arithmetic_it_ran_in(tmp_path):
     assert "dtype: 'auto (float32 on cpu)' -> 'auto (bfloat16 on cuda:0)'" in str(err.value)
     gpu = _run_dir(tmp_path / "gpu", "auto", "cuda:0")  # ran bf16: float32 is another run
     check_run_dir(gpu, {"seed": 1, "dtype": "bfloat16"}, resuming=True, device="cuda:0")
+    with pytest.raises(SystemExit, match="dtype: 'auto \\(bfloat16 on cuda:0\\)' -> 'float32'"):
+        check_run_dir(gpu, {"seed": 1, "dtype": "float32"}, resuming=True, device="cuda:0")
     with pytest.raises(SystemExit, match="bfloat16 on cuda:0.*float32 on cpu"):
         check_run_dir(gpu, {"seed": 1, "dtype": "auto"}, resuming=True, device="cpu")
     old = _run_dir(tmp_path / "old", "auto", None)  # no meta.jsonl: as written

@@ -131,8 +131,9 @@ def same_arithmetic(old: dict, new: dict, old_device: Any, new_device: Any) -> t
         return old, new
     if ra == rb:
         return {**old, "dtype": ra}, {**new, "dtype": rb}
-    return ({**old, "dtype": f"{a} ({ra} on {old_device})"},
-            {**new, "dtype": f"{b} ({rb} on {new_device})"})  # fmt: skip
+    said = {"old": a if a == ra else f"{a} ({ra} on {old_device})",
+            "new": b if b == rb else f"{b} ({rb} on {new_device})"}  # fmt: skip
+    return {**old, "dtype": said["old"]}, {**new, "dtype": said["new"]}
 
 
 def _existing_config(out_dir: Path) -> dict:
