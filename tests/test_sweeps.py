@@ -123,13 +123,16 @@ def _assert_complete(run_dir, world_size):
 
 
 def test_single_run_directory_is_named_after_the_run(tmp_path, sotu_dir):
-    # eval_every=0 (the one evaluation at the end) is left out of the name, as progress
+    # eval_every=0 (the one evaluation at the end) is left out of the name, as progress; the
+    # evaluation's size is not (eval_tokens: a slice of the held-out split, not all of it)
     args = ["optimizer=mars-adamw", "optimizer.lr=0.002", f"data.dir={sotu_dir}", "max_steps=1",
-            "progress=false", "eval_every=0"]  # fmt: skip
+            "progress=false", "eval_every=0", "eval_tokens=1024"]  # fmt: skip
     _python(args, cwd=tmp_path)
     (made,) = (tmp_path / "runs").iterdir()
     data = str(sotu_dir).replace("/", "-")
-    assert made.name == f"mars-adamw_data.dir={data},max_steps=1,optimizer.lr=0.002"
+    assert (
+        made.name == f"mars-adamw_data.dir={data},eval_tokens=1024,max_steps=1,optimizer.lr=0.002"
+    )
 
 
 @pytest.mark.slow
