@@ -91,10 +91,11 @@ fi
 for part in $parts; do
   left=$(( deadline - $(date +%s) ))
   if (( left < 30 )); then note skipped "part=$part" "why=less than 30 s left"; continue; fi
-  # the micro-batch: MICRO sequences, at most the part's step (train.py refuses more)
+  # the micro-batch: MICRO sequences, at most the part's step of 64-byte sequences (train.py
+  # refuses more); MICRO itself where the part is not the definition's (the study then says so)
   micro=$("$py" -c "import sys; from study import definition as d
 b = d.load('crossover').parts[sys.argv[1]].values['batch_tokens']
-print(min(int(sys.argv[2]), b // 64))" "$part" "${MICRO:-2048}")  # (the proxies' 64 bytes)
+print(min(int(sys.argv[2]), b // 64))" "$part" "${MICRO:-2048}" || echo "${MICRO:-2048}")
   note part-start "part=$part" "seconds=$left" "micro_batch_size=$micro"
   timeout --signal=TERM --kill-after=20 "$left" "$py" -m study run crossover --part "$part" \
     --device "${DEVICE:-cuda}" --jobs "$jobs" --allow-dirty \
