@@ -73,8 +73,9 @@ def test_one_family_counts_every_test_and_adjusts_them_together():
 
 
 def test_the_family_takes_only_the_crossovers_finished_batches(tmp_path):
-    """A batch with an arm short of its five evaluation seeds adds no test; nor does a check that
-    is not a batch (b131072-fp32)."""
+    """A batch with an arm short of its five evaluation seeds adds no test, nor one where only
+    AdamW's arm has evaluated yet (the others still tuning: no rows at all), nor a check that is
+    not a batch (b131072-fp32)."""
     from study import family
     from study.results import write_csv
 
@@ -88,6 +89,7 @@ def test_the_family_takes_only_the_crossovers_finished_batches(tmp_path):
 
     ledger("b2048", {"adamw": 5, "mars-adamw": 5, "mars-adamw:gamma=0": 5})
     ledger("b32768", {"adamw": 5, "mars-adamw": 3, "mars-adamw:gamma=0": 0})
+    ledger("b8192", {"adamw": 5})
     ledger("b131072-fp32", {"adamw": 5, "mars-adamw": 5})
     assert list(family.crossover_losses(tmp_path)) == ["crossover b2048"]
     assert family.crossover_losses(None) == {}
