@@ -25,14 +25,16 @@ MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "ch
                 "diverged", "collapsed", "collapse", "run_dir", "cpu", "command"]  # fmt: skip
 # Written only where a row has them: ledgers written before they were read back unchanged.
 # before "command": the optimizer's routes (routes_text) and, for a run on an accelerator, its
-# name (a GPU row and a CPU row of one cell share a comparison only statistically)
-LATER_COLUMNS = ["routes", "device"]
+# name (a GPU row and a CPU row of one cell share a comparison only statistically) and, for a
+# resumed run, its later sessions (_resumed)
+LATER_COLUMNS = ["routes", "device", "resumed"]
 
 
 def _commit(run_dir: Path) -> str:
-    """The run's commit; ``+dirty`` when tracked files differed from it (or an untracked file was
-    too big to record), ``+untracked(a;b)`` when the only difference was untracked files beside
-    the checkout (a log, say: the tracked code is the commit's; the files are in git.diff)."""
+    """The commit the run started under; ``+dirty`` when tracked files differed from it (or an
+    untracked file was too big to record), ``+untracked(a;b)`` when the only difference was
+    untracked files beside the checkout (a log, say: the tracked code is the commit's; the files
+    are in git.diff). A resumed run's later sessions are in ``resumed`` (_resumed)."""
     metas = runfiles.read_meta(run_dir)
     if not metas:
         return ""
@@ -48,6 +50,24 @@ def _commit(run_dir: Path) -> str:
     if meta.get("git_untracked_skipped") or not untracked or set(changed) - set(untracked):
         return commit + "+dirty"
     return commit + f"+untracked({';'.join(sorted(untracked))})"
+
+
+def _resumed(run_dir: Path) -> str:
+    """Every later session of a resumed run, ``STEP@COMMIT`` (the checkpoint's step, the commit it
+    went on under; ``+dirty`` when its tree was not clean, untracked files included, since a later
+    session's git.diff replaces the first's), then `` on GPU`` where it ran on another device
+    than the first session; ``; ``-separated. Empty for a run that ran in one session."""
+    metas = runfiles.read_meta(run_dir)
+    out = []
+    first_gpu = metas[0].get("gpu") if metas else None
+    for meta in metas[1:]:
+        step = re.search(r"step_(\d+)", str(meta.get("resume_from") or ""))
+        text = f"{int(step.group(1)) if step else '?'}@{(meta.get('git_commit') or '')[:12]}"
+        text += "+dirty" if meta.get("git_dirty") else ""
+        if meta.get("gpu") != first_gpu:
+            text += f" on {meta.get('gpu') or 'cpu'}"
+        out.append(text)
+    return "; ".join(out)
 
 
 def _cpu(run_dir: Path) -> str:
@@ -120,6 +140,8 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with
         if k != "lr":
             row.setdefault(k, v)
+    if _resumed(run_dir):  # a run of one session (every run before checkpointing): no column
+        row["resumed"] = _resumed(run_dir)
     row["command"] = _command(run_dir)
     return row
 

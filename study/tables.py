@@ -185,8 +185,17 @@ def cpus(rows: list[dict]) -> list[str]:
 
 
 def commits(rows: list[dict]) -> list[str]:
-    """The commits the rows come from, with their run counts (``+dirty``: uncommitted code)."""
+    """The commits the rows come from, with their run counts (``+dirty``: uncommitted code), and
+    the commits resumed runs went on under (the ``resumed`` column: ``STEP@COMMIT; ...``)."""
     count: dict = defaultdict(int)
+    later: dict = defaultdict(int)
     for r in rows:
         count[str(r.get("commit") or "unknown")] += 1
-    return [f"- `{c}`: {n} runs" for c, n in sorted(count.items(), key=lambda kv: -kv[1])]
+        for session in filter(None, str(r.get("resumed") or "").split("; ")):
+            later[session.split("@", 1)[-1].split(" on ")[0]] += 1
+    out = [f"- `{c}`: {n} runs" for c, n in sorted(count.items(), key=lambda kv: -kv[1])]
+    return out + [
+        f"- `{c}`: {n} resumed {'session' if n == 1 else 'sessions'} of runs started under an "
+        "earlier commit (the `resumed` column)"
+        for c, n in sorted(later.items(), key=lambda kv: -kv[1])
+    ]

@@ -190,6 +190,39 @@ def test_provenance_tells_an_untracked_log_from_changed_code(tmp_path: Path) -> 
     assert _commit(big) == "9c65b98b60e4+dirty"
 
 
+def test_a_resumed_run_names_every_commit_it_ran_under(tmp_path: Path) -> None:
+    """``commit`` is the first session's; ``resumed`` names each later session's checkpoint step
+    and commit (+dirty, another device), and the report's provenance lists those commits too."""
+    from study.results import _commit, _resumed
+    from study.tables import commits
+
+    d = tmp_path / "run"
+    d.mkdir()
+    ckpt = str(d / "checkpoints" / "step_0000600.pt")
+    sessions = [
+        {"git_commit": "076fa3a1092fec33", "git_dirty": False, "gpu": None, "resume_from": None},
+        {"same_session": True, "optimizer_routes": {}},  # merged into the session before it
+        {"git_commit": "23bc740e86e81c1e", "git_dirty": False, "gpu": None, "resume_from": ckpt},
+        {"git_commit": "93b17873aaaa0000", "git_dirty": True, "gpu": "NVIDIA H200",
+         "resume_from": str(d / "checkpoints" / "step_0000800")},  # a sharded checkpoint
+    ]  # fmt: skip
+    (d / "meta.jsonl").write_text("".join(json.dumps(m) + "\n" for m in sessions))
+    assert _commit(d) == "076fa3a1092f"
+    assert _resumed(d) == "600@23bc740e86e8; 800@93b17873aaaa+dirty on NVIDIA H200"
+    (tmp_path / "once").mkdir()
+    (tmp_path / "once" / "meta.jsonl").write_text(json.dumps(sessions[0]) + "\n")
+    assert _resumed(tmp_path / "once") == ""
+    rows = [{"commit": "076fa3a1092f", "resumed": _resumed(d)}, {"commit": "23bc740e86e8"},
+            {"commit": "076fa3a1092f", "resumed": "600@23bc740e86e8"}]  # fmt: skip
+    assert commits(rows) == [
+        "- `076fa3a1092f`: 2 runs", "- `23bc740e86e8`: 1 runs",
+        "- `23bc740e86e8`: 2 resumed sessions of runs started under an earlier commit (the "
+        "`resumed` column)",
+        "- `93b17873aaaa+dirty`: 1 resumed session of runs started under an earlier commit (the "
+        "`resumed` column)",
+    ]  # fmt: skip
+
+
 def _ran(run) -> dict[str, float]:  # noqa: ANN001
     """A planned run's optimizer values and seed, from its train.py overrides."""
     ov = dict(o.split("=", 1) for o in run.overrides)
