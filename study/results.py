@@ -30,12 +30,20 @@ MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "ch
 LATER_COLUMNS = ["routes", "device", "resumed"]
 
 
-def _commit(run_dir: Path) -> str:
-    """The commit the run started under; ``+dirty`` when tracked files differed from it (or an
-    untracked file was too big to record), ``+untracked(a;b)`` when the only difference was
-    untracked files beside the checkout (a log, say: the tracked code is the commit's; the files
-    are in git.diff). A resumed run's later sessions are in ``resumed`` (_resumed)."""
+def _sessions(run_dir: Path) -> list[dict]:
+    """The sessions of meta.jsonl that made the run's result: the last one that started from step
+    0 (a session before it was abandoned and the run started over) and those that resumed it."""
     metas = runfiles.read_meta(run_dir)
+    fresh = [i for i, m in enumerate(metas) if not m.get("resume_from")]
+    return metas[fresh[-1] :] if fresh else metas
+
+
+def _commit(run_dir: Path) -> str:
+    """The commit the run started under (its last start from step 0, _sessions); ``+dirty`` when
+    tracked files differed from it (or an untracked file was too big to record),
+    ``+untracked(a;b)`` when the only difference was untracked files beside the checkout (a log,
+    say: the tracked code is the commit's; the files are in git.diff). A resumed run's later sessions are in ``resumed`` (_resumed)."""
+    metas = _sessions(run_dir)
     if not metas:
         return ""
     meta = metas[0]
@@ -57,7 +65,7 @@ def _resumed(run_dir: Path) -> str:
     went on under; ``+dirty`` when its tree was not clean, untracked files included, since a later
     session's git.diff replaces the first's), then `` on GPU`` where it ran on another device
     than the first session; ``; ``-separated. Empty for a run that ran in one session."""
-    metas = runfiles.read_meta(run_dir)
+    metas = _sessions(run_dir)
     out = []
     first_gpu = metas[0].get("gpu") if metas else None
     for meta in metas[1:]:
@@ -72,7 +80,7 @@ def _resumed(run_dir: Path) -> str:
 
 def _cpu(run_dir: Path) -> str:
     """The CPU the run started on (meta.jsonl; empty for runs recorded before it was)."""
-    metas = runfiles.read_meta(run_dir)
+    metas = _sessions(run_dir)
     return str(metas[0].get("cpu") or "") if metas else ""
 
 
@@ -128,7 +136,7 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     }  # fmt: skip
     if routes_text(summary):  # none recorded (an older run): no column from this row
         row["routes"] = routes_text(summary)
-    metas = runfiles.read_meta(run_dir)
+    metas = _sessions(run_dir)
     setting = str(cfg.get("dtype", "auto"))
     if metas and metas[0].get("gpu"):  # a CPU run (every run before the field): no column
         row["device"] = str(metas[0]["gpu"])
@@ -155,7 +163,7 @@ def gpu_dtype(setting: str) -> str:
 def _command(run_dir: Path) -> str:
     """The run's train.py overrides as recorded (meta.jsonl), without its out_dir: what
     study.rerun and study.predict need to run it again from the ledger alone."""
-    metas = runfiles.read_meta(run_dir)
+    metas = _sessions(run_dir)
     argv = [str(a) for a in (metas[0].get("argv") or [])[1:]] if metas else []
     return shlex.join(a for a in argv if not a.startswith("out_dir="))
 

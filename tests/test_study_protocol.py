@@ -191,15 +191,17 @@ def test_provenance_tells_an_untracked_log_from_changed_code(tmp_path: Path) -> 
 
 
 def test_a_resumed_run_names_every_commit_it_ran_under(tmp_path: Path) -> None:
-    """``commit`` is the first session's; ``resumed`` names each later session's checkpoint step
-    and commit (+dirty, another device), and the report's provenance lists those commits too."""
+    """``commit`` is the session's that last started from step 0 (not an abandoned start's);
+    ``resumed`` names each later session's checkpoint step and commit (+dirty, another device),
+    and the report's provenance lists those commits too."""
     from study.results import _commit, _resumed
     from study.tables import commits
 
     d = tmp_path / "run"
     d.mkdir()
     ckpt = str(d / "checkpoints" / "step_0000600.pt")
-    sessions = [
+    sessions = [  # an abandoned start (the run began again from step 0 after it), then the run
+        {"git_commit": "901c70d4f6d3a0fb", "git_dirty": True, "gpu": None, "resume_from": None},
         {"git_commit": "076fa3a1092fec33", "git_dirty": False, "gpu": None, "resume_from": None},
         {"same_session": True, "optimizer_routes": {}},  # merged into the session before it
         {"git_commit": "23bc740e86e81c1e", "git_dirty": False, "gpu": None, "resume_from": ckpt},
@@ -210,7 +212,7 @@ def test_a_resumed_run_names_every_commit_it_ran_under(tmp_path: Path) -> None:
     assert _commit(d) == "076fa3a1092f"
     assert _resumed(d) == "600@23bc740e86e8; 800@93b17873aaaa+dirty on NVIDIA H200"
     (tmp_path / "once").mkdir()
-    (tmp_path / "once" / "meta.jsonl").write_text(json.dumps(sessions[0]) + "\n")
+    (tmp_path / "once" / "meta.jsonl").write_text(json.dumps(sessions[1]) + "\n")
     assert _resumed(tmp_path / "once") == ""
     rows = [{"commit": "076fa3a1092f", "resumed": _resumed(d)}, {"commit": "23bc740e86e8"},
             {"commit": "076fa3a1092f", "resumed": "600@23bc740e86e8"}]  # fmt: skip
