@@ -207,10 +207,11 @@ def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
                 evals=args.evals)  # fmt: skip
 
 
-def next_runs(study: Study, busy: set) -> list:
-    """The pending runs of the first cell (in the plan's order) that has some and none in
-    flight: cells finish one after another, so an interrupted study has whole comparisons, and
-    a cell's next values wait for its runs in flight."""
+def next_runs(study: Study, in_flight: set) -> list:
+    """The pending runs not in flight (``in_flight``: their out_dirs) of the first cell, in the
+    plan's order, that has some: cells finish one after another, so an interrupted study has
+    whole comparisons, and a cell's next values wait for its runs in flight (a tuner's pending
+    runs are the ones its next decision needs, whatever those in flight give)."""
     for cell in study.plan.cells():
         state = study.update(cell)
         for key, flag in state.flags.items():
@@ -223,33 +224,34 @@ def next_runs(study: Study, busy: set) -> list:
                     key,
                     "cap (passes or values)" if flag == "capped" else "lattice's bound",
                 )
-        if state.pending and cell not in busy:
-            return list(state.pending)
+        waiting = [r for r in state.pending if r.out_dir not in in_flight]
+        if waiting:
+            return waiting
     return []
 
 
 def schedule(study: Study, args: argparse.Namespace) -> None:
     """Keep ``--jobs`` commands running until every cell is done (or a dry run's first batch)."""
     study.warned = set()
-    queue: list = []
     running: dict = {}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         try:
-            _keep_running(study, args, pool, queue, running)
+            _keep_running(study, args, pool, running)
         except KeyboardInterrupt:
             stop_all()  # the runs in flight checkpoint and exit; the pool then closes
             raise
 
 
-def _keep_running(study: Study, args: argparse.Namespace, pool, queue: list, running: dict) -> None:  # noqa: ANN001
-    """Start runs as slots free up; account for each finished command."""
+def _keep_running(study: Study, args: argparse.Namespace, pool, running: dict) -> None:  # noqa: ANN001
+    """Start runs as slots free up, each time the first pending run of the earliest cell (read
+    anew: a cell earlier in the plan that a finished run unblocked goes first, rather than a
+    later cell's runs queued while it waited); account for each finished command."""
     while True:
         while len(running) < max(1, args.jobs):
-            if not queue:
-                queue = next_runs(study, {c for c, _ in running.values()})
-                if not queue:
-                    break
-            run = queue.pop(0)
+            waiting = next_runs(study, {r.out_dir for _, rs in running.values() for r in rs})
+            if not waiting:
+                break
+            run = waiting[0]
             runs = [run]
             cmd = command(run, launcher=args.launcher, nproc=args.nproc)
             cell = next(

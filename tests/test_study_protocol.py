@@ -540,3 +540,67 @@ def test_the_report_names_missing_data_in_one_line(tmp_path: Path) -> None:
         SystemExit, match="collapse floor needs the runs' data.*python -m data.prepare"
     ):
         write_report(NS(plan=NS(out=tmp_path)))
+
+
+def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(
+    tmp_path, monkeypatch
+):
+    """Two slots, two cells: whenever a slot frees, the first cell in the plan's order with a run
+    waiting (pending, not in flight) goes first, so AdamW's evaluation seeds start as soon as its
+    last selection run ends, not after MARS-AdamW's runs queued while AdamW waited on it; both
+    slots are busy most of the time; no run starts twice; every cell ends done."""
+    import argparse
+    from concurrent.futures import Future
+
+    from study import cli
+    from study.plan import Cell, Plan
+    from study.state import Study
+
+    plan = Plan(out=tmp_path, optimizers=["adamw", "mars-adamw"], models=["proxy-100k"],
+                budgets=[0.25], baseline_budgets=[], knobs=["lr", "wd"])  # fmt: skip
+    study = Study(plan)
+    cells = [Cell("adamw", "proxy-100k", 0.25), Cell("mars-adamw", "proxy-100k", 0.25)]
+    running_order: list = []  # (future, run), oldest first: the runs in flight
+    started: list = []
+    in_flight: list = []  # how many runs were in flight after each start
+
+    def waiting(cell) -> list:  # noqa: ANN001
+        flight = {r.out_dir for _, r in running_order}
+        return [r for r in study.update(cell).pending if r.out_dir not in flight]
+
+    class Pool:
+        def submit(self, fn, cmds, **kw):  # noqa: ANN001, ANN003, ANN201
+            run = next(r for c in cells for r in study.update(c).pending
+                       if str(r.out_dir) in " ".join(map(str, cmds[0])))  # fmt: skip
+            cell = cells[0] if "/adamw/" in str(run.out_dir) else cells[1]
+            earlier = waiting(cells[0]) if cell == cells[1] else []
+            started.append((cell.optimizer, run.out_dir, [r.out_dir for r in earlier]))
+            fut: Future = Future()
+            running_order.append((fut, run))
+            in_flight.append(len(running_order))
+            return fut
+
+    def wait(running, return_when):  # noqa: ANN001, ANN202
+        fut, run = running_order.pop(0)  # the oldest run in flight ends first
+        v = _ran(run)
+        loss = 2.0 + math.log2(v["lr"] / 0.008) ** 2 / 10 + abs(math.log10(v["wd"] / 0.1)) / 10
+        _finish(run, loss, [3.0, 2.5, 2.2])
+        fut.set_result((0, ""))
+        return {fut}, set(running) - {fut}
+
+    monkeypatch.setattr(cli, "wait", wait)
+    args = argparse.Namespace(jobs=2, launcher="local", nproc=1, threads=1, dry_run=False)
+    study.warned = set()
+    cli._keep_running(study, args, Pool(), {})
+    assert all(study.update(c).done for c in cells)
+    dirs = [d for _, d, _ in started]
+    assert len(dirs) == len(set(dirs))  # no run started twice
+    assert max(in_flight) == 2 and in_flight.count(2) > len(in_flight) // 2
+    assert all(not earlier for opt, _, earlier in started if opt == "mars-adamw"), [
+        (opt, d.name, [e.name for e in earlier]) for opt, d, earlier in started if earlier
+    ]
+    # AdamW's evaluation seeds start before MARS-AdamW's last selection runs, not after them
+    first_eval = next(
+        i for i, (o, d, _) in enumerate(started) if o == "adamw" and "/eval/" in str(d)
+    )
+    assert any(o == "mars-adamw" and "/select/" in str(d) for o, d, _ in started[first_eval:])
