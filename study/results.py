@@ -42,7 +42,8 @@ def _commit(run_dir: Path) -> str:
     """The commit the run started under (its last start from step 0, _sessions); ``+dirty`` when
     tracked files differed from it (or an untracked file was too big to record),
     ``+untracked(a;b)`` when the only difference was untracked files beside the checkout (a log,
-    say: the tracked code is the commit's; the files are in git.diff). A resumed run's later sessions are in ``resumed`` (_resumed)."""
+    say: the tracked code is the commit's; the files are in git.diff). A resumed run's later
+    sessions are in ``resumed`` (_resumed)."""
     metas = _sessions(run_dir)
     if not metas:
         return ""
