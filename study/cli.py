@@ -211,7 +211,10 @@ def next_runs(study: Study, in_flight: set) -> list:
     """The pending runs not in flight (``in_flight``: their out_dirs) of the first cell, in the
     plan's order, that has some: cells finish one after another, so an interrupted study has
     whole comparisons, and a cell's next values wait for its runs in flight (a tuner's pending
-    runs are the ones its next decision needs, whatever those in flight give)."""
+    runs are the ones its next decision needs, whatever those in flight give). Where no cell
+    has one, the runs its tuner expects to ask for next (``ahead``, study/tuner.py), so a slot
+    that would idle while a line waits on its last values runs its likely finalists."""
+    ahead: list = []
     for cell in study.plan.cells():
         state = study.update(cell)
         for key, flag in state.flags.items():
@@ -227,7 +230,8 @@ def next_runs(study: Study, in_flight: set) -> list:
         waiting = [r for r in state.pending if r.out_dir not in in_flight]
         if waiting:
             return waiting
-    return []
+        ahead += [r for r in state.ahead if r.out_dir not in in_flight]
+    return ahead
 
 
 def schedule(study: Study, args: argparse.Namespace) -> None:

@@ -49,6 +49,7 @@ class CellState:
     chosen: dict[str, float] = field(default_factory=dict)
     flags: dict[str, str] = field(default_factory=dict)  # key -> bracketed|capped|edge|fixed
     pending: list[Run] = field(default_factory=list)
+    ahead: list[Run] = field(default_factory=list)  # the runs likely next (study/tuner.py)
     done: bool = False
     tuned: Tuned | None = None  # the tuning's lines and passes (None: untuned or waiting)
     swap_values: list[float] = field(default_factory=list)  # lr finalists on the eval seeds
@@ -142,6 +143,7 @@ class Study:
             state.tuned = tuned
             if tuned.pending:
                 state.pending = [self.run(cell, "select", v, s) for v, s in tuned.pending]
+                state.ahead = [self.run(cell, "select", v, s) for v, s in tuned.ahead]
                 return state
             state.chosen, state.flags = tuned.chosen, dict(tuned.flags)
             if not tuned.converged:

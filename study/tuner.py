@@ -13,6 +13,12 @@ at their current values) is a successive halving:
    neighbours that are worse in the mean (or diverged on the first seed, or outside the
    lattice's bounds: ``edge``).
 
+While stage 1 waits on a line's next values, ``ahead`` names the runs stage 2 will ask for if
+those values come out worse than the present ``finalists`` best (the usual case): those
+finalists on the other selection seeds, the best first. A scheduler with a slot that would idle
+may start them; they change no decision (a run the search turns out not to need is one more
+finished run on disk, read like any other).
+
 The search is a pure function of the losses on disk (``loss_of``), replayed from the start each
 time the study looks: an interrupted study resumes where it stopped, and a finished line is
 read, not rerun, when a later pass crosses it again.
@@ -39,6 +45,7 @@ class Line:
     best: float | None = None
     flag: str = "open"  # bracketed | capped | edge | open
     pending: list[tuple[Point, int]] = field(default_factory=list)
+    ahead: list[tuple[Point, int]] = field(default_factory=list)  # likely next (module docstring)
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Tuned:
     passes: int
     converged: bool
     pending: list[tuple[Point, int]] = field(default_factory=list)
+    ahead: list[tuple[Point, int]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -98,6 +106,9 @@ def search_line(key: str, current: Point, seeds: list[int], loss_of: LossOf, *,
     capped = len(first) >= cap and (left < kn.need or right < kn.need)
     if wanted:
         line.pending = [(point(k), seeds[0]) for k in wanted]
+        ranked = sorted((k for k in first if math.isfinite(first[k])), key=lambda k: (first[k], k))
+        line.ahead = [(point(k), s) for k in ranked[:finalists] for s in seeds[1:]
+                      if loss_of(point(k), s) is None]  # fmt: skip
         return line
     return _finals(line, kn, first, best1, point, seeds, loss_of, finalists=finalists, cap=cap,
                    flag="capped" if capped else "edge" if edge else "bracketed")  # fmt: skip
@@ -151,7 +162,7 @@ def tune(keys: list[str], start: Point, seeds: list[int], loss_of: LossOf, *,
             line = search_line(key, current, seeds, loss_of, finalists=finalists, cap=cap)
             lines.append(line)
             if line.pending:
-                return Tuned(dict(current), flags, lines, n, False, line.pending)
+                return Tuned(dict(current), flags, lines, n, False, line.pending, line.ahead)
             moved |= not math.isclose(line.best, current[key], rel_tol=1e-9)
             current[key] = line.best
             flags[key] = line.flag

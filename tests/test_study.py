@@ -192,6 +192,29 @@ def test_grid_fills_the_holes_an_interruption_left() -> None:
     assert sorted(p["lr"] for p, _ in line.pending) == [0.002, 0.004, 0.008]
 
 
+def test_a_line_waiting_on_its_next_value_names_its_likely_finalists_on_the_other_seeds() -> None:
+    """Stage 1 wants 0.128 (the best, 0.032, has one worse value past it); ``ahead`` is the
+    present three best on seeds 6 and 7, the best first, less what has run; with one seed,
+    nothing is ahead; a finished line has nothing ahead either."""
+    from study.tuner import search_line
+
+    first = {0.004: 1.62, 0.008: 1.48, 0.016: 1.36, 0.032: 1.31, 0.064: 1.43}
+    done = {(0.032, 6): 1.30}
+
+    def loss_of(p, s):  # noqa: ANN001, ANN202
+        return first.get(p["lr"]) if s == 0 else done.get((p["lr"], s))
+
+    line = search_line("lr", {"lr": 0.016}, [0, 6, 7], loss_of)
+    assert [(p["lr"], s) for p, s in line.pending] == [(0.128, 0)]
+    assert [(p["lr"], s) for p, s in line.ahead] == [
+        (0.032, 7), (0.016, 6), (0.016, 7), (0.064, 6), (0.064, 7)
+    ]  # fmt: skip
+    assert not search_line("lr", {"lr": 0.016}, [0], lambda p, s: first.get(p["lr"])).ahead
+    first[0.128] = 1.6
+    line = search_line("lr", {"lr": 0.016}, [0, 6, 7], loss_of)
+    assert not line.ahead and (0.016, 6) in [(p["lr"], s) for p, s in line.pending]
+
+
 def test_every_optimizer_states_its_routing_and_the_lr_it_is_tuned_with() -> None:
     """The report's equal-treatment table, read off the optimizers as built with aux_lr set:
     the block matrices at lr, every other parameter at aux_lr, whatever its update."""

@@ -570,7 +570,7 @@ def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(
 
     class Pool:
         def submit(self, fn, cmds, **kw):  # noqa: ANN001, ANN003, ANN201
-            run = next(r for c in cells for r in study.update(c).pending
+            run = next(r for c in cells for st in [study.update(c)] for r in st.pending + st.ahead
                        if str(r.out_dir) in " ".join(map(str, cmds[0])))  # fmt: skip
             cell = cells[0] if "/adamw/" in str(run.out_dir) else cells[1]
             earlier = waiting(cells[0]) if cell == cells[1] else []
@@ -604,3 +604,57 @@ def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(
         i for i, (o, d, _) in enumerate(started) if o == "adamw" and "/eval/" in str(d)
     )
     assert any(o == "mars-adamw" and "/select/" in str(d) for o, d, _ in started[first_eval:])
+
+
+def test_a_slot_that_would_idle_runs_the_line_s_likely_finalists_and_no_choice_changes(
+    tmp_path, monkeypatch
+):
+    """One cell, two slots: while the lr line waits on its last first-seed value, the other slot
+    runs the present finalists on the other selection seeds (study/tuner.py's ``ahead``) rather
+    than idling; the choice is the one the tuner makes from the same losses run one at a time."""
+    import argparse
+    from concurrent.futures import Future
+
+    from study import cli
+    from study.plan import Cell, Plan
+    from study.state import Study
+    from study.tuner import tune
+
+    def loss(v: dict) -> float:
+        lr, wd = math.log2(v["lr"] / 0.008) ** 2 / 10, abs(math.log10(v["wd"] / 0.1)) / 10
+        return 2.0 + lr + wd + v["seed"] / 1000
+
+    plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
+                baseline_budgets=[], knobs=["lr", "wd"], swap=False)  # fmt: skip
+    study = Study(plan)
+    cell = Cell("adamw", "proxy-100k", 0.25)
+    flight: list = []  # (future, run, started while nothing else was pending)
+    looked_ahead: list = []
+
+    class Pool:
+        def submit(self, fn, cmds, **kw):  # noqa: ANN001, ANN003, ANN201
+            st = study.update(cell)
+            run = next(r for r in st.pending + st.ahead if str(r.out_dir) in " ".join(cmds[0]))
+            if run in st.ahead:
+                looked_ahead.append(_ran(run))
+            fut: Future = Future()
+            flight.append((fut, run))
+            return fut
+
+    def wait(running, return_when):  # noqa: ANN001, ANN202
+        fut, run = flight.pop(0)
+        _finish(run, loss(_ran(run)), [3.0, 2.5, 2.2])
+        fut.set_result((0, ""))
+        return {fut}, set(running) - {fut}
+
+    monkeypatch.setattr(cli, "wait", wait)
+    args = argparse.Namespace(jobs=2, launcher="local", nproc=1, threads=1, dry_run=False)
+    study.warned = set()
+    cli._keep_running(study, args, Pool(), {})
+    state = study.update(cell)
+    assert state.done and looked_ahead
+    assert all(v["seed"] in (6, 7) for v in looked_ahead)
+    alone = tune(plan.keys(cell), study.start(cell), plan.select_seeds,
+                 lambda p, s: loss({**p, "seed": s}), finalists=plan.finalists, cap=plan.cap,
+                 max_passes=plan.max_passes)  # fmt: skip
+    assert state.chosen == alone.chosen
