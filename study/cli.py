@@ -242,7 +242,8 @@ def schedule(study: Study, args: argparse.Namespace) -> None:
         try:
             _keep_running(study, args, pool, running)
         except KeyboardInterrupt:
-            stop_all()  # the runs in flight checkpoint and exit; the pool then closes
+            # the runs in flight checkpoint and exit; the pool then closes (stopped_line's count)
+            study.asked_to_stop = stop_all()
             raise
 
 
@@ -354,7 +355,7 @@ def stopped_line(study: Study, argv: list[str] | None) -> str:
     """The one line a stopped study ends with: what finished, and the command that continues."""
     import shlex
 
-    asked = stop_all()
+    asked = stop_all() or getattr(study, "asked_to_stop", 0)  # schedule's stop asked them first
     done = sum(1 for c in study.plan.cells() if c in study.states and study.states[c].done)
     cmd = shlex.join(["python", "-m", "study", *(sys.argv[1:] if argv is None else argv)])
     return (

@@ -65,6 +65,36 @@ def test_a_stop_asks_every_running_command_to_checkpoint_and_names_the_continuin
             proc.kill()
 
 
+def test_a_stop_during_scheduling_counts_the_runs_it_asked_to_checkpoint(monkeypatch):
+    """The scheduler's own stop asks the runs first and the pool waits for them, so by the time
+    the closing line is written none is live: it still says how many were asked."""
+    import argparse
+
+    from study import cli
+    from study.cli import parse, plan_of, stopped_line
+    from study.state import Study
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def interrupted(study, args, pool, running):  # noqa: ANN001, ANN202
+        runner.LIVE.add(proc)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_keep_running", interrupted)
+    argv = ["--out", "/nonexistent/s", "--optimizers", "adamw", "--budgets", "0.25"]
+    study = Study(plan_of(*parse(argv)))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli.schedule(study, argparse.Namespace(jobs=2))
+        assert proc.wait(timeout=10) != 0  # it was sent SIGTERM
+        runner.LIVE.discard(proc)  # as execute does when its process ends
+        assert "1 run(s) in flight asked to checkpoint" in stopped_line(study, argv)
+    finally:
+        runner.LIVE.discard(proc)
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_report_only_on_an_unfinished_study_says_partial(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="study")
     assert main(["--out", str(tmp_path / "s"), "--optimizers", "adamw", "--budgets", "0.25",
