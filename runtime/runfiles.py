@@ -11,7 +11,10 @@ A run directory (train.py's ``out_dir``) holds:
 - ``summary.json``: the run's summary (``steps``, ``final_val_loss``, ``best_val_loss``,
   ``elapsed_s``, ...), written when a session ends, or when a run stops for divergence
   (``stopped: diverged``: never finished, with no final loss);
-- ``git.diff``, ``checkpoints/`` (trainer/checkpoint.py) and ``eval/`` (eval.py's results).
+- ``git.diff``: the uncommitted code of the session that started the run from step 0 (only where
+  its tree was not clean); a resumed session with an unclean tree writes its own,
+  ``git.N.diff`` (``session_diff``), and its meta line names it (``git_diff``);
+- ``checkpoints/`` (trainer/checkpoint.py) and ``eval/`` (eval.py's results).
 
 The trainer writes them; the study, the report and the launchers read them here, so a file's name
 and format live in one place. The readers are tolerant: a missing or unreadable file is ``None``
@@ -35,6 +38,7 @@ META = "meta.jsonl"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 GIT_DIFF = "git.diff"
+SESSION_DIFFS = "git.*.diff"  # a resumed session's own diff: session_diff
 CHECKPOINTS = "checkpoints"
 EVAL = "eval"
 DIVERGED = "diverged"  # summary.json's ``stopped`` of a run stopped by non-finite steps
@@ -53,6 +57,12 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def session_diff(session: int) -> str:
+    """The name of the ``session``-th session's diff (1: the run's start, ``git.diff``): each
+    session's uncommitted code stays beside the others', rather than a resume's replacing it."""
+    return GIT_DIFF if session <= 1 else f"git.{session}.diff"
 
 
 def is_run_dir(path: Path) -> bool:

@@ -45,17 +45,23 @@ def _commit(run_dir: Path) -> str:
     say: the tracked code is the commit's; the files are in git.diff). A resumed run's later
     sessions are in ``resumed`` (_resumed)."""
     metas = _sessions(run_dir)
-    if not metas:
-        return ""
-    meta = metas[0]
+    return _code(run_dir, metas[0], first=True) if metas else ""
+
+
+def _code(run_dir: Path, meta: dict, *, first: bool) -> str:
+    """One session's commit with its ``+dirty`` or ``+untracked(...)`` (_commit), read from the
+    session's own diff: its meta line's ``git_diff``; a session recorded before that field, from
+    git.diff if it started the run, else ``+dirty`` for any unclean tree (its diff is lost)."""
     commit = (meta.get("git_commit") or "")[:12]
     if not meta.get("git_dirty"):
         return commit
+    name = meta.get("git_diff") or (runfiles.GIT_DIFF if first else None)
+    diff = run_dir / name if name else None
     untracked = [str(f) for f in meta.get("git_untracked") or []]
-    diff = run_dir / runfiles.GIT_DIFF
-    changed = re.findall(r"^diff --git a/(\S+) b/", diff.read_text(errors="replace"), re.M) if (
-        diff.is_file()
-    ) else []  # fmt: skip
+    if diff is None or not diff.is_file():
+        changed = [] if first else ["?"]  # a resumed session's lost diff: no reading of it
+    else:
+        changed = re.findall(r"^diff --git a/(\S+) b/", diff.read_text(errors="replace"), re.M)
     if meta.get("git_untracked_skipped") or not untracked or set(changed) - set(untracked):
         return commit + "+dirty"
     return commit + f"+untracked({';'.join(sorted(untracked))})"
@@ -63,16 +69,15 @@ def _commit(run_dir: Path) -> str:
 
 def _resumed(run_dir: Path) -> str:
     """Every later session of a resumed run, ``STEP@COMMIT`` (the checkpoint's step, the commit it
-    went on under; ``+dirty`` when its tree was not clean, untracked files included, since a later
-    session's git.diff replaces the first's), then `` on GPU`` where it ran on another device
-    than the first session; ``; ``-separated. Empty for a run that ran in one session."""
+    went on under, with ``+dirty`` or ``+untracked(...)`` as ``commit``'s, from the session's own
+    diff), then `` on GPU`` where it ran on another device than the first session;
+    ``; ``-separated. Empty for a run that ran in one session."""
     metas = _sessions(run_dir)
     out = []
     first_gpu = metas[0].get("gpu") if metas else None
     for meta in metas[1:]:
         step = re.search(r"step_(\d+)", str(meta.get("resume_from") or ""))
-        text = f"{int(step.group(1)) if step else '?'}@{(meta.get('git_commit') or '')[:12]}"
-        text += "+dirty" if meta.get("git_dirty") else ""
+        text = f"{int(step.group(1)) if step else '?'}@{_code(run_dir, meta, first=False)}"
         if meta.get("gpu") != first_gpu:
             text += f" on {meta.get('gpu') or 'cpu'}"
         out.append(text)

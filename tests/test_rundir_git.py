@@ -68,3 +68,39 @@ def test_a_studys_published_results_are_not_code(repo):
     assert dirty_files(repo) == []
     (repo / "core.py").write_text("a = 3\n")
     assert git_info(repo)["dirty"] and dirty_files(repo) == ["core.py"]
+
+
+def test_each_session_keeps_its_own_diff_and_a_fresh_start_drops_the_abandoned_ones(
+    tmp_path, monkeypatch
+):
+    """A resumed session's uncommitted code goes to git.N.diff beside the start's git.diff (it used
+    to replace it), its meta line names it, and the ledger reads each session's own; a start from
+    step 0 on a clean tree removes an abandoned session's diffs (none is read as its code)."""
+    from runtime import runfiles
+    from study.results import _commit, _resumed
+    from trainer import rundir
+
+    code = "diff --git a/optim/core.py b/optim/core.py\n--- a/optim/core.py\n+y\n"
+    log = "diff --git a/ladder.log b/ladder.log\nnew file mode 100644\n+x\n"
+
+    def session(commit, diff, untracked=(), resume=None):  # noqa: ANN001, ANN202
+        info = {"commit": commit, "dirty": bool(diff), "diff": diff, "untracked": list(untracked),
+                "untracked_skipped": [], "reproducible": True}  # fmt: skip
+        monkeypatch.setattr(rundir, "git_info", lambda: info)
+        rundir.write_run_files(tmp_path, {"seed": 1}, {"resume_from": resume, "gpu": None})
+
+    ckpt = str(tmp_path / "checkpoints" / "step_0000300.pt")
+    session("aaaa11112222ffff", code)
+    session("bbbb33334444ffff", log, ["ladder.log"], resume=ckpt)
+    session("cccc55556666ffff", "", resume=ckpt.replace("300", "600"))
+    assert (tmp_path / "git.diff").read_text() == code
+    assert (tmp_path / "git.2.diff").read_text() == log
+    assert [m["git_diff"] for m in runfiles.read_meta(tmp_path)] == ["git.diff", "git.2.diff", None]
+    assert _commit(tmp_path) == "aaaa11112222+dirty"
+    assert _resumed(tmp_path) == "300@bbbb33334444+untracked(ladder.log); 600@cccc55556666"
+    session("dddd77778888ffff", "")  # the run starts over from step 0, clean
+    assert not (tmp_path / "git.diff").exists() and not list(tmp_path.glob("git.*.diff"))
+    assert _commit(tmp_path) == "dddd77778888" and _resumed(tmp_path) == ""
+    session("eeee9999aaaaffff", code, resume=ckpt)
+    assert (tmp_path / "git.2.diff").read_text() == code  # numbered from the last start
+    assert _resumed(tmp_path) == "300@eeee9999aaaa+dirty"

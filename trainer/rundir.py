@@ -218,17 +218,30 @@ def _is_small_text(path: Path) -> bool:
 
 
 def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> None:
-    """Write the resolved config and run metadata (rank 0 only)."""
+    """Write the resolved config and run metadata (rank 0 only). The session's uncommitted code
+    goes to its own diff (runfiles.session_diff), named in its meta line; a start from step 0
+    first removes the diffs of the sessions it abandons, so none is read as this run's code."""
     out_dir.mkdir(parents=True, exist_ok=True)
     runfiles.write_config(out_dir, config)
     git = git_info()
+    fresh = not extra_meta.get("resume_from")
+    if fresh:
+        for stale in [out_dir / runfiles.GIT_DIFF, *out_dir.glob(runfiles.SESSION_DIFFS)]:
+            stale.unlink(missing_ok=True)
+    diff_name = None
     if git.get("diff"):
-        (out_dir / runfiles.GIT_DIFF).write_text(git["diff"])
+        # the run's sessions so far: those after its last start from step 0 (meta.jsonl)
+        metas = runfiles.read_meta(out_dir)
+        starts = [i for i, m in enumerate(metas) if not m.get("resume_from")]
+        session = 1 if fresh else len(metas) - (starts[-1] if starts else 0) + 1
+        diff_name = runfiles.session_diff(session)
+        (out_dir / diff_name).write_text(git["diff"])
     meta = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "argv": redact(sys.argv),  # no secret from the environment or the command line
         "git_commit": git.get("commit"),
         "git_dirty": git.get("dirty"),
+        "git_diff": diff_name,  # this session's diff file (None: a clean tree)
         # the code is git_commit + git.diff, untracked files included, unless some were too
         # big or binary to copy (named here): then the run says it is not reproducible
         "git_untracked": git.get("untracked", []),
