@@ -542,6 +542,31 @@ def test_the_report_names_missing_data_in_one_line(tmp_path: Path) -> None:
         write_report(NS(plan=NS(out=tmp_path)))
 
 
+def _bowl(v: dict) -> float:
+    """A loss with its minimum at lr 0.008, wd 0.1."""
+    return 2.0 + math.log2(v["lr"] / 0.008) ** 2 / 10 + abs(math.log10(v["wd"] / 0.1)) / 10
+
+
+def _schedule(study, monkeypatch, pool, flight: list, loss) -> None:  # noqa: ANN001
+    """study.cli's scheduler with two slots, run to the end: ``pool.submit`` starts a run (it
+    appends ``(future, run)`` to ``flight``); the oldest run in flight ends first, at
+    ``loss(its values)``."""
+    import argparse
+
+    from study import cli
+
+    def wait(running, return_when):  # noqa: ANN001, ANN202
+        fut, run = flight.pop(0)
+        _finish(run, loss(_ran(run)), [3.0, 2.5, 2.2])
+        fut.set_result((0, ""))
+        return {fut}, set(running) - {fut}
+
+    monkeypatch.setattr(cli, "wait", wait)
+    args = argparse.Namespace(jobs=2, launcher="local", nproc=1, threads=1, dry_run=False)
+    study.warned = set()
+    cli._keep_running(study, args, pool, {})
+
+
 def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(
     tmp_path, monkeypatch
 ):
@@ -549,10 +574,8 @@ def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(
     waiting (pending, not in flight) goes first, so AdamW's evaluation seeds start as soon as its
     last selection run ends, not after MARS-AdamW's runs queued while AdamW waited on it; both
     slots are busy most of the time; no run starts twice; every cell ends done."""
-    import argparse
     from concurrent.futures import Future
 
-    from study import cli
     from study.plan import Cell, Plan
     from study.state import Study
 
@@ -580,18 +603,7 @@ def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(
             in_flight.append(len(running_order))
             return fut
 
-    def wait(running, return_when):  # noqa: ANN001, ANN202
-        fut, run = running_order.pop(0)  # the oldest run in flight ends first
-        v = _ran(run)
-        loss = 2.0 + math.log2(v["lr"] / 0.008) ** 2 / 10 + abs(math.log10(v["wd"] / 0.1)) / 10
-        _finish(run, loss, [3.0, 2.5, 2.2])
-        fut.set_result((0, ""))
-        return {fut}, set(running) - {fut}
-
-    monkeypatch.setattr(cli, "wait", wait)
-    args = argparse.Namespace(jobs=2, launcher="local", nproc=1, threads=1, dry_run=False)
-    study.warned = set()
-    cli._keep_running(study, args, Pool(), {})
+    _schedule(study, monkeypatch, Pool(), running_order, _bowl)
     assert all(study.update(c).done for c in cells)
     dirs = [d for _, d, _ in started]
     assert len(dirs) == len(set(dirs))  # no run started twice
@@ -612,17 +624,14 @@ def test_a_slot_that_would_idle_runs_the_line_s_likely_finalists_and_no_choice_c
     """One cell, two slots: while the lr line waits on its last first-seed value, the other slot
     runs the present finalists on the other selection seeds (study/tuner.py's ``ahead``) rather
     than idling; the choice is the one the tuner makes from the same losses run one at a time."""
-    import argparse
     from concurrent.futures import Future
 
-    from study import cli
     from study.plan import Cell, Plan
     from study.state import Study
     from study.tuner import tune
 
     def loss(v: dict) -> float:
-        lr, wd = math.log2(v["lr"] / 0.008) ** 2 / 10, abs(math.log10(v["wd"] / 0.1)) / 10
-        return 2.0 + lr + wd + v["seed"] / 1000
+        return _bowl(v) + v["seed"] / 1000
 
     plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
                 baseline_budgets=[], knobs=["lr", "wd"], swap=False)  # fmt: skip
@@ -641,16 +650,7 @@ def test_a_slot_that_would_idle_runs_the_line_s_likely_finalists_and_no_choice_c
             flight.append((fut, run))
             return fut
 
-    def wait(running, return_when):  # noqa: ANN001, ANN202
-        fut, run = flight.pop(0)
-        _finish(run, loss(_ran(run)), [3.0, 2.5, 2.2])
-        fut.set_result((0, ""))
-        return {fut}, set(running) - {fut}
-
-    monkeypatch.setattr(cli, "wait", wait)
-    args = argparse.Namespace(jobs=2, launcher="local", nproc=1, threads=1, dry_run=False)
-    study.warned = set()
-    cli._keep_running(study, args, Pool(), {})
+    _schedule(study, monkeypatch, Pool(), flight, loss)
     state = study.update(cell)
     assert state.done and looked_ahead
     assert all(v["seed"] in (6, 7) for v in looked_ahead)
