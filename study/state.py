@@ -144,6 +144,9 @@ class Study:
             if tuned.pending:
                 state.pending = [self.run(cell, "select", v, s) for v, s in tuned.pending]
                 state.ahead = [self.run(cell, "select", v, s) for v, s in tuned.ahead]
+                if tuned.likely is not None:  # then the evaluation seeds at the likely choice
+                    runs = [self.run(cell, "eval", tuned.likely, s) for s in plan.eval_seeds]
+                    state.ahead += [r for r in runs if self.loss(r) is None]
                 return state
             state.chosen, state.flags = tuned.chosen, dict(tuned.flags)
             if not tuned.converged:

@@ -17,7 +17,10 @@ While stage 1 waits on a line's next values, ``ahead`` names the runs stage 2 wi
 those values come out worse than the present ``finalists`` best (the usual case): those
 finalists on the other selection seeds, the best first. A scheduler with a slot that would idle
 may start them; they change no decision (a run the search turns out not to need is one more
-finished run on disk, read like any other).
+finished run on disk, read like any other). ``likely`` is the value the waiting line would choose
+from what has run so far (stage 1: the best on the first seed; stage 2: the finalists' best mean
+over the seeds each has finished); where only one key is tuned, ``Tuned.likely`` is that choice,
+so a scheduler can run the evaluation seeds there once nothing else is left to look ahead to.
 
 The search is a pure function of the losses on disk (``loss_of``), replayed from the start each
 time the study looks: an interrupted study resumes where it stopped, and a finished line is
@@ -46,6 +49,7 @@ class Line:
     flag: str = "open"  # bracketed | capped | edge | open
     pending: list[tuple[Point, int]] = field(default_factory=list)
     ahead: list[tuple[Point, int]] = field(default_factory=list)  # likely next (module docstring)
+    likely: float | None = None  # the value it would choose from what has run (module docstring)
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Tuned:
     converged: bool
     pending: list[tuple[Point, int]] = field(default_factory=list)
     ahead: list[tuple[Point, int]] = field(default_factory=list)
+    likely: Point | None = None  # one tuned key: the choice the waiting line leans to
 
     @property
     def done(self) -> bool:
@@ -109,6 +114,7 @@ def search_line(key: str, current: Point, seeds: list[int], loss_of: LossOf, *,
         ranked = sorted((k for k in first if math.isfinite(first[k])), key=lambda k: (first[k], k))
         line.ahead = [(point(k), s) for k in ranked[:finalists] for s in seeds[1:]
                       if loss_of(point(k), s) is None]  # fmt: skip
+        line.likely = kn.value(ranked[0]) if ranked else None
         return line
     return _finals(line, kn, first, best1, point, seeds, loss_of, finalists=finalists, cap=cap,
                    flag="capped" if capped else "edge" if edge else "bracketed")  # fmt: skip
@@ -128,6 +134,13 @@ def _finals(line: Line, kn, first: dict, best1: int, point, seeds: list[int], lo
                    if loss_of(point(k), s) is None]  # fmt: skip
         if missing:
             line.pending = missing
+            so_far = {k: [v for s in seeds if (v := loss_of(point(k), s)) is not None]
+                      for k in chosen}  # fmt: skip
+            so_far = {k: _mean([_finite(v) for v in vs]) for k, vs in so_far.items() if vs}
+            lead = min(so_far, key=lambda k: (so_far[k], k), default=None)
+            line.likely = (
+                kn.value(lead) if lead is not None and math.isfinite(so_far[lead]) else None
+            )
             return line
         means = {k: _mean([_finite(loss_of(point(k), s)) for s in seeds]) for k in chosen}
         best = min(means, key=lambda k: (means[k], k))
@@ -162,7 +175,9 @@ def tune(keys: list[str], start: Point, seeds: list[int], loss_of: LossOf, *,
             line = search_line(key, current, seeds, loss_of, finalists=finalists, cap=cap)
             lines.append(line)
             if line.pending:
-                return Tuned(dict(current), flags, lines, n, False, line.pending, line.ahead)
+                likely = {**current, key: line.likely} if len(keys) == 1 and line.likely else None
+                return Tuned(dict(current), flags, lines, n, False, line.pending, line.ahead,
+                             likely)  # fmt: skip
             moved |= not math.isclose(line.best, current[key], rel_tol=1e-9)
             current[key] = line.best
             flags[key] = line.flag

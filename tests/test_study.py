@@ -215,6 +215,35 @@ def test_a_line_waiting_on_its_next_value_names_its_likely_finalists_on_the_othe
     assert not line.ahead and (0.016, 6) in [(p["lr"], s) for p, s in line.pending]
 
 
+def test_a_waiting_line_names_the_value_it_leans_to_and_one_tuned_key_makes_it_the_choice() -> None:
+    """The 32,768-byte gamma = 0 line as it stood: 0.064's seed 7 still running, the leader by
+    the mean over the seeds each finalist has finished is 0.032 (1.3144, not 0.064's 1.4963 on
+    two seeds); in stage 1 it is the best on the first seed; ``Tuned.likely`` is the whole
+    point with one tuned key and None with two (a later key may still move); a finished line
+    leans to nothing."""
+    from study.tuner import search_line, tune
+
+    first = {0.004: 1.6234, 0.008: 1.4806, 0.016: 1.3648, 0.032: 1.3150, 0.064: 1.4321,
+             0.128: 2.1716}  # fmt: skip
+    done = {(0.016, 6): 1.3594, (0.016, 7): 1.3689, (0.032, 6): 1.3053, (0.032, 7): 1.3229,
+            (0.064, 6): 1.5605}  # fmt: skip
+
+    def loss_of(p, s):  # noqa: ANN001, ANN202
+        return first.get(p["lr"]) if s == 0 else done.get((p["lr"], s))
+
+    line = search_line("lr", {"lr": 0.016}, [0, 6, 7], loss_of)
+    assert [(p["lr"], s) for p, s in line.pending] == [(0.064, 7)]
+    assert line.likely == 0.032
+    tuned = tune(["lr"], {"lr": 0.016, "wd": 0.1}, [0, 6, 7], loss_of)
+    assert tuned.pending and tuned.likely == {"lr": 0.032, "wd": 0.1}
+    del first[0.128]
+    assert search_line("lr", {"lr": 0.016}, [0, 6, 7], loss_of).likely == 0.032  # stage 1
+    assert tune(["lr", "wd"], {"lr": 0.016, "wd": 0.1}, [0, 6, 7], loss_of).likely is None
+    first[0.128], done[(0.064, 7)] = 2.1716, 1.5
+    line = search_line("lr", {"lr": 0.016}, [0, 6, 7], loss_of)
+    assert not line.pending and line.best == 0.032 and line.likely is None
+
+
 def test_every_optimizer_states_its_routing_and_the_lr_it_is_tuned_with() -> None:
     """The report's equal-treatment table, read off the optimizers as built with aux_lr set:
     the block matrices at lr, every other parameter at aux_lr, whatever its update."""

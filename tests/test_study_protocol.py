@@ -228,7 +228,7 @@ def test_a_resumed_run_names_every_commit_it_ran_under(tmp_path: Path) -> None:
 def _ran(run) -> dict[str, float]:  # noqa: ANN001
     """A planned run's optimizer values and seed, from its train.py overrides."""
     ov = dict(o.split("=", 1) for o in run.overrides)
-    return {"lr": float(ov["optimizer.lr"]), "wd": float(ov["optimizer.weight_decay"]),
+    return {"lr": float(ov["optimizer.lr"]), "wd": float(ov.get("optimizer.weight_decay", 0.1)),
             "seed": int(ov["seed"])}  # fmt: skip
 
 
@@ -658,3 +658,50 @@ def test_a_slot_that_would_idle_runs_the_line_s_likely_finalists_and_no_choice_c
                  lambda p, s: loss({**p, "seed": s}), finalists=plan.finalists, cap=plan.cap,
                  max_passes=plan.max_passes)  # fmt: skip
     assert state.chosen == alone.chosen
+
+
+def test_with_one_tuned_key_an_idle_slot_runs_the_evaluation_seeds_at_the_likely_choice(
+    tmp_path, monkeypatch
+):
+    """One cell tuning the lr alone, two slots: while the line waits on its last run in flight
+    and no selection run is left to look ahead to, the other slot starts an evaluation seed at
+    the value the line leans to (study/tuner.py's ``likely``); every evaluation run lands at the
+    lr the tuner chooses from the same losses one at a time, and no run starts twice."""
+    from concurrent.futures import Future
+
+    from study.plan import Cell, Plan
+    from study.state import Study
+    from study.tuner import tune
+
+    def loss(v: dict) -> float:
+        return _bowl(v) + v["seed"] / 1000
+
+    plan = Plan(out=tmp_path, optimizers=["adamw"], models=["proxy-100k"], budgets=[0.25],
+                baseline_budgets=[], knobs=["lr"], swap=False)  # fmt: skip
+    study = Study(plan)
+    cell = Cell("adamw", "proxy-100k", 0.25)
+    flight: list = []
+    started: list = []  # (run, the tuner still waiting when it started)
+
+    class Pool:
+        def submit(self, fn, cmds, **kw):  # noqa: ANN001, ANN003, ANN201
+            st = study.update(cell)
+            run = next(r for r in st.pending + st.ahead if str(r.out_dir) in " ".join(cmds[0]))
+            started.append((run, st.tuned is not None and bool(st.tuned.pending)))
+            fut: Future = Future()
+            flight.append((fut, run))
+            return fut
+
+    _schedule(study, monkeypatch, Pool(), flight, loss)
+    state = study.update(cell)
+    assert state.done
+    alone = tune(plan.keys(cell), study.start(cell), plan.select_seeds,
+                 lambda p, s: loss({"wd": 0.1, **p, "seed": s}), finalists=plan.finalists, cap=plan.cap,
+                 max_passes=plan.max_passes)  # fmt: skip
+    assert state.chosen == alone.chosen
+    evals = [(r, waiting) for r, waiting in started if "/eval/" in str(r.out_dir)]
+    assert len(evals) == len(plan.eval_seeds)
+    assert any(waiting for _, waiting in evals)  # one started before the choice was made
+    assert all(_ran(r)["lr"] == state.chosen["lr"] for r, _ in evals)
+    dirs = [r.out_dir for r, _ in started]
+    assert len(dirs) == len(set(dirs))
