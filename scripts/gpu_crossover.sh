@@ -3,7 +3,7 @@
 # "The batch crossover"; study/studies/crossover.yaml): the parts a CPU cannot reach, run by the
 # same study command as the CPU's, their ledgers and reports copied to OUT as they finish.
 #
-#   OUT=DIR COMMIT=SHA [MICRO=2048] scripts/gpu_crossover.sh [--parts "b32768 b131072-fp32 b524288"] [--jobs 14]
+#   OUT=DIR COMMIT=SHA [MICRO=2048] scripts/gpu_crossover.sh [--parts "b131072-fp32 b524288"] [--jobs 14]
 #                                               [--limit 360] [--wheels .whl] [--tests "FILE ..."]
 #
 # - installs what the node lacks from the carried wheels (docs/offline-install.md), offline;
@@ -20,7 +20,7 @@
 #   curves and report with the crossover's table into OUT/P.tar.gz (the device returns at most
 #   8 files): `tar xzf P.tar.gz -C results/crossover` here.
 set -uo pipefail
-parts="b32768 b131072-fp32 b524288" jobs=14 limit=360 wheels=.whl tests=""
+parts="b131072-fp32 b524288" jobs=14 limit=360 wheels=.whl tests=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --parts) parts="$2"; shift 2 ;;
