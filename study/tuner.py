@@ -175,7 +175,11 @@ def tune(keys: list[str], start: Point, seeds: list[int], loss_of: LossOf, *,
             line = search_line(key, current, seeds, loss_of, finalists=finalists, cap=cap)
             lines.append(line)
             if line.pending:
-                likely = {**current, key: line.likely} if len(keys) == 1 and line.likely else None
+                likely = (
+                    {**current, key: line.likely}
+                    if len(keys) == 1 and line.likely is not None
+                    else None
+                )
                 return Tuned(dict(current), flags, lines, n, False, line.pending, line.ahead,
                              likely)  # fmt: skip
             moved |= not math.isclose(line.best, current[key], rel_tol=1e-9)
