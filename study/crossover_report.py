@@ -8,7 +8,8 @@ the gradient statistics predict (study/predict.py's records, ``predict*.json``).
 
 Reads only the published files: each batch's ledger (``RESULTS/b<B>/results.csv`` for
 proxy-100k, ``RESULTS/m<SIZE>-b<B>/`` for another proxy, e.g. ``m423k-b8192``: the chosen
-evaluation runs of each arm) and the prediction records. A batch whose three arms have not all
+evaluation runs of each arm), a check part's (``b<B>-fp32``: the cell again in float32, listed
+beside the cell's runs) and the prediction records. A batch whose three arms have not all
 finished their evaluation seeds is listed as running, with what it holds so far. Each proxy is
 its own family for Holm.
 """
@@ -26,6 +27,7 @@ from study.results import read_csv
 from study.tables import eval_losses
 
 MARS, OFF, ADAMW = "mars-adamw", "mars-adamw:gamma=0", "adamw"
+ARMS = [ADAMW, MARS, OFF]
 COMPARISONS = [("Delta_gamma: MARS-AdamW - (gamma = 0)", OFF, MARS),
                ("MARS-AdamW - AdamW", ADAMW, MARS)]  # fmt: skip
 
@@ -93,6 +95,38 @@ def collapsed_seeds(results: Path, cells: list) -> dict[Cell, dict[str, set[int]
             if r.get("role") == "eval" and r.get("chosen", 1.0) == 1.0 and r.get("collapsed"):
                 out.setdefault(b, {}).setdefault(str(r["optimizer"]), set()).add(int(r["seed"]))
     return out
+
+
+def fp32_checks(results: Path, cells: list) -> list[dict]:
+    """Each evaluation run of a check part ``<cell>-fp32`` (the cell's chosen lrs on its
+    evaluation seeds again, in float32) beside the cell's own run of that arm and seed: both
+    losses, whether each collapsed, and where each ran (``ran_on``). Only runs the check has
+    finished."""
+    rows = []
+    for b in _cells(cells):
+        check, own = (
+            results / f"{b.folder}-fp32" / "results.csv",
+            results / b.folder / "results.csv",
+        )
+        if not (check.is_file() and own.is_file()):
+            continue
+
+        def runs(path: Path) -> dict[tuple[str, int], dict]:
+            return {(str(r["optimizer"]), int(r["seed"])): r for r in read_csv(path)
+                    if r.get("role") == "eval" and r.get("chosen", 1.0) == 1.0
+                    and r.get("final_val_loss") not in (None, "")}  # fmt: skip
+
+        mine, theirs = runs(own), runs(check)
+        order = sorted(theirs, key=lambda k: (ARMS.index(k[0]) if k[0] in ARMS else len(ARMS), k))
+        for arm, seed in order:
+            r, o = theirs[(arm, seed)], mine.get((arm, seed))
+            rows.append({"cell": b, "arm": arm, "seed": seed,
+                         "loss": float(r["final_val_loss"]), "collapsed": bool(r.get("collapsed")),
+                         "ran_on": ran_on(r),
+                         "cell_loss": float(o["final_val_loss"]) if o else math.nan,
+                         "cell_collapsed": bool(o.get("collapsed")) if o else False,
+                         "cell_ran_on": ran_on(o) if o else "-"})  # fmt: skip
+    return rows
 
 
 def trained_pairs(losses: dict, collapsed: dict) -> list[dict]:
@@ -210,6 +244,7 @@ def markdown(
     batches: list,
     picked: dict | None = None,
     collapsed: dict | None = None,
+    checks: list[dict] | None = None,
 ) -> str:
     cells = _cells(batches)
     pct = f"{LEVEL:.0%}"
@@ -235,8 +270,8 @@ def markdown(
         arms = losses.get(b, {})
         gone = collapsed.get(b, {})
         counts = [str(len(arms.get(a, {}))) + (f" ({len(gone[a])} collapsed)" if gone.get(a) else "")
-                  for a in (ADAMW, MARS, OFF)]  # fmt: skip
-        whole = all(len(arms.get(a, {})) >= 5 for a in (ADAMW, MARS, OFF))  # every arm's five
+                  for a in ARMS]  # fmt: skip
+        whole = all(len(arms.get(a, {})) >= 5 for a in ARMS)  # every arm's five
         lines.append(f"| {b.label} | " + " | ".join(counts) + f" | {'yes' if whole else 'no'} |")
     pairs = trained_pairs(losses, collapsed)
     if pairs:
@@ -251,6 +286,22 @@ def markdown(
             mean = f"{sum(r['diffs']) / len(r['diffs']):+.4f}" if r["diffs"] else "-"
             lines.append(f"| {r['comparison']} | {r['cell'].label} | {len(r['seeds'])} "
                          f"({', '.join(map(str, r['seeds']))}) | {diffs} | {mean} |")  # fmt: skip
+    if checks:
+        lines += ["", "## The float32 checks (a description, not a test)", "",
+                  "A check part (`b131072-fp32`) runs a cell's chosen lrs on its evaluation seeds "
+                  "again in float32 (TF32 matmuls on a GPU), beside the cell's own run of the same "
+                  "arm and seed: a seed that collapsed in bf16 and trains in float32 points to the "
+                  "arithmetic. Only the check's finished runs are listed.", "",
+                  "| batch | arm | seed | the cell's run | ran on | float32 check | ran on |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+
+        def reading(loss: float, gone: bool) -> str:
+            return "-" if math.isnan(loss) else f"{loss:.4f}" + (" (collapsed)" if gone else "")
+
+        for r in checks:
+            lines.append(f"| {r['cell'].label} | {r['arm']} | {r['seed']} | "
+                         f"{reading(r['cell_loss'], r['cell_collapsed'])} | {r['cell_ran_on']} | "
+                         f"{reading(r['loss'], r['collapsed'])} | {r['ran_on']} |")  # fmt: skip
     if picked:
         lines += ["", "## On the selection seeds so far", "",
                   "Each arm's best lr among those run on all three selection seeds (0, 6, 7), the "
@@ -261,7 +312,7 @@ def markdown(
                   "|---|---|---|---|---|---|"]  # fmt: skip
         for b in _cells(list(picked)):
             arms = picked[b]
-            for arm in (ADAMW, MARS, OFF):
+            for arm in ARMS:
                 if arm in arms:
                     a = arms[arm]
                     lines.append(f"| {b.label} | {arm} | {a['lr']:g} | {a['mean']:.4f} | {a['lrs']} "
@@ -322,6 +373,9 @@ def write(results: Path, batches: list) -> Path:
     losses = batch_losses(results, batches)
     rows, preds = effects(losses), predictions(results)
     picked, collapsed = selection(results, batches), collapsed_seeds(results, batches)
-    (results / "report.md").write_text(markdown(losses, rows, preds, batches, picked, collapsed))
+    checks = fp32_checks(results, batches)
+    (results / "report.md").write_text(
+        markdown(losses, rows, preds, batches, picked, collapsed, checks)
+    )
     figure(rows, preds, results / "crossover.png")
     return results / "report.md"

@@ -356,3 +356,41 @@ def test_a_second_proxy_is_its_own_cells_and_holm_family(tmp_path):
     assert all(r["holm_p"] == r["p"] for r in rows)  # one batch per proxy: nothing to adjust
     text = cr.write(tmp_path, cells).read_text()
     assert "| 8,192 (proxy-423k) | 5 | 5 | 5 | yes |" in text
+
+
+def test_a_float32_check_is_listed_beside_the_cell_s_own_runs_and_tests_nothing(tmp_path):
+    """b131072-fp32's finished evaluation runs, each beside the cell's run of the same arm and
+    seed (its loss, whether it collapsed, where it ran): AdamW's seed 1 collapsed in the cell's
+    bf16 run and trains in float32; the check adds no test and no cell."""
+    from study import crossover_report as cr
+    from study.results import write_csv
+
+    def rows(losses, gone, **where):  # noqa: ANN001, ANN003, ANN202
+        return [{"optimizer": arm, "model": "proxy-100k", "budget": 64, "seed": s, "role": "eval",
+                 "chosen": 1, "collapsed": int((arm, s) in gone), "final_val_loss": v, **where}
+                for (arm, s), v in losses.items()]  # fmt: skip
+
+    cell = {(a, s): 1.2 + i / 10 + s / 1000 for i, a in enumerate(cr.ARMS) for s in range(1, 6)}
+    cell[("adamw", 1)] = 2.45
+    (tmp_path / "b131072").mkdir()
+    write_csv(rows(cell, {("adamw", 1)}, device="NVIDIA H100 80GB HBM3"),
+              tmp_path / "b131072" / "results.csv")  # fmt: skip
+    (tmp_path / "b131072-fp32").mkdir()
+    check = {("mars-adamw", 1): 1.3012, ("adamw", 2): 1.2021, ("adamw", 1): 1.2011}
+    write_csv(rows(check, set(), cpu="AMD EPYC", command="train.py dtype=float32"),
+              tmp_path / "b131072-fp32" / "results.csv")  # fmt: skip
+    got = cr.fp32_checks(tmp_path, [131072])
+    assert [(r["arm"], r["seed"]) for r in got] == [("adamw", 1), ("adamw", 2), ("mars-adamw", 1)]
+    first = got[0]
+    assert first["cell_collapsed"] and not first["collapsed"]
+    assert (first["cell_loss"], first["loss"]) == (2.45, 1.2011)
+    assert (
+        first["cell_ran_on"] == "NVIDIA H100 80GB HBM3, bfloat16"
+        and first["ran_on"] == "AMD EPYC, float32"
+    )
+    text = cr.write(tmp_path, [131072]).read_text()
+    assert (
+        "| 131,072 | adamw | 1 | 2.4500 (collapsed) | NVIDIA H100 80GB HBM3, bfloat16 | 1.2011 | AMD EPYC, float32 |"
+        in text
+    )
+    assert len(cr.effects(cr.batch_losses(tmp_path, [131072]))) == 2  # the cell's two, no more
