@@ -93,15 +93,30 @@ class Study:
         for k, v in values.items():
             knob_args += [a for a in knob_overrides(base, k, v, steps)
                           if a.split("=", 1)[0] not in set_by_variant]  # fmt: skip
-        if "warmup" not in values:
+        if "warmup" not in values and "schedule.warmup_steps" not in set_by_variant:
             knob_args.append(f"schedule.warmup_steps={max(1, round(plan.warmup_frac * steps))}")
         every = max(1, steps // max(1, plan.evals)) if plan.evals > 1 else 0
-        return (
-            "experiment=study", f"model={cell.model}", f"optimizer={base}",
-            *FIXED.get(base, []), *[o for o in options if not o.startswith("batch_tokens=")],
+        head = (
+            "experiment=study",
+            f"model={cell.model}",
+            f"optimizer={base}",
+            *FIXED.get(base, []),
+            *[o for o in options if not o.startswith("batch_tokens=")],
+        )
+        tail = (
             f"max_steps={steps}", f"batch_tokens={self.batch_tokens(cell)}",
             f"eval_every={every}", *knob_args, f"seed={seed}", *plan.extra,
         )  # fmt: skip
+        later = {a.split("=", 1)[0]: a for a in tail if a.split("=", 1)[0] in set_by_variant}
+        mine = {
+            a.split("=", 1)[0]: a for a in (*options, f"batch_tokens={self.batch_tokens(cell)}")
+        }
+        clash = [a for key, a in later.items() if a != mine.get(key)]
+        if clash:  # Hydra takes the last value: the variant's would be silently replaced
+            raise ValueError(f"{cell.optimizer}: {' '.join(clash)} (the study's overrides) would "
+                             "replace the variant's own value; drop it from the part's overrides "
+                             "or from the variant")  # fmt: skip
+        return (*head, *tail)
 
     def run(self, cell: Cell, role: str, values: dict[str, float], seed: int) -> Run:
         keyed = {k: values[k] for k in self.plan.keys(cell)}

@@ -2,7 +2,8 @@
 
 ``mars-soap:gamma=0`` is the registered ``mars-soap`` with ``optimizer.gamma=0`` (an ablation
 cell); ``adamw:aux_lr=tuned`` tunes ``aux_lr`` instead of fixing it; ``mars-adamw:batch_tokens=8192``
-changes a run setting (the batch, so the steps), not an optimizer option. A list value keeps its
+changes a run setting (the batch, so the steps; ``warmup_steps=N`` the warmup), not an optimizer
+option. A list value keeps its
 commas in brackets: ``mars-adamw:betas=[0.9,0.95]``. The options keep the order they were written
 in, so ``Variant.parse(name).name == name``: the name is the cell's identity in run directories,
 ledgers and reports, and a reordered name would be another cell.
@@ -15,14 +16,16 @@ import re
 from dataclasses import dataclass
 
 TUNED = "tuned"  # a variant's value that tunes the key instead: ``adamw:aux_lr=tuned``
-# Variant keys that are run settings, not optimizer options (``mars-adamw:batch_tokens=8192``).
-RUN_KEYS = ("batch_tokens",)
+# Variant keys that are run settings, not optimizer options, and the train.py key each sets:
+# ``mars-adamw:batch_tokens=8192`` (the batch, so the steps), ``...:warmup_steps=386`` (the warmup,
+# which then is not a knob of that cell: the study neither tunes nor carries it).
+RUN_KEYS = {"batch_tokens": "batch_tokens", "warmup_steps": "schedule.warmup_steps"}
 _BASE = re.compile(r"[A-Za-z0-9][\w.-]*")
 _KEY = re.compile(r"[A-Za-z_]\w*")
 _PAIRS = re.compile(r",(?![^\[]*\])")  # a comma outside brackets separates two options
 USAGE = (
     "write NAME or NAME:KEY=VALUE[,KEY=VALUE], e.g. mars-soap:gamma=0 or adamw:aux_lr=tuned "
-    "(KEY an option of optimizer=NAME or batch_tokens; a list value in brackets; the value "
+    "(KEY an option of optimizer=NAME, batch_tokens or warmup_steps; a list value in brackets; the value "
     "tuned: the key is tuned like the lr)"
 )
 
@@ -65,13 +68,15 @@ class Variant:
     @property
     def overrides(self) -> list[str]:
         """Its train.py overrides, in the order written: ``optimizer.KEY=VALUE`` for an option,
-        ``KEY=VALUE`` for a run setting; a tuned key has none (the tuner sets it)."""
-        return [f"{'' if k in RUN_KEYS else 'optimizer.'}{k}={v}" for k, v in self.options
+        the run setting's own key for a run setting (``schedule.warmup_steps=386``); a tuned key
+        has none (the tuner sets it)."""
+        return [f"{RUN_KEYS.get(k, f'optimizer.{k}')}={v}" for k, v in self.options
                 if v != TUNED]  # fmt: skip
 
     @property
     def override_keys(self) -> set[str]:
-        """The config fields it sets (``optimizer.betas``, ``batch_tokens``)."""
+        """The config fields it sets (``optimizer.betas``, ``batch_tokens``,
+        ``schedule.warmup_steps``)."""
         return {o.split("=", 1)[0] for o in self.overrides}
 
     @property

@@ -88,3 +88,39 @@ def test_every_name_in_the_committed_ledgers_round_trips_to_its_directory():
             assert run_dir.split("/")[3] == v.dir_name, (path, run_dir)
             seen += 1
     assert seen > 1000
+
+
+ADAMW_LIKE = "mars-adamw:gamma=0,betas=[0.9,0.95],weight_decay=0.3162,warmup_steps=386"
+
+
+def _overrides(tmp_path, name, values, extra=()):
+    from study.plan import Cell, Plan
+    from study.state import Study
+
+    plan = Plan(out=tmp_path, optimizers=[name], models=["proxy-100k"], budgets=[1],
+                baseline_budgets=[], knobs=["lr"], extra=list(extra))  # fmt: skip
+    return Study(plan).overrides(Cell(name, "proxy-100k", 1), values, 0)
+
+
+def test_a_variants_warmup_reaches_the_run_and_is_neither_tuned_nor_carried(tmp_path):
+    """``warmup_steps=N`` is a run setting: schedule.warmup_steps=N on the command line, once;
+    the carried warmup knob (a fraction of the steps) does not replace it."""
+    v = Variant.parse(ADAMW_LIKE)
+    assert v.run == (("warmup_steps", "386"),)
+    assert "schedule.warmup_steps=386" in v.overrides
+    assert {"schedule.warmup_steps", "optimizer.weight_decay", "optimizer.betas"} <= v.override_keys
+    args = _overrides(tmp_path, ADAMW_LIKE, {"lr": 0.008, "warmup": 0.05, "wd": 1e-5,
+                                             "beta2": 0.99, "aux_lr": 0.512})  # fmt: skip
+    last = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in args}  # Hydra keeps the last
+    assert last["schedule.warmup_steps"] == "386"
+    assert last["optimizer.weight_decay"] == "0.3162" and last["optimizer.betas"] == "[0.9,0.95]"
+    assert last["optimizer.aux_lr"] == "0.512" and last["optimizer.gamma"] == "0"
+    assert sum(a.startswith("schedule.warmup_steps=") for a in args) == 1
+    plain = _overrides(tmp_path, "mars-adamw:gamma=0", {"lr": 0.008, "warmup": 0.05})
+    assert "schedule.warmup_steps=48" in plain  # the carried fraction of 966 steps
+
+
+def test_a_study_override_that_would_replace_a_variants_value_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="schedule.warmup_steps=10 .*replace the variant's"):
+        _overrides(tmp_path, ADAMW_LIKE, {"lr": 0.008}, extra=["schedule.warmup_steps=10"])
+    assert _overrides(tmp_path, ADAMW_LIKE, {"lr": 0.008}, extra=["schedule.warmup_steps=386"])
