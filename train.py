@@ -176,7 +176,7 @@ def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
     from trainer.trainer import build_trainer
 
     check_shared_files(dist, out_dir, cfg.data)  # several nodes: an error, not a hang
-    configure_backends(dist.device)
+    configure_backends(dist.device, tf32=cfg.tf32)
     trainer = build_trainer(cfg, config_dict, dist, out_dir, resume_path)
     if trainer.finished is not None:  # a relaunched table or sweep: change nothing
         log.info("run already complete at step %d (max_steps=%d): %s", trainer.state.step,

@@ -126,11 +126,21 @@ def tune_host_allocator() -> bool:
     return bool(ok)
 
 
-def configure_backends(device: torch.device) -> None:
-    """Training's backend settings: TF32 matmuls on CUDA (bf16 autocast does the rest), the
-    glibc allocator tuned on the CPU (``tune_host_allocator``)."""
+def configure_backends(device: torch.device, tf32: bool = True) -> None:
+    """Training's backend settings: on CUDA the float32 matmul precision (``tf32``, the config key
+    of the same name: TF32 matmuls and convolutions, ``set_float32_matmul_precision("high")``;
+    false: true float32, ``"highest"``), the glibc allocator tuned on the CPU
+    (``tune_host_allocator``; a CPU has no TF32, and its precision setting is left alone)."""
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+        torch.backends.cudnn.allow_tf32 = bool(tf32)
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
     elif device.type == "cpu":
         tune_host_allocator()
+
+
+def matmul_precision(device: torch.device) -> dict:
+    """The float32 matmul precision in effect for ``device`` (a run's meta.jsonl, a bench
+    record): ``tf32`` (None off CUDA: a CPU has none) and torch's precision name."""
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32) if device.type == "cuda" else None
+    return {"tf32": tf32, "float32_matmul_precision": torch.get_float32_matmul_precision()}

@@ -82,6 +82,9 @@ class TrainConfig:
     sdpa_backend: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    # float32 matmuls on CUDA in TF32 (runtime.device.configure_backends); false: true float32
+    # (the study's runs, configs/experiment/study.yaml). No effect on a CPU.
+    tf32: bool = True
     progress: bool = True  # tqdm progress bar on rank 0
 
     def __post_init__(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from runtime import runfiles
+from runtime.device import matmul_precision
 from runtime.distributed import DistInfo, broadcast_object
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, checkpointing
@@ -113,6 +114,9 @@ def open_run(
         # the accelerator's name (a study's ledger says which rows ran where: study/results.py)
         "gpu": torch.cuda.get_device_name(dist.device) if dist.device.type == "cuda" else None,
         "resume_from": str(resume_path) if resume_path else None,
+        # the float32 matmul precision in effect (the config's tf32, runtime.device
+        # configure_backends): tf32 true/false on CUDA, None on a CPU (it has none)
+        **matmul_precision(dist.device),
     }
     if sdpa is not None:
         meta["sdpa"] = sdpa

@@ -119,8 +119,13 @@ def same_arithmetic(old: dict, new: dict, old_device: Any, new_device: Any) -> t
     """``old`` and ``new`` with ``dtype`` as what each means on its device: ``auto`` is float32
     on a CPU and bf16 autocast on a GPU (runtime.device.resolve_dtype). So a run started as
     ``auto`` on a CPU continues as ``dtype=float32``, and a GPU does not continue it in bf16
-    unasked (the device itself may change: it is not what a run computes). Unchanged where a
+    unasked (the device itself may change: it is not what a run computes). ``tf32`` is no
+    difference where neither session ran on CUDA (a CPU has no TF32). Unchanged where a
     device is unknown (a run dir from before meta.jsonl) or a dtype is not one torch names."""
+    devices = (str(old_device), str(new_device))
+    if None not in (old_device, new_device) and not any(d.startswith("cuda") for d in devices):
+        # ``tf32`` sets CUDA's float32 matmuls only: on CPUs both sessions computed the same
+        old, new = {**old, "tf32": new.get("tf32", True)}, new
     a, b = old.get("dtype", "auto"), new.get("dtype", "auto")
     if old_device is None or new_device is None or not (isinstance(a, str) and isinstance(b, str)):
         return old, new
