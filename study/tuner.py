@@ -110,7 +110,13 @@ def search_line(key: str, current: Point, seeds: list[int], loss_of: LossOf, *,
     wanted = [k for k in wanted if kn.allowed(k)][: max(0, cap - len(first))]
     capped = len(first) >= cap and (left < kn.need or right < kn.need)
     if wanted:
-        line.pending = [(point(k), seeds[0]) for k in wanted]
+        # the first round is the window around the start: its values not run yet come before
+        # the extension past what has run (a single finished value, read before its window's
+        # other values finish, would otherwise send a one-job study off the window's edge);
+        # a line already bracketed asks for neither, so a finished line reads as before
+        window = [k for k in range(k0 - kn.need, k0 + kn.need + 1) if kn.allowed(k) and
+                  k not in first and not all(math.isinf(v) for v in first.values())]  # fmt: skip
+        line.pending = [(point(k), seeds[0]) for k in dict.fromkeys(window + wanted)]
         ranked = sorted((k for k in first if math.isfinite(first[k])), key=lambda k: (first[k], k))
         line.ahead = [(point(k), s) for k in ranked[:finalists] for s in seeds[1:]
                       if loss_of(point(k), s) is None]  # fmt: skip

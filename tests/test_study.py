@@ -192,6 +192,20 @@ def test_grid_fills_the_holes_an_interruption_left() -> None:
     assert sorted(p["lr"] for p, _ in line.pending) == [0.002, 0.004, 0.008]
 
 
+def test_the_first_round_runs_its_window_before_extending_past_one_finished_value() -> None:
+    """Centred at 0.008, only 0.002 (the window's low end) has finished: the window's other four
+    values come first, then the extension the lone value asks for; a bracketed line asks for
+    nothing more (a finished line replays as before)."""
+    from study.tuner import search_line
+
+    line = search_line("lr", {"lr": 0.008}, [0], lambda p, s: {0.002: 1.66}.get(p["lr"]))
+    assert [p["lr"] for p, _ in line.pending][:4] == [0.004, 0.008, 0.016, 0.032]
+    assert {p["lr"] for p, _ in line.pending[4:]} == {0.001, 0.0005}
+    done = {0.001: 1.9, 0.002: 1.7, 0.004: 1.6, 0.008: 1.8, 0.016: 1.9}  # 0.032 never ran
+    line = search_line("lr", {"lr": 0.008}, [0], lambda p, s: done.get(p["lr"]))
+    assert line.pending == [] and line.best == 0.004 and line.flag == "bracketed"
+
+
 def test_a_line_waiting_on_its_next_value_names_its_likely_finalists_on_the_other_seeds() -> None:
     """Stage 1 wants 0.128 (the best, 0.032, has one worse value past it); ``ahead`` is the
     present three best on seeds 6 and 7, the best first, less what has run; with one seed,
