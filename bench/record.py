@@ -52,9 +52,68 @@ def versions() -> dict[str, str | None]:
             "triton": triton_version}  # fmt: skip
 
 
+def device_facts(device: str | torch.device = "cpu") -> dict:
+    """What a GPU figure needs beside it: the accelerator, its driver, CUDA, the versions, the
+    float32 matmul precision in effect (TF32 or not: runtime.device.matmul_precision) and the
+    CPU; None where a fact does not apply (a CPU has no driver)."""
+    from runtime.device import matmul_precision
+
+    device = torch.device(device)
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    driver = None
+    if cuda:
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)  # fmt: skip
+            driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, IndexError):
+            driver = None
+    return {
+        "gpu": torch.cuda.get_device_name(device) if cuda else None,
+        "driver": driver,
+        "cuda": torch.version.cuda,
+        **versions(),
+        **matmul_precision(device),
+        "cpu": platform.processor() or platform.machine(),
+    }
+
+
+def provenance() -> dict:
+    """The command, the commit and whether the tree was dirty, and the time."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"command": command(), "commit": _git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status),
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+
+
+def measurement(path: str | Path, kind: str, device: str | torch.device, *, rounds: list,
+                unit: str, **fields) -> Path:  # fmt: skip
+    """Write one measurement's record to ``path`` (a directory: a file named by ``kind``, the
+    time and the process is made in it; a file: rewritten, so a measurement taken round by
+    round is on disk after each): ``kind`` (which table renders it: bench/tables.py), the
+    device's facts, provenance, every round in ``unit`` and its spread, and ``fields``."""
+    path = Path(path)
+    if path.suffix != ".json":
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        path = path / f"{kind}-{stamp}-{os.getpid()}.json"
+    record = {"kind": kind, "facts": device_facts(device), "device": str(device),
+              **provenance(), "unit": unit, "rounds": rounds,
+              "spread": spread(rounds) if rounds else None, **fields}  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """min, median and max of a variant's rounds."""
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def device_type(line: str) -> str:
+    """The device of a ``device_line`` (``device: cuda (NVIDIA H100 ...), ...``) or a name."""
+    return "cuda" if "cuda" in line.split("(")[0] else "cpu"
 
 
 def write(path: str | Path, *, device: str, rounds: dict[str, list[float]], unit: str,
@@ -70,6 +129,7 @@ def write(path: str | Path, *, device: str, rounds: dict[str, list[float]], unit
         "device": device,
         "cpu_count": os.cpu_count(),
         "versions": versions(),
+        "facts": device_facts(device_type(device)),
         "command": command(),
         "commit": _git("rev-parse", "HEAD"),
         "dirty": None if status is None else bool(status),

@@ -24,13 +24,25 @@ starts from ``torch._dynamo.reset()``: each compiles its own static graphs, as i
 (without it a second model size recompiles the model dynamic and the fused step's cache fills). With --nanogpt PATH (a nanoGPT checkout), nanoGPT's model.py GPT
 and its training-loop step (AdamW, clip 1.0) run on the same model and batch, for comparison.
 On the CPU the cases are interleaved over --rounds rounds (the machine's noise hits all alike).
+
+``--out DIR`` writes one record per case the moment it is measured (bench/record.py
+``measurement``, kind ``train``: the device's facts, the commit, the command, every timed step's
+seconds, tokens/s, MFU, peak memory and the estimate, the compile counters); ``--processes N``
+runs the whole benchmark N times, each in a process of its own (a compiled case's state differs
+from process to process: compile, autotuning, the allocator), each writing its own records.
+``--tf32/--no-tf32``: the float32 matmul precision (training's ``tf32`` key; the study's runs:
+``--dtype float32 --no-tf32``). ``--muon-routing``: Muon's ``routing`` (the llama experiment's
+``recommended``; the optimizer's default ``mars-repo`` otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -135,9 +147,9 @@ def break_reasons() -> list[tuple[str, int]]:
     return sorted(counters["graph_break"].items(), key=lambda kv: -kv[1])
 
 
-def time_steps(trainer, steps: int, device: torch.device) -> float:
-    """Best wall-clock seconds of ``steps`` training steps."""
-    return best_time(trainer.train_step, device, steps)
+def time_steps(trainer, steps: int, device: torch.device) -> list[float]:
+    """Wall-clock seconds of each of ``steps`` training steps (the best is the figure)."""
+    return [time_call(trainer.train_step, device) for _ in range(steps)]
 
 
 def parse_args() -> argparse.Namespace:
@@ -161,6 +173,26 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=None, help="untimed (default: 3 / 1 on CPU)")
     ap.add_argument("--rounds", type=int, default=None, help="CPU interleaving (default: 3)")
     ap.add_argument("--nanogpt", type=Path, default=None, help="a nanoGPT checkout to compare")
+    ap.add_argument("--out", type=Path, default=None, help="a directory: one record per case")
+    ap.add_argument("--process", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run the benchmark this many times, each in its own process",
+    )
+    ap.add_argument(
+        "--tf32",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="TF32 float32 matmuls on CUDA (training's tf32 key)",
+    )
+    ap.add_argument(
+        "--muon-routing",
+        default=None,
+        choices=["mars-repo", "recommended"],
+        help="Muon's routing (the llama experiment: recommended)",
+    )
     ap.add_argument(
         "--sdpa-backend",
         choices=SDPA_BACKENDS,
@@ -181,7 +213,7 @@ def train_config(args, model: str, opt_cfg, chunk: int, device: torch.device) ->
     return TrainConfig(model=m, optimizer=opt_cfg, micro_batch_size=mb, seq_len=seq,
                        batch_tokens=mb * seq * args.accum, compile=compile_, dtype=args.dtype,
                        device=str(device), loss_chunk_tokens=chunk, max_steps=10**6,
-                       sdpa_backend=sdpa,
+                       sdpa_backend=sdpa, tf32=getattr(args, "tf32", True),
                        activation_checkpointing=args.activation_checkpointing)  # fmt: skip
 
 
@@ -189,6 +221,10 @@ def build_cases(args, device: torch.device) -> list[dict]:
     models = args.models or (list(GPU_MODELS) if device.type == "cuda" else ["tiny"])
     opts = optimizer_variants(args.optimizers or optim.available(), args.exact)
     cases = []
+    routing = getattr(args, "muon_routing", None)
+    if routing:  # Muon's (and its family's) routing as an experiment sets it
+        opts = [(label, dataclasses.replace(c, routing=routing) if hasattr(c, "routing") else c)
+                for label, c in opts]  # fmt: skip
     for model in models:
         for chunk in args.loss_chunk_tokens:
             for label, opt_cfg in opts:
@@ -225,18 +261,19 @@ def run_case(case: dict, args, dist: DistInfo, keep: bool) -> None:
             case["first_step_s"] = time_call(first, dist.device) if args.warmup else None
             for _ in range(args.warmup - 1):
                 case["runner"].train_step()
-            best = time_steps(case["runner"], args.steps, dist.device)
+            times = time_steps(case["runner"], args.steps, dist.device)
             case["peak"] = mem.peak_bytes()  # the first round's: build, warm-up and timed steps
             case["counters"] = compile_counters()
             case["break_reasons"] = break_reasons()
         else:
-            best = time_steps(case["runner"], args.steps, dist.device)
+            times = time_steps(case["runner"], args.steps, dist.device)
     except torch.OutOfMemoryError:
         case["oom"], keep = True, False
     else:
         cfg = case["cfg"]
-        tok_s = cfg.batch_tokens / best  # every micro-batch of the step
+        tok_s = cfg.batch_tokens / min(times)  # every micro-batch of the step
         case["tok_s"] = max(case.get("tok_s", 0.0), tok_s)
+        case.setdefault("step_s", []).append(times)  # each round's timed steps
     if not keep:
         case.pop("runner", None)
         gc.collect()
@@ -287,15 +324,53 @@ def print_table(cases: list[dict], device: torch.device) -> None:
         print(table_row(c, cases, device), flush=True)
 
 
+def keep(case: dict, args, device: torch.device, path: Path | None = None) -> Path:
+    """The case's record (bench/record.py ``measurement``, kind ``train``), written now."""
+    from bench import record
+
+    cfg, peak = case["cfg"], peak_flops(device)
+    fields = dict(model=case["model"], optimizer=case["opt"],
+                  routing=getattr(cfg.optimizer, "routing", None),
+                  micro_batch=cfg.micro_batch_size, seq_len=cfg.sequence_length,
+                  accum=args.accum, batch_tokens=cfg.batch_tokens, dtype=cfg.dtype,
+                  tf32=cfg.tf32 if device.type == "cuda" else None, compile=cfg.compile,
+                  loss_chunk_tokens=case["chunk"], sdpa=case.get("sdpa"),
+                  warmup=args.warmup, steps=args.steps, oom=bool(case.get("oom")),
+                  tok_s=case.get("tok_s"), step_s=case.get("step_s"),
+                  mfu=(case["fpt"] * case["tok_s"] / peak) if peak and case.get("tok_s") else None,
+                  peak_bytes=case.get("peak"), estimate_bytes=case.get("estimate"),
+                  first_step_s=case.get("first_step_s"), counters=case.get("counters"),
+                  process=args.process)  # fmt: skip
+    rounds = [cfg.batch_tokens / min(t) for t in case.get("step_s", [])]
+    path = record.measurement(path or args.out, "train", device, rounds=rounds, unit="tokens/s",
+                              **fields)  # fmt: skip
+    print(f"    record: {path}", flush=True)
+    return path
+
+
+def in_processes(args) -> None:
+    """The benchmark ``args.processes`` times, each in a process of its own, one after another
+    (each writes its records as it measures: a later one cut off keeps the earlier ones')."""
+    argv = [a for a in sys.argv[1:]]
+    i = argv.index("--processes")
+    del argv[i : i + 2]
+    for n in range(args.processes):
+        print(f"== process {n + 1} of {args.processes}", flush=True)
+        subprocess.run([sys.executable, "-m", "bench.train", *argv, "--process", str(n + 1)],
+                       check=False)  # fmt: skip
+
+
 def main() -> None:
     args = parse_args()
+    if args.processes > 1:
+        return in_processes(args)
     device = pick_device(args.device, 0)
     cpu = device.type == "cpu"
     args.steps = args.steps or (3 if cpu else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 3)
     args.rounds = args.rounds or (3 if cpu else 1)
     dist = DistInfo(0, 0, 1, device)
-    configure_backends(device)  # as training: TF32 on CUDA, glibc's allocator tuned on the CPU
+    configure_backends(device, tf32=args.tf32)  # as training: its tf32, the CPU's allocator
     cases = build_cases(args, device)
     if cases[0]["cfg"].compile:
         args.rounds = 1  # each case compiles after a reset: a kept case would recompile
@@ -315,6 +390,8 @@ def main() -> None:
         for case in cases:
             run_case(case, args, dist, keep=False)
             print(table_row(case, cases, device), flush=True)
+            if args.out is not None:
+                keep(case, args, device)
             if (sdpa := case.get("sdpa")) and "ms" in sdpa:  # chosen by measurement: which, why
                 print(f"    attention kernel {sdpa['choice']}: forward + backward ms "
                       f"{sdpa['ms']}, error against float32 {sdpa['errors']}")  # fmt: skip
@@ -324,6 +401,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for case in cases:
             run_case(case, args, dist, keep=True)
+            if args.out is not None:  # rewritten round by round: a cut-off run keeps its rounds
+                case["record"] = keep(case, args, device, case.get("record"))
     print_table(cases, device)
 
 
