@@ -23,6 +23,8 @@ all-reduce of the per-tensor sums (and the global clip's) over the shards' group
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -33,7 +35,34 @@ from optim.engine.loader import Go, tl_dtype, warps
 from optim.engine.rules import Kind, scalars
 from optim.engine.tables import Plan, PlanCache, key, to_device
 
-BLOCKS = {"cuda": 4096, "cpu": 1024}  # elements per program (tests set a small one)
+# Elements per program of every engine kernel (tests set a small one). CUDA's is picked by
+# occupancy until records decide (bench/occupancy.py, sm_90 compiled on a CPU): MARS-AdamW's
+# update, loads before stores, takes 156 registers a thread at 4096 / 8 warps (1 CTA per SM),
+# 80 at 2048 / 8 warps (3), 72 at 1024 / 4 warps (7); tests/test_engine_block.py keeps the
+# default at 2 CTAs per SM or more. ``OPTIM_ENGINE_BLOCK`` (or ``set_block``) chooses another:
+# the GPU check times 4096, 2048 and 1024 (bench.optim_fused --block).
+DEFAULT_BLOCK = 2048
+BLOCK_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
+
+
+def check_block(n: int | str) -> int:
+    """``n`` as a block size, or a ValueError that lists the choices."""
+    try:
+        block = int(n)
+    except (TypeError, ValueError):
+        block = -1
+    if block not in BLOCK_CHOICES:
+        raise ValueError(f"engine block size {n!r}: one of {', '.join(map(str, BLOCK_CHOICES))}")
+    return block
+
+
+def set_block(n: int, device_type: str = "cuda") -> None:
+    """Every engine kernel launched after this on ``device_type`` at ``n`` elements a program
+    (its warps: optim/engine/loader.py ``warps``); a kept launch list keeps its plan's size."""
+    BLOCKS[device_type] = check_block(n)
+
+
+BLOCKS = {"cuda": check_block(os.environ.get("OPTIM_ENGINE_BLOCK", DEFAULT_BLOCK)), "cpu": 1024}
 CHUNK = {"cuda": 1024, "cpu": 64}  # partial sums read at a time by a finish program
 
 

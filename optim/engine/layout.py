@@ -20,7 +20,7 @@ CLIP_NONE, CLIP_TENSOR, CLIP_GLOBAL = range(3)
 
 def tile_rows(block: int) -> int:
     """Rows of the ``(rows, block // rows)`` tiles of a transposed Newton-Schulz slice (square
-    where ``block``, a power of two, is a power of four: 64 x 64 at the CUDA block size)."""
+    where ``block``, a power of two, is a power of four: 64 x 64 at 4096, 32 x 64 at 2048)."""
     return 1 << ((block.bit_length() - 1) // 2)
 
 
