@@ -35,7 +35,16 @@ from pathlib import Path
 
 from study.knobs import DEFAULT_KNOBS, KNOBS
 from study.plan import Plan
-from study.runner import LAUNCHERS, ROOT, command, execute, stop_all
+from study.runner import (
+    LAUNCHERS,
+    ROOT,
+    by_signal,
+    check_overrides,
+    command,
+    failure_reason,
+    launch_each,
+    stop_all,
+)
 from study.state import Study, mark_failed
 
 log = logging.getLogger("study")
@@ -237,6 +246,8 @@ def next_runs(study: Study, in_flight: set) -> list:
 def schedule(study: Study, args: argparse.Namespace) -> None:
     """Keep ``--jobs`` commands running until every cell is done (or a dry run's first batch)."""
     study.warned = set()
+    study.failures = {}  # out_dir -> the reasons its commands failed, in order
+    study.launched = 0
     running: dict = {}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         try:
@@ -245,36 +256,73 @@ def schedule(study: Study, args: argparse.Namespace) -> None:
             # the runs in flight checkpoint and exit; the pool then closes (stopped_line's count)
             study.asked_to_stop = stop_all()
             raise
+        except RunFailed:
+            stop_all()  # the others checkpoint and stop; the pool waits for them
+            raise
+    if not study.launched and all(s.done for s in study.states.values()):
+        log.info("study %s: complete, nothing to run", study.plan.out)
+
+
+class RunFailed(SystemExit):
+    """A run's command failed for a reason that another launch would meet again (a config, data
+    or file error, a bug), or failed the same way twice: the study stops with one line."""
+
+
+def failed_line(study: Study, run, rc: int, reason: str, args: argparse.Namespace) -> str:  # noqa: ANN001
+    """The one line a study stops with for a failed run: the run, the reason from its output,
+    where the whole output is, and the command that runs it alone."""
+    import shlex
+
+    cmd = shlex.join(command(run, launcher=args.launcher, nproc=args.nproc))
+    return (f"study: run {study.run_id(run.out_dir)} failed (exit {rc}): {reason} (the whole "
+            f"output: {study.plan.out / 'train.log'}); the study stopped: fix it, then run it "
+            f"alone to see: {cmd}")  # fmt: skip
 
 
 def _keep_running(study: Study, args: argparse.Namespace, pool, running: dict) -> None:  # noqa: ANN001
     """Start runs as slots free up, each time the first pending run of the earliest cell (read
     anew: a cell earlier in the plan that a finished run unblocked goes first, rather than a
-    later cell's runs queued while it waited); account for each finished command."""
+    later cell's runs queued while it waited); account for each finished command. A command
+    that fails for anything but a divergence or a stop (a signal) ends the study (RunFailed),
+    and so does a run whose command failed twice the same way: never a third launch."""
+    failures = getattr(study, "failures", {})
     while True:
         while len(running) < max(1, args.jobs):
             waiting = next_runs(study, {r.out_dir for _, rs in running.values() for r in rs})
             if not waiting:
                 break
             run = waiting[0]
+            seen = failures.get(run.out_dir, [])
+            if len(seen) >= 2 and seen[-1] == seen[-2]:
+                raise RunFailed(failed_line(study, run, seen[-1][0], seen[-1][1] + " (twice: "
+                                            "not launched a third time)", args))  # fmt: skip
             runs = [run]
             cmd = command(run, launcher=args.launcher, nproc=args.nproc)
             cell = next(
                 c for c in study.plan.cells() if study.plan.cell_dir(c) in run.out_dir.parents
             )
-            fut = pool.submit(execute, [cmd], jobs=1, threads=args.threads,
-                              dry_run=args.dry_run, log_file=study.plan.out / "train.log")  # fmt: skip
+            fut = pool.submit(launch_each, [cmd], threads=args.threads, dry_run=args.dry_run,
+                              log_file=study.plan.out / "train.log")  # fmt: skip
+            study.launched = getattr(study, "launched", 0) + 1
             running[fut] = (cell, runs)
         if not running or args.dry_run:
             return
         done, _ = wait(running, return_when=FIRST_COMPLETED)
         for fut in done:
             cell, runs = running.pop(fut)
-            if fut.result()[0] != 0:
-                log.warning(
-                    "a command of %s failed: its unfinished runs count as diverged", cell.name
-                )
+            rc, tail = fut.result()[:2]
+            if rc == 0:
+                continue
+            reason = failure_reason(tail)
+            for run in runs:
+                failures.setdefault(run.out_dir, []).append((rc, reason))
+            diverged = all(study.loss(r) is not None for r in runs)  # its summary says so
+            if diverged or by_signal(rc):
+                log.warning("a command of %s failed (exit %d: %s): its unfinished runs count as "
+                            "diverged", cell.name, rc, reason)  # fmt: skip
                 mark_failed(runs)
+                continue
+            raise RunFailed(failed_line(study, runs[0], rc, reason, args))
 
 
 RESULTS = "results/"  # the published ledgers, reports and figures: outputs, not code
@@ -311,11 +359,17 @@ def main(argv: list[str] | None = None) -> int:
                 + "): its rows could not name the code they ran. Commit them, or pass "
                 "--allow-dirty (those rows are marked +dirty in results.csv)"
             )
-    plan.out.mkdir(parents=True, exist_ok=True)
+    study = Study(plan)
+    if not args.report_only:
+        try:
+            preflight(study, dry_run=args.dry_run)
+        except ValueError as exc:
+            raise SystemExit(f"study: {exc}") from None
+    if not args.dry_run:  # a dry run writes nothing
+        plan.out.mkdir(parents=True, exist_ok=True)
     started = plan.out / "started.txt"  # the study's wall time counts from its first start
     if not started.is_file() and not args.report_only and not args.dry_run:
         started.write_text(f"{time.time():.0f}\n")
-    study = Study(plan)
     t0 = time.perf_counter()
     if not args.report_only:
         # a scheduler's stop: as Ctrl-C, one line; the caller's handler back afterwards (main may
@@ -345,6 +399,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         log.info("study done in %.0f s of this session: %s", time.perf_counter() - t0, plan.out)
     return 0
+
+
+def preflight(study: Study, *, dry_run: bool) -> None:
+    """Every optimizer's first run checked as train.py would check it (study.runner's
+    ``check_overrides``: the keys, values, device and dtype of the part's and the command line's
+    overrides), before anything is scheduled: a bad ``--set`` or ``--device`` is one line here,
+    not a command that fails at once, again and again."""
+    plan, seen = study.plan, set()
+    seed = (plan.select_seeds or plan.eval_seeds or [0])[0]
+    for cell in plan.cells():
+        if cell.optimizer in seen or not plan.is_main(cell):
+            continue
+        seen.add(cell.optimizer)
+        values = study.start(cell) or {}
+        overrides = list(study.overrides(cell, values, seed))
+        try:
+            check_overrides(overrides, dry_run=dry_run)
+        except ValueError as exc:
+            raise ValueError(f"{cell.optimizer}'s runs would be refused by train.py: {exc}; "
+                             "nothing was run (fix the override: --set or the part's own)") from None  # fmt: skip
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -40,6 +40,7 @@ RESTORED = ("results.csv", "curves.csv.gz", "started.txt")  # what a continuing 
 PUBLISHED = ("results.csv", "curves.csv.gz", "report.md", "factorial.md", "curves.png",
              "study.png", "started.txt")  # fmt: skip
 COMMANDS = ("run", "publish", "compare")
+DEVICES = ("auto", "cpu", "cuda", "mps")  # runtime.distributed.pick_device's
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -73,6 +74,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
             ap.error(f"{name} {value}: at least 1")
     if args.command == "compare" and args.part:
         ap.error("compare takes no --part: it compares the parts its definition names")
+    for item in args.overrides:
+        key, eq, _ = item.partition("=")
+        if not (eq and key.strip()):
+            ap.error(f"--set {item!r}: write KEY=VALUE (a train.py override, e.g. "
+                     "micro_batch_size=2048)")  # fmt: skip
+    if args.runs is not None and args.runs.exists() and not args.runs.is_dir():
+        ap.error(f"--runs {args.runs}: a file, not a folder (give the folder that holds the run "
+                 "trees, e.g. another machine's runs/)")  # fmt: skip
+    if args.device is not None and args.device not in DEVICES:
+        ap.error(f"--device {args.device}: one of {', '.join(DEVICES)} (train.py's device)")
     return args
 
 
@@ -87,10 +98,18 @@ def copy_files(src: Path, dst: Path, names: tuple[str, ...], *, overwrite: bool)
     return done
 
 
-def restore(definition: Definition) -> None:
+def restore(definition: Definition, *, dry_run: bool = False) -> None:
     """Every part's published ledger into its run tree, never over a file there (the script's
-    rule: a part reads the run trees of the parts it starts from, so all are restored)."""
+    rule: a part reads the run trees of the parts it starts from, so all are restored). A dry
+    run copies nothing: each part reads its published ledger where it is (study.ledger's
+    ``SOURCES``)."""
+    from study import ledger
+
     for part in definition.parts.values():
+        if dry_run:
+            if not (part.runs / ledger.RESULTS).is_file():
+                ledger.SOURCES[part.runs.resolve()] = part.results.resolve()
+            continue
         copied = copy_files(part.results, part.runs, RESTORED, overwrite=False)
         if copied:
             log.info("restored %s of %s into %s", ", ".join(copied), part.name, part.runs)
@@ -109,6 +128,8 @@ def run_part(part: Part, definition: Definition, options: dict, main_only: bool)
     try:
         return factorial.main(argv) if part.kind == "factorial" else cli.main(argv)
     except SystemExit as exc:  # a stop (Ctrl-C, SIGTERM): name this command, which continues
+        if str(exc.code).startswith("study: run "):  # a failed run (study.cli.RunFailed)
+            raise SystemExit(f"study: part {part.name}: {str(exc.code)[7:]}") from None
         head, sep, _ = str(exc.code).partition("; the same command continues: ")
         if not (sep and head.startswith("study: stopped")):
             raise
@@ -130,7 +151,8 @@ def run(definition: Definition, args: argparse.Namespace) -> int:
     options = {"again": shlex.join(["python", "-m", "study", *args.argv]), "jobs": args.jobs, "threads": args.threads, "device": args.device,
                "dry_run": args.dry_run, "allow_dirty": args.allow_dirty,
                "report_only": report_only, "overrides": args.overrides}  # fmt: skip
-    restore(definition)
+    check_parts(definition, args)  # every part's overrides, before anything runs or is copied
+    restore(definition, dry_run=args.dry_run)
     # a report or publish without --part: every part once, whole (the order's staging is for runs)
     wanted = args.part or (list(definition.parts) if report_only else [])
     for name, main_only in defs.ordered(definition, wanted):
@@ -147,6 +169,37 @@ def run(definition: Definition, args: argparse.Namespace) -> int:
         if not args.dry_run:
             write_tables(definition)
     return 0
+
+
+def check_parts(definition: Definition, args: argparse.Namespace) -> None:
+    """Every part that this command runs, its overrides and the command line's (``--set``,
+    ``--device``) checked as train.py checks its own (study.runner's ``check_overrides``) before
+    any part runs: one line naming the part, not a part that fails after the others ran.
+    Each part checks its runs' whole commands again when it starts (study.cli's ``preflight``)."""
+    from study.runner import check_overrides
+
+    if args.report_only or args.command != "run":
+        return
+    device = [f"device={args.device}"] if args.device else []
+    done: set[tuple[str, ...]] = set()
+    for name, _ in defs.ordered(definition, args.part):
+        part = definition.parts[name]
+        models = part.values.get("models") or ["proxy-100k"]
+        overrides = (
+            "experiment=study",
+            f"model={models[0]}",
+            *device,
+            *map(str, part.values.get("overrides") or []),
+            *args.overrides,
+        )
+        if overrides in done:
+            continue
+        done.add(overrides)
+        try:
+            check_overrides(list(overrides), dry_run=args.dry_run)
+        except ValueError as exc:
+            raise SystemExit(f"study: part {name}: {exc}; nothing was run (fix --set, --device "
+                             "or the part's overrides)") from None  # fmt: skip
 
 
 def write_tables(definition: Definition) -> None:
