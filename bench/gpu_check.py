@@ -27,6 +27,25 @@ Trainer's compiled DDP layout (``bench.graphs``); the non-finite decision on hos
 The steps' limits are packed, in order, into parts that each fit ``--budget`` (570 s: one
 10-minute command on a GPU machine, less start-up); a plain run goes on past the first part while
 time is left and records the rest as not run, with the ``--part`` that takes them.
+
+``--plan quarter`` is the check that fits 15 minutes of a GPU in calls of at most 540 s
+(``quarter_steps``; ``--budget`` defaults to 540 for it), every step writing its records under
+``--records`` before the next starts:
+
+    scripts/gpu_check.sh --plan quarter --dry-run            # its parts, their limits
+    scripts/gpu_check.sh --plan quarter --part 1             # first call: tests, optimizer step
+    scripts/gpu_check.sh --plan quarter --part 2             # second: llama, the crossover cell
+
+the GPU tests (the MARS-AdamW train step's host-sync test first, then the rest), the optimizer
+step (torch's AdamW, MARS-AdamW's engine) at blocks 4096, 2048 and 1024, each in three processes
+(``bench.optim_fused --processes 3``: wall time, the profiler's kernel time, the bytes moved),
+llama-124m with AdamW, MARS-AdamW and Muon at the llama experiment's tokens per step (the
+launcher's micro-batch for this GPU) and Muon's ``recommended`` routing, then the crossover's
+131,072-byte cell in float32 with TF32 off (scripts/gpu_crossover.sh, the study's
+``tf32: false``). ``--records DIR`` (default runs/gpu_check-records): ``gpu-check.jsonl`` (the
+device's facts, then a line a step as it ends), ``gpu-tests.jsonl`` (each test's outcome, the
+record bench.tables turns into README's sentence), the benchmarks' own records, the crossover's
+``record.jsonl`` and archive.
 """
 
 from __future__ import annotations
@@ -54,6 +73,10 @@ FAMILIES = [
     "moonlight",
 ]  # fmt: skip  (most asked-about first)
 BUDGET_S = 570  # one 10-minute command, less the machine's start and the install
+QUARTER_BUDGET_S = 540  # a call of the 15-minute check (--plan quarter)
+HOST_SYNC = ("tests/test_gpu_train.py::"
+             "test_train_step_with_the_device_decision_makes_no_host_sync")  # fmt: skip
+QUARTER_BLOCKS = (4096, 2048, 1024)  # the engine's candidate block sizes (bench/occupancy.py)
 STARTUP_S = 30  # this process's start, the import check and the report, out of each part
 TAIL = 6000  # characters of each step's output kept in the report
 LIVE_TAIL = 14  # lines of each step's output echoed to the console when it ends
@@ -65,6 +88,65 @@ class Step:
     what: str
     argv: list[str]
     limit_s: float
+    junit: Path | None = None  # pytest's outcomes, turned into gpu-tests.jsonl lines
+
+
+def quarter_steps(memory_gib: float, records: Path, cpu: bool = False) -> list[Step]:
+    """The 15-minute check (``--plan quarter``, module docstring), most needed first; ``cpu``:
+    the same steps, tiny, on the CPU (no crossover: a CPU's is the study's own)."""
+    py, dev = [sys.executable], "cpu" if cpu else "cuda"
+    rec = str(records)
+    pytest = [*py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfEs"]
+    out = [
+        Step("host-sync", "the MARS-AdamW train step's host-sync test (failed on the H100)",
+             [*pytest, HOST_SYNC, "--junitxml", f"{rec}/host-sync.xml"], 45,
+             records / "host-sync.xml"),
+        Step("gpu-tests", "every other GPU test",
+             [*pytest, *(["tests/test_gpu.py"] if cpu else ["tests"]), "--deselect",
+              HOST_SYNC, "--junitxml", f"{rec}/gpu-tests.xml"], 120, records / "gpu-tests.xml"),
+    ]  # fmt: skip
+    model = "proxy-100k" if cpu else "gpt2-small"
+    size = ["--rounds", "1", "--steps", "1", "--processes", "1"] if cpu else [
+        "--rounds", "3", "--steps", "5", "--processes", "3"]  # fmt: skip
+    for block in QUARTER_BLOCKS:
+        out.append(Step(f"optim-{block}", f"{model}'s optimizer step, engine block {block}: "
+                        "torch AdamW vs MARS-AdamW, wall and kernel time, three processes",
+                        [*py, "-m", "bench.optim_fused", "--device", dev, "--model", model,
+                         "--only", *(["mars-adamw"] if cpu else ["adamw", "mars-adamw"]),
+                         "--paths", "engine", *([] if cpu else ["--kernels"]), "--clip", "1.0",
+                         *size, "--block", str(block), "--out", rec], 70))  # fmt: skip
+    if cpu:
+        llama, mb, accum, seq = "llama-tiny", 1, 1, ["--seq-len", "32"]
+    else:
+        llama, seq = "llama-124m", []
+        mb, accum = experiment_batch("llama/124m-adamw")
+    steps = ["--steps", "1", "--warmup", "1"] if cpu else ["--steps", "5", "--warmup", "2"]
+    out.append(Step("llama", f"{llama} at the llama experiment's tokens a step ({mb} x {accum}), "
+                    "AdamW, MARS-AdamW, Muon (routing recommended)",
+                    [*py, "-m", "bench.train", "--device", dev, "--models", llama,
+                     "--micro-batch", str(mb), "--accum", str(accum), *seq, "--no-exact",
+                     "--optimizers", "adamw", "mars-adamw", "muon", "--muon-routing",
+                     "recommended", *steps, "--out", rec], 170))  # fmt: skip
+    if not cpu:
+        limit = 200
+        out.append(
+            Step(
+                "crossover-b131072-fp32",
+                "the crossover's 131,072-byte cell, float32, TF32 off (the study's tf32: false)",
+                [
+                    "env",
+                    f"OUT={rec}/crossover",
+                    "bash",
+                    "scripts/gpu_crossover.sh",
+                    "--parts",
+                    "b131072-fp32",
+                    "--limit",
+                    str(limit - 30),
+                ],
+                limit,
+            )
+        )
+    return out
 
 
 def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> tuple[int, int]:
@@ -81,6 +163,17 @@ def launcher_micro_batch(experiment: str, memory_gib: float, gpus: int = 8) -> t
     divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
     b = fitting_micro_batch(divisors, memory_gib, experiment_estimator([experiment], gpus)) or 1
     return b, per_rank // b
+
+
+def experiment_batch(experiment: str, gpus: int = 1) -> tuple[int, int]:
+    """(micro-batch, gradient accumulation) of ``experiment`` as it sets them on ``gpus`` GPUs:
+    its micro_batch_size, and the accumulation that makes its batch_tokens a step."""
+    from runtime.config_files import load_config
+
+    cfg = load_config(f"experiment/{experiment}")
+    per_rank = cfg["batch_tokens"] // (cfg.get("seq_len") or cfg["model"]["block_size"]) // gpus
+    mb = cfg["micro_batch_size"]
+    return mb, per_rank // mb
 
 
 def xl_micro_batch(memory_gib: float) -> int:
@@ -302,7 +395,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="STEP=SECONDS",
         help="another time limit for these steps",
     )
-    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all the steps")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help=f"seconds a part's steps may take (default {BUDGET_S}; "
+        f"--plan quarter: {QUARTER_BUDGET_S})",
+    )
+    ap.add_argument(
+        "--plan",
+        choices=["hour", "quarter"],
+        default="hour",
+        help="hour: every figure; quarter: the 15-minute check (module docstring)",
+    )
+    ap.add_argument(
+        "--records",
+        type=Path,
+        default=ROOT / "runs" / "gpu_check-records",
+        help="where the steps' records go (--plan quarter)",
+    )
     ap.add_argument("--skip-preflight", action="store_true", help="no import check first")
     ap.add_argument(
         "--nanogpt",
@@ -311,12 +422,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PATH",
         help="a nanoGPT checkout: adds the side-by-side steps (bench.train)",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.budget is None:
+        args.budget = QUARTER_BUDGET_S if args.plan == "quarter" else BUDGET_S
+    return args
 
 
 def select(args: argparse.Namespace, memory_gib: float) -> tuple[list[list[Step]], list[Step]]:
     """(all parts, the steps to run) for --only / --part."""
-    every = steps(memory_gib, cpu=args.cpu, nanogpt=args.nanogpt)
+    if getattr(args, "plan", "hour") == "quarter":
+        every = quarter_steps(memory_gib, args.records, cpu=args.cpu)
+    else:
+        every = steps(memory_gib, cpu=args.cpu, nanogpt=args.nanogpt)
     names = [s.name for s in every]
     for item in args.limit:
         name, _, secs = item.partition("=")
@@ -368,6 +485,75 @@ def main(argv: list[str] | None = None) -> int:
     return run_all(todo, packed, args, "cuda" if cuda else "cpu")
 
 
+def note(records: Path, line: dict, name: str = "gpu-check.jsonl") -> None:
+    """One JSON line appended to ``records/name``, on disk at once."""
+    import json
+
+    with open(records / name, "a") as f:
+        f.write(json.dumps(line) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def device_facts_line(device: str) -> dict:
+    from bench import record
+
+    return {**record.device_facts(device), **record.provenance()}
+
+
+def keep_step(records: Path, s: Step, r: dict, before: set) -> None:
+    """For a pytest step, each test's outcome in gpu-tests.jsonl; then the step's line in
+    gpu-check.jsonl (status, seconds, limit, command, the files it wrote)."""
+    if s.junit is not None:
+        tests = junit_lines(s.junit)
+        if not (records / "gpu-tests.jsonl").exists():
+            facts = device_facts_line("cuda")
+            note(
+                records,
+                {
+                    "event": "about",
+                    "what": "pytest -m gpu by bench.gpu_check on one "
+                    f"{facts['gpu']}, {facts['time_utc'][:10]}",
+                },
+                "gpu-tests.jsonl",
+            )
+            note(records, {"event": "device", **facts}, "gpu-tests.jsonl")
+        note(records, {"event": "gpu-tests", "step": s.name, "rc": r["rc"],
+                       "seconds": round(r["seconds"], 1), "command": _cmd(s.argv)},
+             "gpu-tests.jsonl")  # fmt: skip
+        for t in tests:
+            note(records, {"event": "test", "call": 1, **t}, "gpu-tests.jsonl")
+    new = sorted(str(p.relative_to(records)) for p in set(records.rglob("*")) - before
+                 if p.is_file())  # fmt: skip
+    note(records, {"event": "step", "step": s.name, "what": s.what, "status": r["status"],
+                   "rc": r["rc"], "seconds": round(r["seconds"], 1), "limit_s": s.limit_s,
+                   "command": _cmd(s.argv).replace(str(ROOT) + "/", ""), "files": new})  # fmt: skip
+
+
+def junit_lines(path: Path) -> list[dict]:
+    """Each test case of a pytest junit XML: test, outcome, seconds, message (none if absent:
+    a step killed before pytest wrote it)."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    out = []
+    for case in root.iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed", "error": "failed", "skipped": "skipped"}[tag]
+                message = (el.get("message") or "").splitlines()[0][:300] if el.get("message") \
+                    else ""  # fmt: skip
+                break
+        out.append({"test": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
+                    "seconds": float(case.get("time") or 0), "message": message})  # fmt: skip
+    return out
+
+
 def run_all(todo: list[Step], packed: list[list[Step]], args, device: str) -> int:
     """Run the steps in order within the budget, rewriting the report after each one."""
     from bench.harness import device_line
@@ -377,6 +563,10 @@ def run_all(todo: list[Step], packed: list[list[Step]], args, device: str) -> in
     logs.mkdir(parents=True, exist_ok=True)
     deadline, results = time.monotonic() + args.budget - STARTUP_S, []
     print(dev_line, flush=True)
+    records = getattr(args, "records", None)
+    if records is not None:
+        records.mkdir(parents=True, exist_ok=True)
+        note(records, {"event": "device", **device_facts_line(device)})
     for i, s in enumerate(todo):
         left = deadline - time.monotonic()
         if left < min(s.limit_s, 20):
@@ -385,8 +575,11 @@ def run_all(todo: list[Step], packed: list[list[Step]], args, device: str) -> in
             args.out.write_text(report(results, dev_line, [(t, why) for t in todo[i:]]))
             print(f"{len(todo) - i} steps not run: {why}")
             break
+        before = set(records.rglob("*")) if records is not None else set()
         r = run_step(s, min(s.limit_s, left), logs / f"{s.name}.log")
         results.append(r)
+        if records is not None:  # this step's record, before the next step starts
+            keep_step(records, s, r, before)
         tail = "\n".join(r["output"].rstrip().splitlines()[-LIVE_TAIL:])
         print(f"== {s.name}: {r['status']} ({r['seconds']:.0f} s of {s.limit_s:.0f})\n{tail}",
               flush=True)  # fmt: skip

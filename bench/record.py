@@ -86,6 +86,9 @@ def provenance() -> dict:
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
 
 
+_WRITTEN: dict[str, int] = {}
+
+
 def measurement(path: str | Path, kind: str, device: str | torch.device, *, rounds: list,
                 unit: str, **fields) -> Path:  # fmt: skip
     """Write one measurement's record to ``path`` (a directory: a file named by ``kind``, the
@@ -95,7 +98,8 @@ def measurement(path: str | Path, kind: str, device: str | torch.device, *, roun
     path = Path(path)
     if path.suffix != ".json":
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        path = path / f"{kind}-{stamp}-{os.getpid()}.json"
+        _WRITTEN[kind] = _WRITTEN.get(kind, 0) + 1  # several a second: each its own file
+        path = path / f"{kind}-{stamp}-{os.getpid()}-{_WRITTEN[kind]}.json"
     record = {"kind": kind, "facts": device_facts(device), "device": str(device),
               **provenance(), "unit": unit, "rounds": rounds,
               "spread": spread(rounds) if rounds else None, **fields}  # fmt: skip
@@ -142,3 +146,21 @@ def write(path: str | Path, *, device: str, rounds: dict[str, list[float]], unit
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def in_processes(module: str, argv: list[str], n: int) -> int:
+    """``python -m module`` with ``argv`` (less ``--processes N``) ``n`` times, one process
+    after another, each told ``--process i`` (its records say which); the last non-zero exit
+    status, or 0. Each process writes its own records as it measures: one cut off keeps the
+    earlier ones'."""
+    argv = list(argv)
+    if "--processes" in argv:
+        i = argv.index("--processes")
+        del argv[i : i + 2]
+    rc = 0
+    for k in range(1, n + 1):
+        print(f"== process {k} of {n}", flush=True)
+        done = subprocess.run([sys.executable, "-m", module, *argv, "--process", str(k)],
+                              cwd=ROOT, check=False)  # fmt: skip
+        rc = done.returncode or rc
+    return rc

