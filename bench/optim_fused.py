@@ -25,8 +25,13 @@ engine where the optimizer can (optim/engine/clip.py), else ``clip_grad_norm_``,
 and the kernel count (the gradients are scaled in place then: values drift, times do not); the bytes
 moved count each tensor's passes by its rule (a MARS family's 1-D tensors are AdamW's), the
 clip's as taken (folded: one read of g, none beyond MARS's own where the fold merged with MARS's
-norm pass; ``clip_grad_norm_``: three) and exact mode's reference store (``moved_bytes``). ``--out DIR`` writes the raw record (bench/record.py:
-each round's median per variant, the bytes, kernels and the device's copy bandwidth).
+norm pass; ``clip_grad_norm_``: three) and exact mode's reference store (``moved_bytes``).
+``--out DIR`` writes one record per variant (bench/record.py ``measurement``, kind
+``optim-step``), rewritten after every round so that a run cut off keeps what it measured: each
+round's median ms, every step's, the bytes moved, the device's copy bandwidth, the first step,
+and with ``--kernels`` the profiler's kernels and their summed GPU time a step beside the wall
+time. ``--block N``: the engine's block size for this process (optim/engine/launch.py
+``set_block``; the GPU check times 4096, 2048 and 1024, each in processes of their own).
 """
 
 from __future__ import annotations
@@ -167,24 +172,40 @@ def variants(names: list[str], device: torch.device, paths: list[str]) -> list[t
     return out
 
 
-def kernels_per_step(opt, device: torch.device, clip: float | None = None) -> int | None:
-    """The GPU kernels (and copies, memsets) of one step, as torch's profiler records them."""
+def kernels_per_step(opt, device: torch.device, clip: float | None = None,
+                     steps: int = 3) -> tuple[int | None, float | None]:  # fmt: skip
+    """The GPU kernels (and copies, memsets) of one step, as torch's profiler records them, and
+    their summed GPU time in ms a step (the mean over ``steps`` profiled steps): the time the
+    device spent in the step's kernels, beside the wall time that adds launches and gaps."""
     if device.type != "cuda":
-        return None
+        return None, None
     from torch.profiler import ProfilerActivity, profile
 
     sync(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        one_step(opt, 1, clip)
+        for i in range(steps):
+            one_step(opt, 1 + i, clip)
         sync(device)
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.time_range.elapsed_us() for e in on_gpu)
+    return len(on_gpu) // steps, busy_us / steps / 1e3
 
 
 def main() -> None:
     args = parse_args()
+    if args.processes > 1:  # each in a process of its own (Triton's and torch's state differ)
+        import sys
+
+        from bench.record import in_processes
+
+        raise SystemExit(in_processes("bench.optim_fused", sys.argv[1:], args.processes))
     device = pick_device(args.device, 0)
     if args.grouping != "auto":
         optim.fused.GROUPING[device.type] = args.grouping
+    if args.block is not None:  # the engine's block size for this process
+        from optim.engine import launch
+
+        launch.set_block(args.block, device.type)
     model = build_model(model_config(args.model)).to(device)
     params = [p for p in model.parameters()]
     for p in params:
@@ -200,6 +221,8 @@ def main() -> None:
                            ["foreach", "compiled"])  # fmt: skip
     runs = variants(args.only, device, paths)
     opts, times, first, kernels, clips = {}, {label: [] for label, _, _ in runs}, {}, {}, {}
+    kernel_ms, records = {}, {}
+    copy_gbs = copy_bandwidth(device) if device.type == "cuda" else None
     for label, opt_name, fused in runs:  # first step: state creation and any compile
         opts[label] = build(opt_name, params, fused, model)
         sync(device)
@@ -208,7 +231,7 @@ def main() -> None:
         sync(device)
         first[label] = time.perf_counter() - t0
         if args.kernels:
-            kernels[label] = kernels_per_step(opts[label], device, args.clip)
+            kernels[label], kernel_ms[label] = kernels_per_step(opts[label], device, args.clip)
         clips[label] = clip_route(opts[label], args.clip)
         print(f"  {label}: first step (state, any compile) {first[label]:.2f} s", flush=True)
     for r in range(args.rounds):
@@ -219,11 +242,13 @@ def main() -> None:
                 one_step(opts[label], 1 + r * args.steps + s, args.clip)
                 sync(device)
                 times[label].append(time.perf_counter() - t0)
-    copy_gbs = copy_bandwidth(device) if device.type == "cuda" else None
+            if args.out:  # this variant's record, with this round: written before the next
+                m = moved_bytes(opts[label], name_of(runs, label), clips[label])
+                records[label] = keep(args, device, label, runs, times[label], m, clips[label],
+                                      kernels.get(label), kernel_ms.get(label), copy_gbs,
+                                      first[label], records.get(label))  # fmt: skip
     moved = {label: moved_bytes(opts[label], o, clips[label]) for label, o, _ in runs}
     report(runs, times, first, moved, copy_gbs, kernels)
-    if args.out:
-        keep(args, device, runs, times, moved, clips, kernels, copy_gbs, first)
 
 
 def clip_route(opt, clip: float | None) -> str | None:
@@ -234,17 +259,29 @@ def clip_route(opt, clip: float | None) -> str | None:
     return "fold" if folded else "torch"
 
 
-def keep(args, device, runs, times, moved, clips, kernels, copy_gbs, first) -> None:
-    """The raw record (bench/record.py): each round's median ms per variant."""
-    from bench import record
-    from bench.harness import device_line
+def name_of(runs: list[tuple], label: str) -> str:
+    return next(o for lb, o, _ in runs if lb == label)
 
-    rounds = {label: [statistics.median(times[label][r * args.steps : (r + 1) * args.steps])
-                      * 1e3 for r in range(args.rounds)] for label, _, _ in runs}  # fmt: skip
-    extra = {"bytes_moved": moved, "clip": clips, "kernels": kernels, "first_step_s": first,
-             "copy_gbs": copy_gbs, "model": args.model, "steps_per_round": args.steps}  # fmt: skip
-    print("record:", record.write(args.out, device=device_line(device), rounds=rounds,
-                                  unit="ms", extra=extra))  # fmt: skip
+
+def keep(args, device, label, runs, times, moved, clip, kernels, kernel_ms, copy_gbs, first,
+         path=None):  # fmt: skip
+    """One variant's record (bench/record.py ``measurement``, kind ``optim-step``): each round
+    so far, its median ms; every step's ms. Returns its path (rewritten by the next round)."""
+    from bench import record
+    from optim.engine import launch
+    from optim.engine.loader import warps
+
+    n = args.steps
+    rounds = [statistics.median(times[r * n : (r + 1) * n]) * 1e3 for r in range(len(times) // n)]
+    engine = next(how for lb, _, how in runs if lb == label) == "triton"
+    block = launch.BLOCKS[device.type] if engine else None
+    path = record.measurement(
+        path or args.out, "optim-step", device, rounds=rounds, unit="ms", variant=label,
+        optimizer=name_of(runs, label), model=args.model, block=block,
+        warps=warps(block) if block else None, bytes_moved=moved, clip=clip, kernels=kernels,
+        kernel_ms=kernel_ms, copy_gbs=copy_gbs, first_step_s=first, steps_per_round=n,
+        step_ms=[t * 1e3 for t in times], process=args.process)  # fmt: skip
+    return path
 
 
 def parse_args() -> argparse.Namespace:
@@ -265,6 +302,19 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=5, help="rounds over the variants")
     ap.add_argument("--out", default=None, help="directory (or .json file) of the raw record")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per variant and round")
+    ap.add_argument(
+        "--block",
+        type=int,
+        default=None,
+        help="the engine's block size (optim/engine/launch.py set_block)",
+    )
+    ap.add_argument("--process", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="run the benchmark this many times, each in its own process",
+    )
     ap.add_argument(
         "--grouping",
         choices=["auto", "tensor", "list"],
