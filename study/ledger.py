@@ -29,6 +29,8 @@ class Ledger:
     rows: dict[str, dict] = field(default_factory=dict)  # run id -> results.csv row, typed
     raw: dict[str, dict] = field(default_factory=dict)  # the same rows as written (strings)
     curves: dict[str, list[dict]] = field(default_factory=dict)  # run id -> curve records
+    lines: dict[str, int] = field(default_factory=dict)  # run id -> its line in the file
+    path: Path | None = None  # the file read (None: none)
 
     def loss(self, run_id: str, max_steps: int) -> float | None:
         """The ledger's end-of-run loss of ``run_id`` (inf: diverged); None when it has no
@@ -43,19 +45,40 @@ class Ledger:
 
 
 def load(out: Path) -> Ledger:
-    """The ledger in the study folder ``out`` (empty where it has none)."""
+    """The ledger in the study folder ``out`` (empty where it has none), every row checked
+    (``read_rows``; a run id twice: refused, never one kept in place of the other)."""
     ledger = Ledger()
     if not (out / RESULTS).is_file():
         out = SOURCES.get(Path(out).resolve(), out)
     if (out / RESULTS).is_file():
-        raw = read_raw(out / RESULTS)
-        for row, typed in zip(raw, read_csv(out / RESULTS)):
+        ledger.path = out / RESULTS
+        header, rows = read_rows(out / RESULTS)
+        for line, values in rows:
+            row = dict(zip(header, values))
             run_id = row.get("run_dir") or ""
-            if run_id.startswith("runs/"):  # merged rows are FILE:runs/...
-                ledger.rows[run_id], ledger.raw[run_id] = typed, row
+            if not run_id.startswith("runs/"):  # merged rows are FILE:runs/...
+                continue
+            if run_id in ledger.rows:
+                raise LedgerError(f"{out / RESULTS}:{line}: run {run_id} a second time (its first "
+                                  f"row is line {ledger.lines[run_id]}): one row per run: "
+                                  f"{FIX.replace('FILE', str(out / RESULTS))}")  # fmt: skip
+            ledger.rows[run_id], ledger.raw[run_id] = _typed(row), row
+            ledger.lines[run_id] = line
     if (out / CURVES).is_file():
+        check_checksum(out / CURVES)
         ledger.curves = {k: v for k, v in read_curves(out / CURVES).items() if k in ledger.rows}
     return ledger
+
+
+def _typed(row: dict) -> dict:
+    """A row's numbers as floats (read_csv's)."""
+    out = dict(row)
+    for k, v in row.items():
+        try:
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            pass
+    return out
 
 
 def split_spec(spec: str) -> tuple[Path, str] | None:
@@ -300,12 +323,4 @@ def read_raw(path: Path) -> list[dict]:
 def read_csv(path: Path) -> list[dict]:
     """results.csv back, numbers as floats (the report reads only this file), every row
     checked first (``read_rows``: a bad one is one line naming the file and line)."""
-    rows = []
-    for r in read_raw(path):
-        for k, v in r.items():
-            try:
-                r[k] = float(v)
-            except (TypeError, ValueError):
-                pass
-        rows.append(r)
-    return rows
+    return [_typed(r) for r in read_raw(path)]

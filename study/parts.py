@@ -110,6 +110,9 @@ def restore(definition: Definition, *, dry_run: bool = False) -> None:
             if not (part.runs / ledger.RESULTS).is_file():
                 ledger.SOURCES[part.runs.resolve()] = part.results.resolve()
             continue
+        for name in (ledger.RESULTS, ledger.CURVES):  # an edit since it was published: refused
+            if (part.results / name).is_file() and not (part.runs / name).exists():
+                ledger.check_checksum(part.results / name)
         copied = copy_files(part.results, part.runs, RESTORED, overwrite=False)
         if copied:
             log.info("restored %s of %s into %s", ", ".join(copied), part.name, part.runs)
@@ -140,8 +143,12 @@ def run_part(part: Part, definition: Definition, options: dict, main_only: bool)
 
 
 def publish(part: Part) -> None:
-    """The part's files (PUBLISHED) from its run tree into its published folder."""
+    """The part's files (PUBLISHED) from its run tree into its published folder, with their
+    checksums (``checksums.sha256``: every reader checks the ledger against it)."""
+    from study import ledger
+
     copied = copy_files(part.runs, part.results, PUBLISHED, overwrite=True)
+    ledger.write_checksums(part.results)
     log.info("published %s of %s into %s", ", ".join(copied) or "nothing", part.name, part.results)
 
 

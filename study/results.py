@@ -25,9 +25,10 @@ MORE_COLUMNS = ["max_steps", "warmup_steps", "min_lr_ratio", "batch_tokens", "ch
                 "diverged", "collapsed", "collapse", "run_dir", "cpu", "command"]  # fmt: skip
 # Written only where a row has them: ledgers written before they were read back unchanged.
 # before "command": the optimizer's routes (routes_text) and, for a run on an accelerator, its
-# name (a GPU row and a CPU row of one cell share a comparison only statistically) and, for a
-# resumed run, its later sessions (_resumed)
-LATER_COLUMNS = ["routes", "device", "resumed"]
+# name (a GPU row and a CPU row of one cell share a comparison only statistically), the
+# arithmetic every run ran in (``dtype``, ``tf32``: ``arithmetic``) and, for a resumed run,
+# its later sessions (_resumed)
+LATER_COLUMNS = ["routes", "device", "dtype", "tf32", "resumed"]
 
 
 def _sessions(run_dir: Path) -> list[dict]:
@@ -143,12 +144,9 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     if routes_text(summary):  # none recorded (an older run): no column from this row
         row["routes"] = routes_text(summary)
     metas = _sessions(run_dir)
-    setting = str(cfg.get("dtype", "auto"))
     if metas and metas[0].get("gpu"):  # a CPU run (every run before the field): no column
         row["device"] = str(metas[0]["gpu"])
-        row["dtype"] = gpu_dtype(setting)  # bf16 autocast or float32
-    elif setting not in ("auto", "float32"):  # a CPU run off its float32 default says so
-        row["dtype"] = setting
+    row["dtype"], row["tf32"] = arithmetic(cfg, bool(metas and metas[0].get("gpu")))
     row.update({k: v for k, v in values.items() if k not in ("lr", "seed")})
     base = split_variant(cell.optimizer)[0]
     for k, v in ran_values(base, cfg).items():  # carried knobs too: what the run ran with
@@ -160,10 +158,24 @@ def _row(study: Study, cell, role: str, run_dir: Path, state, floor, curve) -> d
     return row
 
 
+def arithmetic(cfg: dict, on_gpu: bool) -> tuple[str, str]:
+    """The ledger's ``dtype`` and ``tf32`` of a run, from its own resolved config: the dtype its
+    ``dtype`` setting meant on the device it ran on (``gpu_dtype``; a CPU run is float32 unless
+    it says otherwise), and its ``tf32`` setting as 1 or 0, blank for a run whose config has no
+    ``tf32`` (a run from before the key: its TF32 went unrecorded)."""
+    setting = str(cfg.get("dtype", "auto"))
+    if on_gpu:
+        dtype = gpu_dtype(setting)  # bf16 autocast or float32
+    else:
+        dtype = "float32" if setting in ("auto", "float32", "fp32") else gpu_dtype(setting)
+    tf32 = cfg.get("tf32")
+    return dtype, "" if tf32 is None else str(int(bool(tf32)))
+
+
 def gpu_dtype(setting: str) -> str:
     """The arithmetic a GPU run's ``dtype`` setting meant (runtime/device.py ``resolve_dtype``:
     auto is bf16 autocast on CUDA); a CPU run is float32 unless it says otherwise."""
-    return "bfloat16" if setting in ("auto", "bfloat16") else setting
+    return {"auto": "bfloat16", "bf16": "bfloat16", "fp32": "float32"}.get(setting, setting)
 
 
 def _command(run_dir: Path) -> str:
@@ -211,7 +223,40 @@ def collect(study: Study, floor: float | None = None) -> tuple[list[dict], dict[
                     found[run_id] = _ledger_row(study, cell, run_id, state)
                     curves[run_id] = study.ledger.curves.get(run_id, [])
             rows += [found[k] for k in sorted(found)]
+    check_against_ledger(study, rows)
     return rows, curves
+
+
+MATCHED = ("final_val_loss", "seed", "max_steps", "batch_tokens", "lr")  # a run's own values
+
+
+def check_against_ledger(study: Study, rows: list[dict]) -> None:
+    """The study's ledger against the rows about to replace it: every run it holds is among
+    them (a ledger is never rewritten with fewer or other rows than it read), and where a
+    run's directory is there its row's values are the run's own (a hand edit is refused, not
+    silently replaced). A LedgerError naming the ledger's line."""
+    from study.ledger import FIX, LedgerError
+
+    ledger = study.ledger
+    if ledger.path is None:
+        return
+    fix = FIX.replace("FILE", str(ledger.path))
+    by_id = {str(r["run_dir"]): r for r in rows}
+    for run_id, old in ledger.rows.items():
+        where = f"{ledger.path}:{ledger.lines.get(run_id, '?')}"
+        new = by_id.get(run_id)
+        if new is None:
+            raise LedgerError(f"{where}: run {run_id} is not one of this study's runs (its plan "
+                              "has no such run, or its directory is there unfinished): the "
+                              f"rewritten ledger would lose it; nothing was written: {fix}")  # fmt: skip
+        if (study.plan.out / run_id).is_dir():
+            for col in MATCHED:
+                a, b = old.get(col), new.get(col)
+                if isinstance(a, float) and isinstance(b, int | float) and not isinstance(b, bool):
+                    if not math.isclose(a, float(b), rel_tol=1e-12):
+                        raise LedgerError(f"{where}: run {run_id}'s {col} {a!r} is not its run's "
+                                          f"({b!r}, from {study.plan.out / run_id}): edited by "
+                                          f"hand? nothing was written: {fix}")  # fmt: skip
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

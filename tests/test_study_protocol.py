@@ -307,7 +307,7 @@ def test_a_cell_replayed_from_its_run_directories(tmp_path: Path) -> None:
 
     write_csv(rows, tmp_path / "results.csv")
     head = (tmp_path / "results.csv").read_text().split("\n", 1)[0]
-    assert head.endswith(",run_dir,cpu,routes,command")
+    assert head.endswith(",run_dir,cpu,routes,dtype,tf32,command")  # issue 64: every row
     write_csv([{k: v for k, v in r.items() if k != "routes"} for r in rows], tmp_path / "old.csv")
     assert "routes" not in (tmp_path / "old.csv").read_text()  # an older ledger: no column
     back_rows = read_csv(tmp_path / "results.csv")
