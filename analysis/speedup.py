@@ -1,4 +1,6 @@
-"""Data-equivalent speedups: how much data AdamW needs to reach another optimizer's loss.
+"""The data-equivalent speedup (the study's): how much data AdamW needs to reach another
+optimizer's end-of-run loss. The report's two others, each named by its estimator:
+analysis/time_to_loss.py and analysis/compute_fit.py (docs/design.md, "speedup").
 
 AdamW (the reference) is trained, each budget with its own full schedule, at several budgets D_k
 (tokens); its mean end-of-run validation loss over the evaluation seeds at each is L_k. Loss can
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.stats import LEVEL, mean_interval
+from analysis.stats import LEVEL, RESAMPLES, mean_interval, percentile_interval
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def _curve(adamw: dict, seeds: list) -> tuple[list, list]:
 
 
 def data_equivalent_speedup(adamw: dict, other: dict, budget_tokens: float, *, level: float = LEVEL,
-            bootstrap: bool = False, resamples: int = 2000, seed: int = 0) -> SpeedupResult:  # fmt: skip
+            bootstrap: bool = False, resamples: int = RESAMPLES, seed: int = 0) -> SpeedupResult:  # fmt: skip
     """``other``'s speedup over AdamW. ``adamw``: ``{tokens: {seed: loss}}`` over its budgets
     (``budget_tokens`` among them); ``other``: ``{seed: loss}`` at ``budget_tokens``. Only the
     seeds that every budget and ``other`` have are used."""
@@ -141,8 +143,8 @@ def data_equivalent_speedup(adamw: dict, other: dict, budget_tokens: float, *, l
             b, m = budgets, [float(np.mean([adamw[k][s] for s in pick])) for k in budgets]
             s = speedup_at(float(np.mean([other[p] for p in pick])), budget_tokens, b, m)
             values.append(s.value)
-        q = np.quantile(values, [0.5 - level / 2, 0.5 + level / 2])
-        lo, hi = speedup_at_value(q[0], point, budgets, budget_tokens), None
+        q = percentile_interval(values, level)
+        lo = speedup_at_value(q[0], point, budgets, budget_tokens)
         hi = speedup_at_value(q[1], point, budgets, budget_tokens)
         return SpeedupResult(point, lo, hi)
     per_seed = [speedup_at(other[s], budget_tokens, budgets, [adamw[b][s] for b in budgets])

@@ -18,8 +18,8 @@ import json
 import statistics
 from typing import Any
 
+from analysis.tables import markdown_table as table
 from report import runs as rr
-from report.render import table
 
 SETS = ("ablation", "ablation-cpu")  # the experiment folders, the sets' name prefixes
 BASELINE = "mars"

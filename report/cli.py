@@ -27,8 +27,8 @@ from typing import Any
 
 from evals import tasks as et
 from report import ablations as abl
-from report import analysis as ana
 from report import runs as rr
+from report import variants as ana
 from report.render import render
 from report.sections import build_report
 from runtime import runfiles

@@ -1,24 +1,11 @@
-"""Loss against compute, fitted per optimizer, and the effective speedup over the baseline.
+"""Loss against compute, fitted per optimizer, and the compute-fit speedup over the baseline.
 
 Each optimizer's runs at different model sizes or token counts give points (C, L): C the
 training compute in FLOPs (the model's training FLOPs per token, ``flops_per_token``, times the
 run's tokens), L the mean over seeds of each seed's best validation loss. A point is one (size,
 token count): of the variants at one compute (an lr sweep) the one with the lowest mean best loss.
-Unfinished runs are left out. Per optimizer the fit is
-
-    L(C) = L_inf + A * C^(-alpha)
-
-(least squares in L: a grid over L_inf below the lowest loss, refined twice, and for each L_inf
-the line log(L - L_inf) = log A - alpha log C by least squares; see ``fit_power_law``). Three
-points determine the three numbers exactly: the fit then interpolates, and the interval below
-is the only measure of its uncertainty.
-
-The effective speedup of X over the baseline at compute C is C_base(L_X(C)) / C: how much more
-compute the baseline needs to reach X's loss (Marin's optimizer study), with
-C_base(L) = (A_base / (L - L_inf_base))^(1/alpha_base), infinite when L <= L_inf_base. Its interval:
-``RESAMPLES`` bootstrap resamples of the seeds of every point (with replacement, numpy seed
-``BOOTSTRAP_SEED``), both fits redone; the 5th and 95th percentiles. Points with one seed each:
-no interval.
+Unfinished runs are left out. The fits, the speedup and its interval are analysis/compute_fit.py's
+(``REPORT_RESAMPLES`` bootstrap resamples of each point's seeds, numpy seed ``BOOTSTRAP_SEED``).
 """
 
 from __future__ import annotations
@@ -31,31 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from report.analysis import Variant
+from analysis.compute_fit import (
+    MIN_POINTS,
+    PowerLaw,
+    bootstrap_laws,
+    compute_fit_speedup,
+    fit_power_law,
+)
+from analysis.stats import LEVEL, REPORT_RESAMPLES
 from report.figures import plot_loss_fits
 from report.runs import Run
-from report.time_to_loss import BOOTSTRAP_SEED, LEVEL, RESAMPLES
-
-GRID = 200  # L_inf candidates per pass
-MIN_POINTS = 3  # distinct compute values a fit needs (three unknowns)
-
-
-@dataclass(frozen=True)
-class PowerLaw:
-    """``L(C) = l_inf + a * C**-alpha``."""
-
-    l_inf: float
-    a: float
-    alpha: float
-
-    def loss(self, compute: float | np.ndarray) -> float | np.ndarray:
-        return self.l_inf + self.a * np.power(compute, -self.alpha)
-
-    def compute_for(self, loss: float) -> float:
-        """The compute at which the law reaches ``loss`` (inf when it never does)."""
-        if loss <= self.l_inf:
-            return math.inf
-        return (self.a / (loss - self.l_inf)) ** (1 / self.alpha)
+from report.time_to_loss import BOOTSTRAP_SEED
+from report.variants import Variant
 
 
 def flops_per_token(model: dict[str, Any], seq_len: int | None = None) -> float | None:
@@ -78,49 +52,6 @@ def run_compute(run: Run) -> float | None:
     """Training FLOPs of a run: flops_per_token times its tokens (None when unknown)."""
     fpt = flops_per_token(run.config.get("model") or {}, run.config.get("seq_len"))
     return None if fpt is None or run.tokens <= 0 else fpt * run.tokens
-
-
-def fit_power_law(compute: np.ndarray, loss: np.ndarray) -> PowerLaw | None:
-    """The least-squares ``PowerLaw`` through the points; None when the loss does not fall with
-    compute (alpha <= 0). Needs ``MIN_POINTS`` distinct compute values (ValueError otherwise)."""
-    c, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
-    if len(np.unique(c)) < MIN_POINTS or np.any(c <= 0):
-        raise ValueError(
-            f"a power-law fit needs {MIN_POINTS} or more distinct positive compute values, got "
-            f"{sorted(set(c.tolist()))}; add runs at more model sizes or token counts"
-        )
-    x = np.log(c) - np.log(c).mean()  # centred: a well-conditioned line
-    top = float(y.min())
-    lows = top - top * np.geomspace(1.0, 1e-6, GRID)  # from 0 up to just below the lowest loss
-    best = None
-    for _ in range(3):  # a coarse pass, then two finer ones around the best candidate
-        sse, slope, icept = _line_fits(x, y, lows)
-        k = int(np.nanargmin(sse))
-        best = (lows[k], slope[k], icept[k])
-        lo, hi = lows[max(k - 1, 0)], lows[min(k + 1, len(lows) - 1)]
-        lows = np.linspace(lo, hi, GRID)
-    l_inf, slope, icept = best
-    if not slope < 0:
-        return None
-    alpha = -float(slope)
-    a = math.exp(float(icept) + alpha * float(np.log(c).mean()))  # undo the centring
-    return PowerLaw(float(l_inf), a, alpha)
-
-
-def _line_fits(
-    x: np.ndarray, y: np.ndarray, lows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per candidate L_inf: the log-space line (slope, intercept) and its squared error in L."""
-    ly = np.log(np.maximum(y[None, :] - lows[:, None], 1e-300))
-    slope = ((ly - ly.mean(axis=1, keepdims=True)) * x).sum(axis=1) / (x * x).sum()
-    icept = ly.mean(axis=1)
-    pred = lows[:, None] + np.exp(icept[:, None] + slope[:, None] * x[None, :])
-    return ((pred - y[None, :]) ** 2).sum(axis=1), slope, icept
-
-
-def effective_speedup(law: PowerLaw, base: PowerLaw, compute: float) -> float:
-    """C_base(L_X(C)) / C: the baseline's compute to reach X's loss at C, over C."""
-    return base.compute_for(float(law.loss(compute))) / compute
 
 
 # ---- from runs ------------------------------------------------------------------------------
@@ -166,26 +97,6 @@ def optimizer_points(variants: list[Variant], warnings: list[str]) -> list[Point
     return sorted(points, key=lambda p: p.compute)
 
 
-def bootstrap_laws(
-    points: list[Point], rng: np.random.Generator, resamples: int
-) -> list[PowerLaw | None]:
-    """The fit redone on ``resamples`` resamples of each point's seeds."""
-    c = np.array([p.compute for p in points])
-    laws = []
-    for _ in range(resamples):
-        means = [float(np.mean(rng.choice(p.bests, len(p.bests)))) for p in points]
-        laws.append(fit_power_law(c, np.array(means)))
-    return laws
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """The central ``LEVEL`` interval of ``values`` (percentiles without interpolation, so that
-    infinite values are allowed)."""
-    tail = (1 - LEVEL) / 2
-    lo, hi = np.quantile(np.array(values), [tail, 1 - tail], method="inverted_cdf")
-    return float(lo), float(hi)
-
-
 def law_row(label: str, points: list[Point], law: PowerLaw | None) -> dict[str, Any]:
     """One optimizer's fit and points, as report data."""
     return {
@@ -210,27 +121,12 @@ def speedup_rows(
     base: PowerLaw,
     boot: tuple[list[PowerLaw | None], list[PowerLaw | None]] | None,
 ) -> list[dict[str, Any]]:
-    """The effective speedup at each of the optimizer's compute values, with its interval from
+    """The compute-fit speedup at each of the optimizer's compute values, with its interval from
     the paired bootstrap fits ``boot`` (None: no interval, one seed per point)."""
-    rows = []
-    for p in points:
-        row = {
-            "size": p.size,
-            "compute": p.compute,
-            "ratio": effective_speedup(law, base, p.compute),
-            "lo": None,
-            "hi": None,
-            "within_noise": None,
-            "failed_fits": 0,
-        }
-        if boot is not None:
-            ratios = [effective_speedup(x, b, p.compute) for x, b in zip(*boot) if x and b]
-            row["failed_fits"] = len(boot[0]) - len(ratios)
-            if ratios:
-                row["lo"], row["hi"] = interval(ratios)
-                row["within_noise"] = row["lo"] <= 1.0 <= row["hi"]
-        rows.append(row)
-    return rows
+    return [
+        {"size": p.size, "compute": p.compute, **compute_fit_speedup(law, base, p.compute, boot)}
+        for p in points
+    ]
 
 
 def dataset_fit(
@@ -260,13 +156,13 @@ def dataset_fit(
         return out
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     seeded = any(len(p.bests) > 1 for p in points[baseline])
-    base_boot = bootstrap_laws(points[baseline], rng, resamples) if seeded else None
+    base_boot = _bootstrap(points[baseline], rng, resamples) if seeded else None
     for lab, ps in points.items():
         if lab == baseline or laws[lab] is None:
             continue
         boot = None
         if base_boot is not None and any(len(p.bests) > 1 for p in ps):
-            boot = (bootstrap_laws(ps, rng, resamples), base_boot)
+            boot = (_bootstrap(ps, rng, resamples), base_boot)
         out["speedups"].append(
             {
                 "optimizer": lab,
@@ -277,12 +173,16 @@ def dataset_fit(
     return out
 
 
+def _bootstrap(points: list[Point], rng: np.random.Generator, resamples: int) -> list:
+    return bootstrap_laws([p.compute for p in points], [p.bests for p in points], rng, resamples)
+
+
 def fit_sections(
     groups: dict[tuple[str, str, str], list[Variant]],
     baseline: str,
     warnings: list[str],
     *,
-    resamples: int = RESAMPLES,
+    resamples: int = REPORT_RESAMPLES,
 ) -> list[dict[str, Any]]:
     """Per dataset with an optimizer run at ``MIN_POINTS`` or more compute values: the fits,
     their points and the effective speedups over ``baseline``."""
@@ -369,6 +269,6 @@ def method_note(baseline: str) -> str:
         "model sizes or token counts; the lowest-loss variant at each). With three points the fit "
         f"interpolates them. Effective speedup at C: the compute {baseline}'s fit needs to reach "
         f"the optimizer's fitted loss at C, over C; in brackets the {LEVEL:.0%} interval from "
-        f"{RESAMPLES} bootstrap resamples of each point's seeds (numpy seed {BOOTSTRAP_SEED}), "
+        f"{REPORT_RESAMPLES} bootstrap resamples of each point's seeds (numpy seed {BOOTSTRAP_SEED}), "
         "both fits redone; a resample whose fit does not fall with compute is dropped."
     )

@@ -5,24 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis.tables import markdown_table as table
 from evals import tasks as et
-from report.analysis import EVAL_GAP, PAPER_COLUMNS, format_tokens
 from report.fits import fit_tables
 from report.fits import method_note as fits_note
 from report.runs import order_key, size_name
 from report.time_to_loss import method_note, speedup_table
+from report.variants import EVAL_GAP, PAPER_COLUMNS, format_tokens
 
 NOT_REACHED = "*"
 EARLY = "†"
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    """A GitHub-flavoured markdown table (``|`` in cells escaped)."""
-
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-    return "\n".join([line(headers), line(["---"] * len(headers)), *map(line, rows)])
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

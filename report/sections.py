@@ -1,5 +1,5 @@
 """The report's sections as plain data (what report.json holds and report.md renders), and its
-figures: built from the runs read by ``report_runs`` with the numbers of ``report_analysis``."""
+figures: built from the runs read by ``report_runs`` with the numbers of ``report_variants``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 
 from evals import tasks as et
 from report import ablations as abl
-from report import analysis as ana
 from report import conditions as rcond
 from report import figures as figs
 from report import fits as rfits
 from report import runs as rr
 from report import time_to_loss as rspeed
+from report import variants as ana
 from runtime import runfiles
 
 Groups = dict[tuple[str, str, str], list[ana.Variant]]
@@ -244,7 +244,7 @@ def speedup_sections(groups: Groups, baseline: str) -> list[dict[str, Any]]:
         chosen = {k[2]: vs[0] for k, vs in groups.items() if k[:2] == (dataset, size)}
         if len(chosen) < 2 and baseline in chosen:
             continue
-        s = rspeed.time_to_loss_speedup(chosen, baseline)
+        s = rspeed.speedup_section(chosen, baseline)
         note = f"No {baseline} validation curve for {dataset} {rr.size_name(size)}; no speedup."
         out.append({"dataset": dataset, "size": size, **(s or {"rows": None, "note": note})})
     return out

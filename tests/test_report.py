@@ -14,8 +14,8 @@ import yaml
 
 from evals.tasks import TASKS, paper_average
 from report import cli as report
-from report.analysis import Published
 from report.runs import optimizer_label
+from report.variants import Published
 
 ROOT = Path(__file__).resolve().parent.parent
 # 100 steps of 491.52M tokens = 49.152B tokens: the paper's 100k steps, in 100 records.

@@ -5,9 +5,10 @@ other, and differences too small to see on the whole loss axis."""
 import numpy as np
 from matplotlib.figure import Figure
 
+from analysis.time_to_loss import time_to_loss_speedup
 from report import figures
 from report.render import render_val_loss
-from report.time_to_loss import cell_text, speedup_cell
+from report.time_to_loss import cell_text
 
 
 def cell(column, mean):
@@ -34,10 +35,10 @@ def curves(x, *seeds):
 def test_a_baseline_with_only_its_step_0_evaluation_is_in_progress_not_infinite():
     base = curves([0.0], [10.9], [10.9])
     other = curves([0.0, 1e6], [10.9, 7.0], [10.9, 7.1])
-    c = speedup_cell(base, other, resamples=20)
+    c = time_to_loss_speedup(base, other, resamples=20)
     assert c["in_progress"] and c["ratio"] is None
     assert cell_text(c) == "in progress (no evaluation after step 0 yet)"
-    c = speedup_cell(other, base, resamples=20)  # this run has no evaluation after step 0
+    c = time_to_loss_speedup(other, base, resamples=20)  # this run has no evaluation after step 0
     assert cell_text(c) == "in progress (no evaluation after step 0 yet)"
 
 
@@ -45,7 +46,7 @@ def test_not_reached_names_its_own_curves_best_and_the_target():
     """The wall-clock cell once quoted the tokens curve's best (6.228) for a target of 6.231."""
     base = curves([0.0, 10.0, 20.0], [10.9, 7.0, 6.231])
     other = curves([0.0, 10.0, 20.0], [10.9, 7.0, 6.300])
-    text = cell_text(speedup_cell(base, other), best_loss=6.228)  # 6.228: another curve's
+    text = cell_text(time_to_loss_speedup(base, other), best_loss=6.228)  # 6.228: another curve's
     assert text == "not reached (< 1.00x: more than its whole run; its best 6.300 > L* 6.231)"
 
 

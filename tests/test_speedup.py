@@ -1,4 +1,5 @@
-"""Speedups with bootstrap intervals (report/time_to_loss.py), loss-vs-compute fits (report/fits.py)
+"""Speedups with bootstrap intervals (analysis/time_to_loss.py), loss-vs-compute fits
+(analysis/compute_fit.py, report/fits.py)
 and the CPU scaling study (scripts/scaling_cpu.py) on synthetic data and run directories."""
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
+from analysis import compute_fit
+from analysis.compute_fit import PowerLaw, fit_power_law
+from analysis.time_to_loss import reach, time_to_loss_speedup
 from report import cli as report
 from report import fits
-from report.time_to_loss import cell_text, reach, speedup_cell
+from report.time_to_loss import cell_text
 from scripts import scaling_cpu
 
 # ---- interpolation and speedup cells -----------------------------------------------------------
@@ -41,11 +45,11 @@ def test_speedup_of_a_stretched_curve_and_its_interval():
     rng = np.random.default_rng(1)
     base = curves(decay, list(rng.normal(0, 0.01, 5)))
     other = curves(decay, list(rng.normal(0, 0.01, 5)), stretch=1.5)  # 1.5x faster
-    cell = speedup_cell(base, other, resamples=500)
+    cell = time_to_loss_speedup(base, other, resamples=500)
     assert cell["ratio"] == pytest.approx(1.5, rel=0.05)
     assert cell["interval"] and cell["lo"] <= 1.5 <= cell["hi"] and not cell["within_noise"]
     assert "[" in cell_text(cell, 3.0) and "within noise" not in cell_text(cell, 3.0)
-    same = speedup_cell(base, curves(decay, list(rng.normal(0, 0.01, 5))), resamples=500)
+    same = time_to_loss_speedup(base, curves(decay, list(rng.normal(0, 0.01, 5))), resamples=500)
     assert same["within_noise"] and "(within noise)" in cell_text(same, 3.0)
 
 
@@ -58,14 +62,14 @@ def test_bootstrap_intervals_cover_the_known_speedup():
     for _ in range(trials):
         base = curves(decay, list(rng.normal(0, 0.02, 8)))
         other = curves(decay, list(rng.normal(0, 0.02, 8)), stretch=1.25)
-        cell = speedup_cell(base, other, resamples=200, seed=int(rng.integers(1 << 30)))
+        cell = time_to_loss_speedup(base, other, resamples=200, seed=int(rng.integers(1 << 30)))
         covered += cell["lo"] <= 1.25 <= cell["hi"]
     assert covered >= 0.7 * trials
 
 
 def test_one_seed_has_no_interval_and_says_so():
     base, other = curves(decay, [0.0]), curves(decay, [0.0, 0.01], stretch=2.0)
-    cell = speedup_cell(base, other)
+    cell = time_to_loss_speedup(base, other)
     assert not cell["interval"] and cell["lo"] is None and cell["hi"] is None
     assert cell["ratio"] == pytest.approx(2.0, rel=0.05)
     assert cell_text(cell, 3.0).endswith("(1 seed: no interval)")
@@ -74,7 +78,7 @@ def test_one_seed_has_no_interval_and_says_so():
 def test_not_reached_gives_the_bound():
     base = curves(decay, [0.0, 0.01])
     worse = curves(decay, [0.5, 0.51])  # never gets down to the baseline's best
-    cell = speedup_cell(base, worse)
+    cell = time_to_loss_speedup(base, worse)
     assert cell["ratio"] is None and cell["x"] is None
     assert cell["bound"] == pytest.approx(1.0)  # baseline's tokens to L* over its whole run
     assert cell_text(cell, 3.5).startswith("not reached (< 1.00x: more than its whole run")
@@ -85,9 +89,9 @@ def test_not_reached_gives_the_bound():
 
 @pytest.mark.parametrize("n", [3, 6])
 def test_fit_recovers_a_known_power_law(n):
-    truth = fits.PowerLaw(l_inf=2.5, a=4.0e3, alpha=0.3)
+    truth = PowerLaw(l_inf=2.5, a=4.0e3, alpha=0.3)
     c = np.geomspace(1e12, 1e15, n)
-    law = fits.fit_power_law(c, truth.loss(c))
+    law = fit_power_law(c, truth.loss(c))
     assert law.l_inf == pytest.approx(2.5, abs=0.01)
     assert law.alpha == pytest.approx(0.3, rel=0.02)
     assert law.loss(3e13) == pytest.approx(truth.loss(3e13), rel=1e-4)
@@ -95,27 +99,27 @@ def test_fit_recovers_a_known_power_law(n):
 
 def test_fit_rejects_too_few_points_and_flags_rising_loss():
     with pytest.raises(ValueError, match="3 or more distinct positive compute values"):
-        fits.fit_power_law([1e12, 1e12, 2e12], [3.0, 3.0, 2.9])
-    assert fits.fit_power_law([1e12, 1e13, 1e14], [3.0, 3.1, 3.2]) is None
+        fit_power_law([1e12, 1e12, 2e12], [3.0, 3.0, 2.9])
+    assert fit_power_law([1e12, 1e13, 1e14], [3.0, 3.1, 3.2]) is None
 
 
 def test_effective_speedup_equals_the_closed_form():
-    base = fits.PowerLaw(2.0, 30.0, 0.2)
+    base = PowerLaw(2.0, 30.0, 0.2)
     k = 1.7  # X at C does what the baseline does at k C
-    shifted = fits.PowerLaw(2.0, 30.0 * k**-0.2, 0.2)
+    shifted = PowerLaw(2.0, 30.0 * k**-0.2, 0.2)
     for c in (1e10, 1e13, 1e16):
-        assert fits.effective_speedup(shifted, base, c) == pytest.approx(k, rel=1e-9)
-    other = fits.PowerLaw(2.1, 50.0, 0.25)  # above the baseline's L_inf at C
+        assert compute_fit.speedup_at(shifted, base, c) == pytest.approx(k, rel=1e-9)
+    other = PowerLaw(2.1, 50.0, 0.25)  # above the baseline's L_inf at C
     c = 1e13
     want = (30.0 / (other.loss(c) - 2.0)) ** (1 / 0.2) / c
-    assert fits.effective_speedup(other, base, c) == pytest.approx(want, rel=1e-9)
-    below = fits.PowerLaw(1.0, 1e-9, 0.2)  # below the baseline's L_inf: never reached by it
-    assert math.isinf(fits.effective_speedup(below, base, c))
+    assert compute_fit.speedup_at(other, base, c) == pytest.approx(want, rel=1e-9)
+    below = PowerLaw(1.0, 1e-9, 0.2)  # below the baseline's L_inf: never reached by it
+    assert math.isinf(compute_fit.speedup_at(below, base, c))
 
 
 def test_fit_speedups_with_one_seed_per_point_say_so():
-    base = fits.PowerLaw(2.0, 30.0, 0.2)
-    faster = fits.PowerLaw(2.0, 30.0 * 1.5**-0.2, 0.2)
+    base = PowerLaw(2.0, 30.0, 0.2)
+    faster = PowerLaw(2.0, 30.0 * 1.5**-0.2, 0.2)
     points = [
         fits.Point(f"w{i}", c, [float(faster.loss(c))]) for i, c in enumerate((1e12, 1e13, 1e14))
     ]
@@ -148,8 +152,8 @@ def test_flops_per_token_matches_the_model(bias):
 
 STUDY_OPTIMIZERS = ("adamw", "mars-adamw")
 # The synthetic truth: final loss L(C) per optimizer; MARS-AdamW's is AdamW's at 1.3x compute.
-TRUTH = {"adamw": fits.PowerLaw(4.0, 2.0e4, 0.35)}
-TRUTH["mars-adamw"] = fits.PowerLaw(4.0, 2.0e4 * 1.3**-0.35, 0.35)
+TRUTH = {"adamw": PowerLaw(4.0, 2.0e4, 0.35)}
+TRUTH["mars-adamw"] = PowerLaw(4.0, 2.0e4 * 1.3**-0.35, 0.35)
 
 
 def test_every_study_experiment_composes_at_its_width():

@@ -246,7 +246,7 @@ def variant_cell(variant: Variant, column: TokenColumn, published: Published) ->
     return cell
 
 
-# ---- curves (the speedups: report/time_to_loss.py) --------------------------------------------
+# ---- curves (the time-to-loss speedups: report/time_to_loss.py) -----------------------------------
 
 
 def seed_matrix(curves: list[tuple[np.ndarray, np.ndarray]]
