@@ -64,12 +64,6 @@ KNOBS = {
 }
 
 
-def knob_of(key: str) -> Knob | None:
-    """The knob of a tuned key (``lr``, ``aux_lr``...); None for a key a variant tunes that is
-    not a knob (it gets the lr's x2 lattice through ``generic``)."""
-    return KNOBS.get(key)
-
-
 def generic(key: str) -> Knob:
     """A tuned key that is not one of the knobs (a variant's ``adamw:eps=tuned``): x2 lattice."""
     return Knob(key, 1e-3, 2.0, 1, 0.0, math.inf)
