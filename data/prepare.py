@@ -20,14 +20,13 @@ Two layouts:
 
 The run streams (bounded memory), tokenizes on ``--workers`` processes, writes each shard
 atomically, resumes an interrupted run (``data/pipeline.py``), and ends with ``prepare.json``
-(documents, tokens, shards, seconds). Preparing again with the same settings is a no-op.
+(documents, tokens, shards, seconds: data/summary.py). Preparing again with the same settings is a no-op.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import time
@@ -47,15 +46,14 @@ from data.catalog import (
     with_overrides,
 )
 from data.config import missing_data_dir
-from data.shards import find_shards, read_header
-from data.sources import HubDataset, HubUnavailableError, LocalFiles, SotuCorpus
+from data.shards import find_shards
+from data.sources import HubDataset, HubUnavailableError, LocalFiles
+from data.summary import SUMMARY_FILE, finish, load_summary, summarize
 from data.tokenizer import VOCAB_SIZE
 from data.vocabs import get_vocab
-from runtime.files import atomic_open
 
 log = logging.getLogger("data.prepare")  # not __name__: that is "__main__" under python -m
 
-SUMMARY_FILE = "prepare.json"
 DEFAULT_SHARD_TOKENS = 100_000_000
 TRAIN_PATTERN = "*_train_*.bin"
 VAL_PATTERN = "*_val_*.bin"
@@ -169,31 +167,14 @@ def prepare(
     )
     if result is None:
         return {**settings, "complete": False}
-    summary = _summarize(settings, result, docs, val_ids)
+    summary = summarize(settings, result, docs, val_ids)
     (out_dir / pipeline.PROGRESS_FILE).unlink(missing_ok=True)
     if not summary["shards"]["train"]:
         raise ValueError(
             f"all {summary['tokens']['val']:,} tokens of {spec.name} fit in the validation shard "
             f"(the first {shard_tokens:,}), leaving none to train on; use a smaller --shard-tokens"
         )
-    return _finish(out_dir, spec.prefix, summary)
-
-
-def _finish(out_dir: Path, prefix: str, summary: dict) -> dict:
-    """Remove stale shards, write ``prepare.json`` and log the summary."""
-    _remove_stale_shards(out_dir, prefix, summary["shards"]["train"] + summary["shards"]["val"])
-    _write_json_atomic(out_dir / SUMMARY_FILE, summary)
-    log.info(
-        "prepared %s in %s: %s documents, %s tokens, %d shards in %.1f s (%s tokens/s)",
-        summary["source"],
-        out_dir,
-        f"{sum(summary['documents'].values()):,}",
-        f"{sum(summary['tokens'].values()):,}",
-        len(summary["shards"]["train"]) + len(summary["shards"]["val"]),
-        summary["seconds"],
-        f"{summary['tokens_per_second']:,}",
-    )
-    return summary
+    return finish(out_dir, spec.prefix, summary)
 
 
 def _prepare_nanogpt_bin(path: Path, out_dir: Path, prefix: str, shard_tokens: int) -> dict:
@@ -213,59 +194,7 @@ def _prepare_nanogpt_bin(path: Path, out_dir: Path, prefix: str, shard_tokens: i
     t0 = time.perf_counter()
     shards = rawbin.convert(path, out_dir, prefix, shard_tokens)
     result = {"shards": shards, "seconds": time.perf_counter() - t0}
-    return _finish(out_dir, prefix, _summarize(settings, result, None, None))
-
-
-def _summarize(settings: dict, result: dict, docs: Any, val_ids: np.ndarray | None) -> dict:
-    shards = [s for records in result["shards"].values() for s in records]
-    summary: dict = {**settings, "complete": True, "documents": {}, "tokens": {}, "shards": {}}
-    for split in ("train", "val"):
-        mine = [s for s in shards if f"_{split}_" in s["name"]]
-        summary["documents"][split] = sum(s["documents"] for s in mine)
-        summary["tokens"][split] = sum(s["tokens"] for s in mine)
-        summary["shards"][split] = [s["name"] for s in mine]
-    seconds = max(result["seconds"], 1e-9)
-    summary["seconds"] = round(seconds, 3)
-    summary["tokens_per_second"] = round(sum(summary["tokens"].values()) / seconds)
-    if isinstance(docs, SotuCorpus) and val_ids is not None:  # small enough to list
-        val = set(val_ids.tolist())
-        summary["doc_ids"] = {
-            "train": [d for i, d in enumerate(docs.ids) if i not in val],
-            "val": [d for i, d in enumerate(docs.ids) if i in val],
-        }
-    return summary
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    with atomic_open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-
-
-def load_summary(out_dir: str | Path, settings: dict) -> dict | None:
-    """Return the saved summary if ``out_dir`` holds valid shards made with ``settings``."""
-    path = Path(out_dir) / SUMMARY_FILE
-    try:
-        summary = json.loads(path.read_text())
-        if any(summary.get(k) != v for k, v in settings.items()):
-            log.info("%s was made with other settings; preparing again", path)
-            return None
-        for split in ("train", "val"):
-            found = sum(read_header(Path(out_dir) / n) for n in summary["shards"][split])
-            if found != summary["tokens"][split]:
-                return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return summary
-
-
-def _remove_stale_shards(out_dir: Path, prefix: str, keep: list[str]) -> None:
-    """Delete this prefix's shards left over from an earlier run that made more of them."""
-    for split in ("train", "val"):
-        for path in out_dir.glob(f"{prefix}_{split}_*.bin"):
-            if path.name not in keep:
-                log.info("removing stale shard %s", path)
-                path.unlink()
+    return finish(out_dir, prefix, summarize(settings, result, None, None))
 
 
 def prepare_sotu(
