@@ -179,6 +179,44 @@ def selection(results: Path, cells: list) -> dict[Cell, dict[str, dict]]:
     return out
 
 
+STEPS = 966  # every cell's steps (the headline's)
+
+
+def epochs_of(results: Path, cells: list) -> dict:
+    """``{cell: epochs}``: the tokens a run of the cell trains on (966 steps of its batch) over
+    the tokens one epoch of the corpus holds (RESULTS/corpus.json, ``python -m study.crossover
+    corpus``); empty without that record. Keyed as given (a Cell or a bare batch)."""
+    path = results / "corpus.json"
+    if not path.is_file():
+        return {}
+    epoch = int(json.loads(path.read_text())["epoch_tokens"])
+    return {c: STEPS * (c.batch if isinstance(c, Cell) else int(c)) / epoch for c in cells}
+
+
+def arithmetic(rows: list[dict]) -> str:
+    """The arithmetic a cell's chosen evaluation runs ran in: ``float32`` when every one did
+    (``ran_on``), else what the others ran (``bf16``: the cell is no measurement of the
+    comparison, docs/study.md)."""
+    kinds = {ran_on(r).rsplit(", ", 1)[-1] for r in rows
+             if r.get("role") == "eval" and r.get("chosen", 1.0) == 1.0}  # fmt: skip
+    other = sorted(k for k in kinds if k != "float32")
+    return "float32" if not other else ", ".join(other)
+
+
+def void_cells(results: Path, cells: list) -> dict:
+    """``{cell: arithmetic}`` of the cells whose evaluation runs did not all run float32: not
+    measured yet (the 131,072-byte cell ran bf16 autocast, and a third of its evaluation runs
+    collapsed); their tests are left out of the table, the figure and the family."""
+    out = {}
+    for b in _cells(cells):
+        path = results / b.folder / "results.csv"
+        if path.is_file():
+            kind = arithmetic(read_csv(path))
+            if kind != "float32":
+                out[b] = kind
+    return out
+
+
 def ran_on(row: dict) -> str:
     """Where a ledger row ran and in what arithmetic: its GPU (the ``device`` column) or CPU,
     with the dtype (the row's ``dtype`` column; else the ``dtype=`` its command set; else the
@@ -196,10 +234,11 @@ def ran_on(row: dict) -> str:
     return f"{gpu or row.get('cpu') or '?'}, {dtype}"
 
 
-def effects(losses: dict, n_seeds: int = 5) -> list[dict]:
-    """Every comparison at every batch where both arms have all ``n_seeds`` evaluation seeds:
-    the paired interval, the p-value, and the Holm-adjusted p over that comparison's batches
-    (one family per comparison and proxy)."""
+def effects(losses: dict, n_seeds: int = 5, void: dict | None = None) -> list[dict]:
+    """Every comparison at every batch where both arms have all ``n_seeds`` evaluation seeds
+    and which is no ``void`` cell: the paired interval, the p-value, and the Holm-adjusted p
+    over that comparison's batches (one family per comparison and proxy)."""
+    losses = {c: v for c, v in losses.items() if c not in (void or {})}
     rows = []
     models = sorted({c.model for c in losses}, key=lambda m: (m != HEADLINE_MODEL, m))
     for name, base, other in COMPARISONS:
@@ -245,6 +284,8 @@ def markdown(
     picked: dict | None = None,
     collapsed: dict | None = None,
     checks: list[dict] | None = None,
+    void: dict | None = None,
+    epochs: dict | None = None,
 ) -> str:
     cells = _cells(batches)
     pct = f"{LEVEL:.0%}"
@@ -254,25 +295,38 @@ def markdown(
              "carried from the referee's batch part (another proxy: from its cell of the size "
              "ladder); evaluation seeds 1-5. Differences are paired per seed; Holm over the "
              "batches of each comparison and proxy.", "", "## Measured", "",
-             f"| comparison | batch (bytes) | mean [{pct} t-interval] | p | Holm p |",
+             f"| comparison | batch (bytes) | mean [{pct} t-interval] | p | Holm p (this report) |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(f"| {r['comparison']} | {r['cell'].label} | {r['mean']:+.4f} [{r['lo']:+.4f}, "
                      f"{r['hi']:+.4f}] | {r['p']:.2g} | {r['holm_p']:.2g} |")  # fmt: skip
+    void, epochs = void or {}, epochs or {}
+    for b, kind in void.items():
+        lines.append(f"| every comparison | {b.label} | not measured yet ({kind} arithmetic; "
+                     "float32 rerun pending) | - | - |")  # fmt: skip
+    lines += [
+        "",
+        "The Holm p above corrects within this report; the study's one family "
+        "(results/referee/family.md) corrects over every test the study reports.",
+    ]
     collapsed = collapsed or {}
     lines += ["", "Evaluation seeds finished per arm, with how many of them collapsed (a batch "
               "without all three arms' five is still running: the same `python -m study run "
-              "crossover` continues it):", "",
+              "crossover` continues it), and the epochs a run makes over the training corpus "
+              "(966 steps of the batch over the tokens one epoch of windows holds, "
+              "results/crossover/corpus.json; past 1, the runs see their data again):", "",
               "| batch | " + " | ".join(a for _, a, _ in [("", ADAMW, 0), ("", MARS, 0),
-                                                          ("", OFF, 0)]) + " | complete |",
-              "|---|---|---|---|---|"]  # fmt: skip
+                                                          ("", OFF, 0)]) + " | complete | epochs |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for b in cells:
         arms = losses.get(b, {})
         gone = collapsed.get(b, {})
         counts = [str(len(arms.get(a, {}))) + (f" ({len(gone[a])} collapsed)" if gone.get(a) else "")
                   for a in ARMS]  # fmt: skip
         whole = all(len(arms.get(a, {})) >= 5 for a in ARMS)  # every arm's five
-        lines.append(f"| {b.label} | " + " | ".join(counts) + f" | {'yes' if whole else 'no'} |")
+        state = f"no: {void[b]}, not measured yet" if b in void else "yes" if whole else "no"
+        ep = f"{epochs[b]:.2f}" if b in epochs else "-"
+        lines.append(f"| {b.label} | " + " | ".join(counts) + f" | {state} | {ep} |")
     pairs = trained_pairs(losses, collapsed)
     if pairs:
         lines += ["", "## Where both runs of a pair trained (a description, not a test)", "",
@@ -370,12 +424,14 @@ def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
 def write(results: Path, batches: list) -> Path:
     """RESULTS/report.md and RESULTS/crossover.png from the published files."""
     results.mkdir(parents=True, exist_ok=True)
-    losses = batch_losses(results, batches)
-    rows, preds = effects(losses), predictions(results)
+    losses, void = batch_losses(results, batches), void_cells(results, batches)
+    rows, preds = effects(losses, void=void), predictions(results)
     picked, collapsed = selection(results, batches), collapsed_seeds(results, batches)
     checks = fp32_checks(results, batches)
+    epochs = {c: e for c, e in epochs_of(results, _cells(batches)).items()
+              if c.model == HEADLINE_MODEL}  # fmt: skip
     (results / "report.md").write_text(
-        markdown(losses, rows, preds, batches, picked, collapsed, checks)
+        markdown(losses, rows, preds, batches, picked, collapsed, checks, void, epochs)
     )
     figure(rows, preds, results / "crossover.png")
     return results / "report.md"

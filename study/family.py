@@ -10,8 +10,12 @@ every test of the study is counted. This gathers, from the committed ledgers alo
   study compares (0.25x -> 1x; default -> width-aware init; 2,048 -> 8,192 bytes; each step up
   the size ladder), paired per seed;
 - **the batch crossover** (results/crossover/b<B>/ and m<SIZE>-b<B>/, ``--crossover``): in every
-  batch whose arms have all finished their evaluation seeds, every pair of its arms
-  (``Delta_gamma`` among them);
+  batch whose arms have all finished their evaluation seeds in float32, every pair of its arms
+  (``Delta_gamma`` among them; a cell that ran in another arithmetic, the 131,072-byte cell's
+  bf16, is not measured yet and adds no test);
+- **the correction's anatomy** (study/correction.py): the correction on AdamW's configuration at
+  each batch, the chain from AdamW to MARS-AdamW one value at a time, the parts of the
+  correction, each step whose two arms have finished their evaluation seeds;
 
 and adjusts all of their p-values together (Holm, family-wise level 0.10, the intervals' level).
 
@@ -120,12 +124,12 @@ def crossover_losses(folder: Path | None, n_seeds: int = 5) -> dict[str, dict]:
     """``{"crossover b<B>": cells}`` of the crossover's batches whose three arms (AdamW,
     MARS-AdamW, gamma = 0) all have ``n_seeds`` evaluation seeds (a batch still running adds no
     test, even where one arm has finished)."""
-    from study.crossover_report import ADAMW, MARS, OFF, Cell
+    from study.crossover_report import ADAMW, MARS, OFF, Cell, arithmetic
 
     found = {}
     for path in sorted(folder.glob("*/results.csv")) if folder and folder.is_dir() else []:
         cell = Cell.of(path.parent.name)  # (None: a check such as b131072-fp32, not a batch)
-        if cell is None:
+        if cell is None or arithmetic(read_csv(path)) != "float32":
             continue
         cells = own_losses(path)
         arms = {arm for (arm, _, _), seeds in cells.items() if len(seeds) >= n_seeds}
@@ -141,6 +145,10 @@ def family(results: Path, crossover: Path | None = None) -> list[dict]:
               if (results / p / "results.csv").is_file()}  # fmt: skip
     losses.update(crossover_losses(crossover))
     tests = pair_tests(losses) + factorial_tests(losses.get("factorial", {})) + across_tests(losses)
+    if crossover is not None and crossover.is_dir():
+        from study.correction import family_tests
+
+        tests += family_tests(crossover)
     for t, adj in zip(tests, holm([t["p"] for t in tests])):
         t["holm_p"] = adj
     return tests
@@ -155,7 +163,9 @@ def markdown(tests: list[dict]) -> str:
         f"{len(tests)} tests ({sum(t['kind'] == 'pair' for t in tests)} pairs within cells, "
         f"{sum(t['test'].startswith('crossover') for t in tests)} of them the batch crossover's; "
         f"{sum(t['kind'] == 'factorial' for t in tests)} factorial switches; "
-        f"{sum(t['kind'] == 'across' for t in tests)} changes across cells); {held} hold at "
+        f"{sum(t['kind'] == 'across' for t in tests)} changes across cells; "
+        f"{sum(t['kind'] == 'anatomy' for t in tests)} steps of the correction's anatomy); "
+        f"{held} hold at "
         f"family-wise {alpha:.2f}. Differences are the second named minus the first (for "
         "changes: after minus before), paired over the evaluation seeds, "
         f"{LEVEL:.0%} t-intervals.",

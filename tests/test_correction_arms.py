@@ -63,3 +63,113 @@ def test_the_correction_arm_fixes_every_value_adamw_differs_in():
     assert dict(corr.run) == {"warmup_steps": "386"}
     # kappa = gamma beta1 / (1 - beta1): the paper's 0.475 (gamma 0.025 at beta1 0.95)
     assert abs(0.0528 * 0.9 / 0.1 - 0.025 * 0.95 / 0.05) < 1e-3
+
+
+def test_the_chain_switches_one_value_a_step():
+    """A1 -> A2 drops the warmup (to the carried 48), A2 -> A3 the matrix weight decay (to the
+    carried 1e-5); A1 is the correction arm at gamma = 0 less ``weight_decay_1d=0``."""
+    from study import definition as defs
+
+    parts = defs.load("crossover").parts
+    a1, a2, a3, smg = (
+        dict(Variant.parse(o).options) for o in parts["chain-b2048"].values["optimizers"]
+    )
+    corr = dict(Variant.parse(parts["corr-b2048"].values["optimizers"][0]).options)
+    assert {k: v for k, v in corr.items() if k not in ("gamma", "weight_decay_1d")} == {
+        k: v for k, v in a1.items() if k != "gamma"} and a1["gamma"] == "0"  # fmt: skip
+    assert {k: v for k, v in a1.items() if k != "warmup_steps"} == a2
+    assert {k: v for k, v in a2.items() if k != "weight_decay"} == a3
+    assert a3 == {"gamma": "0", "betas": "[0.9,0.95]"} and smg == {"second_moment": "g"}
+
+
+def _rows(arms, **where):
+    return [{"optimizer": a, "model": "proxy-100k", "budget": 1, "seed": s, "role": "eval",
+             "chosen": 1, "lr": 0.008, "final_val_loss": v, "run_dir": f"runs/{a}/seed-{s}",
+             **where}
+            for a, seeds in arms.items() for s, v in seeds.items()]  # fmt: skip
+
+
+def test_the_anatomy_steps_are_the_paired_differences_of_their_ledgers(tmp_path):
+    from study import correction
+    from study import definition as defs
+    from study.results import write_csv
+
+    parts = defs.load("crossover").parts
+    corr = parts["corr-b2048"].values["optimizers"][0]
+    a1, a2, a3, smg = parts["chain-b2048"].values["optimizers"]
+    base = {s: 1.5 + 0.01 * s for s in range(1, 6)}
+    shift = lambda d, x: {s: v + x + 0.001 * s * s for s, v in d.items()}  # noqa: E731
+    ledgers = {
+        "b2048": {"adamw": base, "mars-adamw:gamma=0": shift(base, 0.15),
+                  "mars-adamw": shift(base, 0.10)},
+        "corr-b2048": {corr: shift(base, -0.02)},
+        "chain-b2048": {a1: shift(base, 0.01), a2: shift(base, 0.05), a3: shift(base, 0.06),
+                        smg: shift(base, 0.30)},
+    }  # fmt: skip
+    for part, arms in ledgers.items():
+        (tmp_path / part).mkdir()
+        write_csv(_rows(arms, cpu="AMD EPYC"), tmp_path / part / "results.csv")
+    rows = {r["step"].label: r for r in correction.measure(tmp_path)}
+    got = rows["2,048 B: AdamW + correction - AdamW"]
+    assert got["n"] == 5 and abs(got["mean"] - (-0.02 + 0.011)) < 1e-12  # 0.001 s^2, s = 1..5
+    assert abs(rows["A2: + warmup 48 steps (AdamW's 386)"]["mean"] - 0.04) < 1e-12
+    assert abs(rows["A4: + beta1 0.95 (AdamW's 0.9) = the gamma = 0 arm"]["mean"] - 0.09) < 1e-12
+    assert rows["8,192 B: AdamW + correction - AdamW"]["n"] == 0  # no ledger: running
+    tests = correction.family_tests(tmp_path)
+    assert not any("Delta_gamma" in t["test"] for t in tests)  # the crossover's already
+    assert len(tests) == 6  # Delta_corr at 2 KB, A1-A4, second moment from g
+    text = correction.write(tmp_path).read_text()
+    assert "| 8,192 B: AdamW + correction - AdamW | running (0 of 5 pairs) |" in text
+
+
+def test_a_cell_that_ran_bf16_is_not_measured_and_adds_no_test(tmp_path):
+    from study import crossover_report as cr
+    from study.family import crossover_losses
+    from study.results import write_csv
+
+    arms = {a: {s: 1.2 + i / 10 + s / 1000 for s in range(1, 6)} for i, a in enumerate(cr.ARMS)}
+    for b, where in ((131072, {"device": "NVIDIA H100 80GB HBM3"}), (32768, {"cpu": "AMD EPYC"})):
+        (tmp_path / f"b{b}").mkdir()
+        write_csv(_rows(arms, **where), tmp_path / f"b{b}" / "results.csv")
+    assert cr.void_cells(tmp_path, [131072, 32768]) == {cr.Cell("proxy-100k", 131072): "bfloat16"}
+    text = cr.write(tmp_path, [32768, 131072]).read_text()
+    assert "| every comparison | 131,072 | not measured yet (bfloat16 arithmetic" in text
+    assert (
+        "| MARS-AdamW - AdamW | 131,072 |" not in text and "| MARS-AdamW - AdamW | 32,768 |" in text
+    )
+    assert list(crossover_losses(tmp_path)) == ["crossover b32768"]
+
+
+def test_the_epochs_column_on_a_fixture_corpus(tmp_path):
+    """Two shards of 1,000 and 129 tokens hold (999 // 64) + (128 // 64) = 17 windows of 64
+    tokens: 1,088 tokens an epoch; 966 steps of 2,048 tokens are 966 * 2048 / 1088 epochs."""
+    import json
+
+    import numpy as np
+
+    from data.config import DataConfig
+    from data.shards import write_shard
+    from study import crossover_report as cr
+    from study.crossover import corpus_record
+
+    d = tmp_path / "shards"
+    d.mkdir()
+    write_shard(d / "c_train_000000.bin", np.arange(1000) % 257, tokenizer_id=1)
+    write_shard(d / "c_train_000001.bin", np.arange(129) % 257, tokenizer_id=1)
+    write_shard(d / "c_val_000000.bin", np.arange(100) % 257, tokenizer_id=1)
+    rec = corpus_record(cfg=DataConfig(name="c", dir=str(d), tokenizer="bytes"))
+    assert (rec["train_tokens"], rec["epoch_tokens"], rec["seq_len"]) == (1129, 1088, 64)
+    (tmp_path / "corpus.json").write_text(json.dumps(rec))
+    got = cr.epochs_of(tmp_path, [2048, cr.Cell("proxy-100k", 8192)])
+    assert got[2048] == 966 * 2048 / 1088 and got[cr.Cell("proxy-100k", 8192)] == 966 * 8192 / 1088
+
+
+def test_the_readmes_correction_sentences_are_generated_from_the_ledgers():
+    from helpers import ROOT
+    from study import correction
+
+    readme = (ROOT / "README.md").read_text()
+    block = correction.README_MARK.search(readme)
+    assert block, "README.md lacks its '<!-- correction: ... -->' block"
+    want = correction.readme_block(ROOT / "results" / "crossover")
+    assert block[2] == want, "run: python -m study.correction --readme README.md"
