@@ -20,12 +20,17 @@ every test of the study is counted. This gathers, from the committed ledgers alo
 and adjusts all of their p-values together (Holm, family-wise level 0.10, the intervals' level).
 
     python -m study.family [--results results/referee] [--crossover results/crossover]
-                           [--out results/referee/family.md]
+                           [--out results/referee/family.md] [--docs docs/study.md]
+
+``--docs`` also rewrites the conclusions table of docs/study.md (between
+``<!-- conclusions: ... -->`` and ``<!-- end -->``): each conclusion the docs draw, its tests'
+differences and Holm p in this family, so none of them is typed by hand (tests/test_correction_arms.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from itertools import combinations
 from pathlib import Path
@@ -154,6 +159,78 @@ def family(results: Path, crossover: Path | None = None) -> list[dict]:
     return tests
 
 
+_MU = "(muon|mars-m|moonlight)"
+# (conclusion, the tests it rests on: regular expressions over the tests' names, each matched whole)
+CONCLUSIONS = [
+    ("MARS-AdamW behind AdamW at proxy-100k 1x, 2,048 bytes (the headline)",
+     [r"headline: proxy-100k 1x: mars-adamw - adamw"]),
+    ("MARS-AdamW behind AdamW at 1x, 8,192 bytes, both tuned anew",
+     [r"batch: proxy-100k 1x: mars-adamw - adamw"]),
+    ("MARS-AdamW behind AdamW at 0.25x: proxy-100k, -193k",
+     [r"ladder: proxy-100k 0.25x: mars-adamw - adamw", r"ladder-up: proxy-193k 0.25x: mars-adamw - adamw"]),
+    ("MARS-AdamW behind AdamW at proxy-423k 0.25x", [r"ladder-up: proxy-423k 0.25x: mars-adamw - adamw"]),
+    ("the Muon family ahead of AdamW in every cell",
+     [rf"(headline|ladder|ladder-up|widthinit): .*: {_MU} - adamw"]),
+    ("MARS-M behind Moonlight at 1x", [r"headline: proxy-100k 1x: moonlight - mars-m"]),
+    ("MARS-M behind Muon at 1x", [r"headline: proxy-100k 1x: muon - mars-m"]),
+    ("the 4x batch narrows MARS-AdamW's gap", [r"batch 2,048 -> 8,192: mars-adamw's gap to AdamW"]),
+    ("MARS-AdamW's gap grows from 0.25x to 1x", [r"budget 0.25x -> 1x: mars-adamw's gap to AdamW"]),
+    ("the Muon family's lead changes from 0.25x to 1x", [rf"budget 0.25x -> 1x: {_MU}'s gap to AdamW"]),
+    ("the Muon family's lead changes from proxy-193k to -423k",
+     [rf"size 193k -> 423k: {_MU}'s gap to AdamW"]),
+    ("any gap moves with the width-aware initialisation", [r"init default -> width-aware: .*"]),
+    ("any gap moves from proxy-100k to -193k", [r"size 100k -> 193k: .*"]),
+    ("a single factorial switch alone (gamma; betas with kappa free or held; the gains' decay; "
+     "exact mode)",
+     [r"factorial: mars-adamw:gamma=0\.0,betas=\[0\.95,0\.99\],weight_decay_1d=0\.1 - mars-adamw",
+      r"factorial: mars-adamw:gamma=0\.025,betas=\[0\.9,0\.95\],weight_decay_1d=0\.1 - mars-adamw",
+      r"factorial: mars-adamw:gamma=0\.0528,betas=\[0\.9,0\.95\],weight_decay_1d=0\.1 - mars-adamw",
+      r"factorial: mars-adamw:gamma=0\.025,betas=\[0\.95,0\.99\],weight_decay_1d=0\.0 - mars-adamw",
+      r"factorial: mars-adamw:mode=exact - mars-adamw"]),
+    ("all three factorial switches together",
+     [r"factorial: mars-adamw:gamma=0\.0,betas=\[0\.9,0\.95\],weight_decay_1d=0\.0 - mars-adamw"]),
+    ("the factorial's untuned 8,192 batch", [r"factorial: mars-adamw:batch_tokens=8192 - mars-adamw"]),
+    ("crossover: switching the correction off at MARS-AdamW's defaults (gamma = 0 minus "
+     "MARS-AdamW), 2,048, 8,192, 32,768 bytes",
+     [rf"crossover b{b}: proxy-100k {b // 2048}x: mars-adamw:gamma=0 - mars-adamw"
+      for b in (2048, 8192, 32768)]),
+    ("crossover: MARS-AdamW behind AdamW at 2,048, 8,192, 32,768 bytes, 966 steps",
+     [rf"crossover b{b}: proxy-100k {b // 2048}x: mars-adamw - adamw" for b in (2048, 8192, 32768)]),
+    ("crossover: gamma = 0 behind AdamW at 2,048, 8,192, 32,768 bytes",
+     [rf"crossover b{b}: proxy-100k {b // 2048}x: mars-adamw:gamma=0 - adamw"
+      for b in (2048, 8192, 32768)]),
+    ("the correction on AdamW's own configuration (AdamW + correction minus AdamW), by batch",
+     [r"correction: .*"]),
+    ("MARS-AdamW's defaults one at a time from AdamW (A1-A4), and its second moment from g",
+     [r"chain: .*"]),
+]  # fmt: skip
+DOCS_MARK = re.compile(r"(<!-- conclusions: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
+
+
+def conclusions(tests: list[dict]) -> str:
+    """The docs' conclusions table: each conclusion's tests (in the family's order), their
+    differences and Holm p over every test, and whether they hold (all, none, or how many)."""
+    alpha = 1 - LEVEL
+    lines = [f"| conclusion | difference(s) | Holm p over the {len(tests)} | holds |",
+             "|---|---|---|---|"]  # fmt: skip
+    for text, patterns in CONCLUSIONS:
+        got = [t for t in tests if any(re.fullmatch(p, t["test"]) for p in patterns)]
+        if not got:
+            lines.append(f"| {text} | not measured yet | - | - |")
+            continue
+        held = sum(t["holm_p"] <= alpha for t in got)
+        holds = "yes" if held == len(got) else "no" if not held else f"{held} of {len(got)}"
+        if len(got) > 4:  # many tests: their range and the largest Holm p
+            means = [t["mean"] for t in got]
+            diffs = f"{len(got)} tests, {min(means):+.3f} to {max(means):+.3f}"
+            ps = f"{max(t['holm_p'] for t in got):.2g} at most"
+        else:
+            diffs = ", ".join(f"{t['mean']:+.3f}" for t in got)
+            ps = ", ".join(f"{t['holm_p']:.2g}" for t in got)
+        lines.append(f"| {text} | {diffs} | {ps} | {holds} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(tests: list[dict]) -> str:
     alpha = 1 - LEVEL
     held = sum(t["holm_p"] <= alpha for t in tests)
@@ -187,12 +264,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crossover", type=Path, default=ROOT / "results" / "crossover",
                     help="the batch crossover's published batches (none: leave them out)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--docs", type=Path, default=None,
+                    help="also rewrite this page's conclusions table (docs/study.md)")  # fmt: skip
     args = ap.parse_args(argv)
     tests = family(args.results, args.crossover)
     if not tests:
         raise SystemExit(f"study.family: no ledger with tests under {args.results}")
     text = markdown(tests)
     (args.out or args.results / "family.md").write_text(text)
+    if args.docs is not None:
+        page = args.docs.read_text()
+        if not DOCS_MARK.search(page):
+            raise SystemExit(f"{args.docs}: no '<!-- conclusions: ... -->' ... '<!-- end -->' "
+                             "block to rewrite; add the two marker lines where the table goes")  # fmt: skip
+        table = conclusions(tests)
+        args.docs.write_text(DOCS_MARK.sub(lambda m: m[1] + table + m[3], page, count=1))
     print(text.split("\n\n")[1])
     return 0
 

@@ -173,3 +173,14 @@ def test_the_readmes_correction_sentences_are_generated_from_the_ledgers():
     assert block, "README.md lacks its '<!-- correction: ... -->' block"
     want = correction.readme_block(ROOT / "results" / "crossover")
     assert block[2] == want, "run: python -m study.correction --readme README.md"
+
+
+def test_the_docs_conclusions_are_the_familys():
+    from helpers import ROOT
+    from study import family
+
+    page = (ROOT / "docs" / "study.md").read_text()
+    block = family.DOCS_MARK.search(page)
+    assert block, "docs/study.md lacks its '<!-- conclusions: ... -->' block"
+    tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
+    assert block[2] == family.conclusions(tests), "run: python -m study.family --docs docs/study.md"
