@@ -61,7 +61,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import optim
 from model import GPT
 from model.gpt import GPTConfig
-from optim import fused as fused_path
+from optim import compiled as fused_path
 from optim.core import VarianceReduced
 from optim.engine import loader
 from optim.registry import get_spec

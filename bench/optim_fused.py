@@ -44,7 +44,7 @@ import time
 import torch
 
 import optim
-import optim.fused
+import optim.compiled
 from bench.harness import model_config
 from model import build_model
 from optim.core import VarianceReduced
@@ -201,7 +201,7 @@ def main() -> None:
         raise SystemExit(in_processes("bench.optim_fused", sys.argv[1:], args.processes))
     device = pick_device(args.device, 0)
     if args.grouping != "auto":
-        optim.fused.GROUPING[device.type] = args.grouping
+        optim.compiled.GROUPING[device.type] = args.grouping
     if args.block is not None:  # the engine's block size for this process
         from optim.engine import launch
 
@@ -214,7 +214,7 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
     print(f"device: {device} ({name or platform.machine()}), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    grouping = optim.fused.GROUPING.get(device.type, "list")
+    grouping = optim.compiled.GROUPING.get(device.type, "list")
     print(f"model: {args.model}, {n / 1e6:.2f}M parameters in {len(params)} tensors; "
           f"compiled grouping: {grouping}")  # fmt: skip
     paths = args.paths or (["foreach", "compiled", "engine"] if device.type == "cuda" else

@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
 
 import torch
 
+from optim import compiled as compiled_route
 from optim import engine as engine_path
-from optim import fused as fused_path
 from optim import implementation as implementations
 from optim import masked, routes, sharded
+from optim.bucket import Bucket, apply_step, clip_scope, probe, route
 from optim.engine import state as engine_state
 from optim.engine.clip import ClipFoldMixin
 from optim.functional import clip_unit_norm_, mars_correct, mars_correction, mars_kappa
-from optim.momentum import MOMENTA, Momentum
+from optim.momentum import MOMENTA
 from optim.options import check_group_keys, check_option
-from optim.preconditioners import PRECONDITIONERS, Preconditioner, Step, option_keys
+from optim.preconditioners import PRECONDITIONERS, option_keys
 from optim.reference import ReferenceGradMixin
 from optim.schedules import check_hyper_schedules
 
@@ -54,69 +54,9 @@ GROUP_KEYS = frozenset({
     "initial_lr", "kind", "name",  # schedules (torch's key); optim/groups.py; a label
     "schedules",  # per-step values of other keys (gamma, ...): optim/schedules.py
 })  # fmt: skip
-# Private methods whose work the compiled step (optim/fused.py) does itself: a subclass that
-# overrides one would be ignored there, so such a class never takes the compiled step.
-FUSED_REPLACES = ("_corrections", "_advance_references", "_advance_reference")
-
-
-@dataclass
-class Bucket:
-    """Tensors of one group that share a rule this step, with their gradients and corrections."""
-
-    view: dict
-    momentum: Momentum
-    preconditioner: Preconditioner
-    params: Tensors = field(default_factory=list)
-    states: list[dict] = field(default_factory=list)
-    gs: Tensors = field(default_factory=list)
-    cs: Tensors = field(default_factory=list)
-    # FSDP2 (optim/sharded.py): params, states and gs above are then the rank-local blocks;
-    # ``shards`` holds each tensor's DTensor parameter (None: a plain tensor) and ``owners`` the
-    # optimizer's own state dicts (``states`` are views of them with local blocks)
-    shards: list = field(default_factory=list)
-    owners: list[dict] = field(default_factory=list)
-
-
-def route(p: torch.Tensor, group: dict) -> tuple[str, dict]:
-    """The rule for ``p`` in ``group``: a key and the group as that rule reads it."""
-    if group.get("split_1d") and p.ndim != 2:
-        return "1d", {
-            **group,
-            "lr": group["lr"] * group["lr_1d_factor"],
-            "betas": group["betas_1d"],
-            "weight_decay": group["weight_decay_1d"],
-            "variance_reduction": False,
-            "amsgrad": False,
-            "momentum_form": "ema",
-            "preconditioner": "adam",
-        }
-    if not PRECONDITIONERS[group["preconditioner"]].handles(p):
-        return "adam", {**group, "preconditioner": "adam"}
-    return "main", group
-
-
-def apply_step(params: Tensors, step: Step, foreach: bool) -> None:
-    """``p = p * keep - step_size * num / den``: decoupled decay, then the preconditioned step."""
-    if foreach:
-        torch._foreach_mul_(params, step.keeps)
-        if step.dens is not None:
-            torch._foreach_addcdiv_(params, step.nums, step.dens, [-s for s in step.step_sizes])
-            return
-        # foreach add takes one alpha: one call per distinct step size (Newton-Schulz: one per
-        # shape), never one per tensor, and the same rounding as the loop's ``add_(alpha=)``
-        by_size: dict[float, list[int]] = {}
-        for i, size in enumerate(step.step_sizes):
-            by_size.setdefault(size, []).append(i)
-        for size, idx in by_size.items():
-            torch._foreach_add_([params[i] for i in idx], [step.nums[i] for i in idx],
-                                alpha=-size)  # fmt: skip
-        return
-    for i, p in enumerate(params):
-        p.mul_(step.keeps[i])
-        if step.dens is not None:
-            p.addcdiv_(step.nums[i], step.dens[i], value=-step.step_sizes[i])
-        else:
-            p.add_(step.nums[i], alpha=-step.step_sizes[i])
+# Private methods whose work the fast routes (optim/compiled.py, optim/engine/) do themselves: a
+# subclass that overrides one would be ignored there, so such a class never takes them.
+FAST_REPLACES = ("_corrections", "_advance_references", "_advance_reference")
 
 
 class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
@@ -128,7 +68,7 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     the eager path: foreach, or the per-tensor loop where the class's ``default_foreach`` says so
     (``foreach_for``: a class default of None means foreach on CUDA only). ``loop`` the
     per-tensor loop (the readable reference) and ``foreach`` the torch._foreach path, everywhere
-    (both tested equal in float64). ``compiled`` every element-wise bucket (optim/fused.py) as one
+    (both tested equal in float64). ``compiled`` every element-wise bucket (optim/compiled.py) as one
     ``torch.compile``d step on any device; where inductor cannot run (no C++ compiler, no
     Triton) it logs why and takes the eager path. ``triton`` the engine on any device (a CPU
     through Triton's interpreter).
@@ -138,7 +78,7 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     which every path calls: the loop, foreach and the compiled step; and ``adapter_keys``, the
     param-group keys it adds. A group's ``schedules`` key sets other keys per step
     (optim/schedules.py, e.g. a gamma decaying to 0). A subclass that overrides one of the
-    private methods the compiled step replaces (``FUSED_REPLACES``) is refused
+    private methods the compiled step replaces (``FAST_REPLACES``) is refused
     ``implementation="compiled"`` and ``"triton"``.
     """
 
@@ -146,7 +86,6 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
     adapter_keys: tuple[str, ...] = ()  # group keys a subclass adds (a drop-in's official names)
     correction = staticmethod(mars_correct)  # c = g + kappa * (g - g_ref), one tensor
 
-    @implementations.refusing_replaced
     def __init__(self, groups, defaults: dict | None = None, *, is_approx: bool = True,
                  implementation: str = implementations.DEFAULT) -> None:  # fmt: skip
         implementations.check(implementation, implementations.CORE, who=type(self).__name__)
@@ -164,25 +103,15 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         self._compiled_ok: set = set()  # bucket signatures that compiled and ran
         self._compiled_off: str | None = None  # why the compiled step was given up, once it was
         self.engine_state = engine_state.EngineState()  # the engine's tables, kept launches
-        # Which path each bucket of the last step took ("engine", "fused", "fused-fallback" when
-        # the compiled step failed and the same code ran eagerly, "foreach", "loop"), and counts
-        # over all steps: a test of a fast path asserts it ran.
-        self.last_paths: list[str] = []
-        self.last_routes: list = []  # (bucket, optim/routes.py Route) of the last full step
-        self.path_counts: Counter = Counter()
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        """A subclass's constructor refuses ``fused=``/``foreach=`` with the one line naming
-        ``implementation`` (optim/implementation.py), as the core's does."""
-        super().__init_subclass__(**kwargs)
-        init = cls.__dict__.get("__init__")
-        if init is not None and not getattr(init, "refuses_replaced", False):
-            cls.__init__ = implementations.refusing_replaced(init)
+        # The route each bucket of the last step took, with its reason (optim/routes.py), and
+        # the routes' counts over all steps: a test of a fast path asserts it ran.
+        self.last_routes: list = []
+        self.route_counts: Counter = Counter()
 
     @classmethod
     def private_overrides(cls) -> list[str]:
-        """The methods of ``FUSED_REPLACES`` this class overrides (then never compiled)."""
-        return [n for n in FUSED_REPLACES if getattr(cls, n) is not getattr(VarianceReduced, n)]
+        """The methods of ``FAST_REPLACES`` this class overrides (then never compiled)."""
+        return [n for n in FAST_REPLACES if getattr(cls, n) is not getattr(VarianceReduced, n)]
 
     @property
     def off_reason(self) -> str | None:
@@ -237,23 +166,19 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         self._check_reference()
         skip = _skip_flag(getattr(self, "found_inf", None))
         gscale = self._take_clip_fold()  # the trainer's clip, folded: optim/engine/clip.py
-        if engine_path.run_kept(self, skip, gscale):  # the last step's launches, kept
-            self.path_counts.update(self.last_paths)
+        if routes.run_kept(self, skip, gscale):  # the last step's launches, kept
             self._reference_pending = False
             return loss
         foreach = self._use_foreach()
-        self.last_paths = []
         buckets = [b for group in self.param_groups for b in self._buckets(group)]
         self._last_counted = [s for b in buckets for s in b.owners]  # the state dicts
         buckets = routes.run_fast(self, buckets, foreach, skip, gscale)  # the eager ones left
         # the eager paths cannot mask their writes: under a flag they step on copies
         staged = masked.Staged(buckets) if skip is not None and buckets else None
-        self.last_paths += ["foreach" if foreach else "loop"] * len(buckets)
-        self.path_counts.update(self.last_paths)
         for b in buckets:
             b.cs = self._corrections(b, foreach) if b.view.get("variance_reduction") else b.gs
         for scope in ("tensor", "global"):  # a global clip spans every group that asks for it
-            clipped = [b for b in buckets if _clip(b) == scope]
+            clipped = [b for b in buckets if clip_scope(b) == scope]
             cs = [c for b in clipped for c in b.cs]
             shards = [s for b in clipped for s in b.shards]
             if any(s is not None for s in shards):  # norms over whole tensors, all-reduced
@@ -282,7 +207,7 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         device = buckets[0].params[0].device.type
         if device != "cuda" or self._compiled_off or not self._compiled_asked(device):
             return False
-        return fused_path.unavailable_reason("cuda") is None
+        return compiled_route.unavailable_reason("cuda") is None
 
     def _advance_references(self, owners: list[dict], states: list[dict], gs: Tensors,
                             foreach: bool) -> None:  # fmt: skip
@@ -328,27 +253,21 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         return None
 
     def device_skip_cost(self) -> str | None:
-        """What honouring ``found_inf`` costs beyond the masks of the compiled path, or None:
-        the eager buckets' copies and commit (optim/masked.py), exact mode's masked swap."""
+        """What honouring ``found_inf`` costs beyond the masks of the fast routes, or None: a
+        tensor whose route (``routes.decide``) is eager steps on copies that are committed
+        under the flag (optim/masked.py); exact mode's swap becomes masked copies."""
         if not self.is_approx and any(g.get("variance_reduction") for g in self.param_groups):
             return "exact mode's reference swap becomes masked copies"
+        foreach = self._use_foreach()
         for group in self.param_groups:
             for p in group["params"]:
                 view = route(p, group)[1]
                 if engine_path.covers(self, p, view):  # masked in its kernels
                     continue
-                if not fused_path.fusable(view):
-                    return (
-                        f"rule {view['momentum_form']}/{view['preconditioner']} (clip "
-                        f"{view.get('clip')}) runs eagerly: it steps on copies"
-                    )
-                if not self._compiled_asked(p.device.type):
-                    return (f"the compiled step is off (implementation={self.implementation}, "
-                            f"{p.device.type})")  # fmt: skip
-                if self.private_overrides():
-                    return f"the compiled step is off ({self.private_overrides()} overridden)"
-                if sharded.is_sharded(p) and view.get("variance_reduction"):
-                    return "a sharded tensor's clip needs the whole tensor (not compiled)"
+                b = probe(p, view)
+                taken = routes.decide(self, b, foreach, engine="not covered")
+                if taken.name != "compiled":
+                    return f"{routes.label(b)} steps on copies ({taken.reason})"
         return None
 
     def uncount_last_step(self) -> None:
@@ -356,27 +275,21 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         for state in getattr(self, "_last_counted", []):
             state["step"] -= 1
 
-    def _try_compiled(self, b: Bucket, skip: torch.Tensor | None = None) -> bool:
-        """Step bucket ``b`` on the compiled path if chosen and covered; whether it did."""
-        if not self._want_compiled(b) or not fused_path.fusable(b.view):
-            return False
-        if _clip(b) == "tensor" and any(s is not None for s in b.shards):
-            return False  # the compiled clip's norm would be the local block's (foreach: whole)
-        if not fused_path.same_device_and_dtype(b.params):
-            return False
-        key = fused_path.signature(b, self.correction)
-        error = fused_path.fused_step(b, is_approx=self.is_approx, skip=skip,
-                                      may_fall_back=key not in self._compiled_ok,
-                                      correction=self.correction)  # fmt: skip
-        if error:  # the step was done eagerly by the same code; later steps take foreach
+    def _run_compiled(self, b: Bucket, skip: torch.Tensor | None = None) -> str | None:
+        """Step bucket ``b`` on the compiled route (``routes.decide`` chose it); None, or why it
+        failed to compile: the step was then done eagerly by the same code, and the compiled
+        step is off from then on."""
+        key = compiled_route.signature(b, self.correction)
+        error = compiled_route.step(b, is_approx=self.is_approx, skip=skip,
+                                    may_fall_back=key not in self._compiled_ok,
+                                    correction=self.correction)  # fmt: skip
+        if error:
             self._compiled_off = f"torch.compile failed: {error}"
             logger.warning("compiled optimizer step off (%s); using foreach", self._compiled_off)
-            self.last_paths.append("fused-fallback")
         else:
             self._compiled_ok.add(key)
-            self.last_paths.append("fused")
         self._swap_exact(b, skip)
-        return True
+        return error
 
     def _swap_exact(self, b: Bucket, skip: torch.Tensor | None) -> None:
         """Exact mode's reference swap after a fast path's step of ``b`` (masked under a flag)."""
@@ -394,6 +307,9 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         return implementations.compiled_wanted(self.implementation, device_type)
 
     def _want_compiled(self, b: Bucket) -> bool:
+        """Whether the setting asks for the compiled step on ``b``'s device and it can run there
+        (a class that overrides ``FAST_REPLACES``, or a missing compiler, turns it off once);
+        the rest of the question is ``routes.decide``'s."""
         if self._compiled_off or self.implementation in ("loop", "foreach"):
             return False
         if self.private_overrides():  # auto: the eager paths, which call the overrides
@@ -403,7 +319,7 @@ class VarianceReduced(ClipFoldMixin, ReferenceGradMixin, torch.optim.Optimizer):
         device = b.params[0].device.type
         if not self._compiled_asked(device):
             return False
-        reason = fused_path.unavailable_reason(device)
+        reason = compiled_route.unavailable_reason(device)
         if reason:
             self._compiled_off = reason
             logger.warning("compiled optimizer step off: %s; using foreach", reason)
@@ -450,7 +366,3 @@ def check_rule(group: dict) -> None:
         raise ValueError(f"unknown preconditioner {name!r}; valid: {sorted(PRECONDITIONERS)}")
     MOMENTA[form].check(group)
     PRECONDITIONERS[name].Options.from_group(group)  # its validators, with the group's values
-
-
-def _clip(b: Bucket) -> str | None:
-    return b.view.get("clip") if b.view.get("variance_reduction") else None

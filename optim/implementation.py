@@ -1,12 +1,15 @@
 """``implementation``: the one setting that says how an optimizer steps (docs/optim-engine.md,
-"The setting"). It replaces the switches ``fused`` (None, True, False, "engine") and ``foreach``.
+"The setting"). It replaced the switches ``fused`` (None, True, False, "engine") and ``foreach``:
+a constructor takes neither (Python refuses the keyword), the config check refuses them in one
+line (``hint``: trainer/checks.py, trainer/cli_checks.py) and a run directory written before
+continues with the implementation that steps as they did (``from_earlier``: trainer/rundir.py).
 
 - ``auto`` (default): on CUDA the Triton engine for the buckets it covers, the compiled step for
   the others, then the eager path; on a CPU the eager path (foreach, or the per-tensor loop where
   the class says so: ``VarianceReduced.default_foreach``);
 - ``loop``: the per-tensor loop, the readable reference, everywhere;
 - ``foreach``: ``torch._foreach`` ops everywhere;
-- ``compiled``: the ``torch.compile``d element-wise step (optim/fused.py) on any device, falling
+- ``compiled``: the ``torch.compile``d element-wise step (optim/compiled.py) on any device, falling
   back to the eager path where inductor cannot run;
 - ``triton``: the Triton engine (optim/engine/) on any device, a CPU through Triton's
   interpreter; what it does not cover takes the compiled step on CUDA, the eager path elsewhere.
@@ -21,7 +24,6 @@ file without importing torch.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 CORE = ("auto", "loop", "foreach", "compiled", "triton")
@@ -80,26 +82,6 @@ def hint(key: str, value: Any = ..., prefix: str = "") -> str:
         f"{prefix}{key}={value!r} was replaced by {prefix}implementation={same} (one of "
         f"{'|'.join(CORE)}; torch's AdamW: {'|'.join(TORCH_ADAMW)}; docs/optim-engine.md)"
     )
-
-
-def refuse_replaced(kwargs: dict, prefix: str = "") -> None:
-    """ValueError with one line where ``kwargs`` holds ``fused`` or ``foreach``."""
-    for key in REPLACED:
-        if key in kwargs:
-            raise ValueError(hint(key, kwargs[key], prefix))
-
-
-def refusing_replaced(init):
-    """``__init__`` that refuses ``fused=``/``foreach=`` with the one line, before Python's
-    TypeError about an unexpected keyword would."""
-
-    @functools.wraps(init)
-    def wrapped(self, *args, **kwargs):
-        refuse_replaced(kwargs)
-        return init(self, *args, **kwargs)
-
-    wrapped.refuses_replaced = True
-    return wrapped
 
 
 def from_earlier(section: dict) -> dict:

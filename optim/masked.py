@@ -1,6 +1,6 @@
 """The eager paths' steps under a device-side skip flag (torch's ``found_inf``), no host read.
 
-The compiled path (optim/fused.py) masks each write inside its kernel. The eager paths
+The compiled path (optim/compiled.py) masks each write inside its kernel. The eager paths
 (Newton-Schulz, the heavy-ball and one-buffer momenta, the global clip, FSDP's sharded clip,
 exact mode's buffer swap) write with foreach ops, which have no masked form that is safe for
 NaN: ``m + 0 * (new - m)`` is NaN where ``new`` is, and a flagged step is one whose gradients

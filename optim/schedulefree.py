@@ -38,7 +38,7 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from optim import engine
+from optim import engine, routes
 from optim import implementation as implementations
 from optim.engine import schedulefree as engine_schedulefree
 from optim.engine.clip import ClipFoldMixin
@@ -67,7 +67,6 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
 
     has_eval_weights = True  # the trainer evaluates and saves inside eval_weights()
 
-    @implementations.refusing_replaced
     def __init__(self, params, lr: float = 0.0025, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup_steps: int = 0, r: float = 0.0,
                  weight_lr_power: float = 2.0, *,
@@ -84,13 +83,14 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
         super().__init__(params, defaults)
         # implementation (optim/implementation.py): auto, the engine (optim/engine/) on CUDA
         # where Triton is present, else foreach; triton the engine on any device (a CPU through
-        # Triton's interpreter); loop, foreach never (no compiled step here). ``path_counts``
-        # counts the paths the groups took ("engine", "foreach", "loop"), as the core's do.
+        # Triton's interpreter); loop, foreach never (no compiled step here). ``last_routes``
+        # holds each group's route of the last step and ``route_counts`` counts them over all
+        # steps ("engine", "foreach", "loop": optim/routes.py), as the core's do.
         self.implementation = implementation
         self.foreach = implementations.eager_foreach(implementation) is not False
         self.engine_state = EngineState()  # the engine's tables (optim/engine/state.py)
-        self.last_paths: list[str] = []
-        self.path_counts: Counter = Counter()
+        self.last_routes: list = []
+        self.route_counts: Counter = Counter()
         self._kept: list[torch.Tensor] | None = (
             None  # y while in eval mode, keep_train_weights=True
         )
@@ -143,12 +143,18 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        self.last_paths = []
         gscale = self._take_clip_fold()  # the trainer's clip, folded: optim/engine/clip.py
-        for group in self.param_groups:
-            self._step_group(group, gscale)
-        self.path_counts.update(self.last_paths)
+        taken = [self._step_group(group, gscale) for group in self.param_groups]
+        routes.record(self, [("group", self._route(name)) for name in taken if name])
         return loss
+
+    def _route(self, name: str) -> routes.Route:
+        """A group's route ``name`` with its reason: the setting, and why the engine is off
+        where it is and the group took another route."""
+        why = f"{type(self).__name__}, implementation={self.implementation}"
+        off = self.engine_state.off
+        return routes.Route(name, why if name == "engine" or not off
+                            else f"{why}; not the engine: {off}")  # fmt: skip
 
     def _engine_takes(self, p: torch.Tensor, group: dict) -> bool:
         return engine.usable(self, p.device.type) and tensors_fit([p])
@@ -168,7 +174,8 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
         weight_sum = group["weight_sum"] = group["weight_sum"] + weight
         return lr, (weight / weight_sum if weight_sum != 0 else 0.0)
 
-    def _step_group(self, group: dict, gscale: torch.Tensor | None = None) -> None:
+    def _step_group(self, group: dict, gscale: torch.Tensor | None = None) -> str | None:
+        """One group's step; the route it took (None: no gradient in it)."""
         beta1, beta2 = group["betas"]
         decay, k = group["weight_decay"], group["k"]
         lr, ckp1 = self._weights(group)
@@ -182,17 +189,15 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
                 )
         group["k"] = k + 1
         if not ps:
-            return
+            return None
         grads = [p.grad for p in ps]
         zs = [self.state[p]["z"] for p in ps]
         vs = [self.state[p]["exp_avg_sq"] for p in ps]
         if engine_schedulefree.step(self, ps, grads, zs, vs, beta1=beta1, beta2=beta2, bc2=bc2,
                                     eps=group["eps"], decay=decay, ckp1=ckp1, lr=lr,
                                     gscale=gscale):  # fmt: skip
-            self.last_paths.append("engine")
-            return
+            return "engine"
         apply_clip(grads, gscale)  # a folded clip, applied as torch's clip applies it
-        self.last_paths.append("foreach" if self.foreach else "loop")
         if self.foreach:
             torch._foreach_mul_(vs, beta2)
             torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
@@ -205,7 +210,7 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
             torch._foreach_lerp_(ps, zs, weight=ckp1)
             torch._foreach_add_(ps, d, alpha=lr * (beta1 * (1 - ckp1) - 1))
             torch._foreach_sub_(zs, d, alpha=lr)
-            return
+            return "foreach"
         for y, g, z, v in zip(ps, grads, zs, vs):
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             d = g.div(v.div(bc2).sqrt_().add_(group["eps"]))
@@ -214,6 +219,7 @@ class AdamWScheduleFree(ClipFoldMixin, torch.optim.Optimizer):
             y.lerp_(end=z, weight=ckp1)
             y.add_(d, alpha=lr * (beta1 * (1 - ckp1) - 1))
             z.sub_(d, alpha=lr)
+        return "loop"
 
 
 @contextlib.contextmanager

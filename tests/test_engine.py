@@ -121,8 +121,8 @@ def test_engine_step_equals_foreach(name):
     ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
     run(ref, ref_p, 4), run(eng, eng_p, 4)
     assert eng.off_reason is None
-    assert set(eng.path_counts) == {"engine"} and eng.path_counts["engine"] == 4 * len(
-        eng.last_paths)  # fmt: skip
+    assert set(eng.route_counts) == {"engine"} and eng.route_counts["engine"] == 4 * len(
+        eng.last_routes)  # fmt: skip
     assert_same(ref_p, ref, eng_p, eng)
 
 
@@ -133,7 +133,7 @@ def test_soap_takes_its_unrotated_tensors_to_the_engine():
     ref_p, eng_p = make_params(), make_params()
     ref, eng = make(ref_p, "foreach"), make(eng_p, "triton")
     run(ref, ref_p, 4), run(eng, eng_p, 4)
-    assert eng.path_counts == {"engine": 4, "foreach": 4}
+    assert eng.route_counts == {"engine": 4, "foreach": 4}
     assert_same(ref_p, ref, eng_p, eng)
 
 
@@ -180,7 +180,7 @@ def test_skipped_nonfinite_step_changes_nothing(name):
         torch.testing.assert_close({k: state[k] for k in old}, old, rtol=0, atol=0)
     run(ref, ref_p, 2, start=2), run(eng, eng_p, 2, start=2)
     assert_same(ref_p, ref, eng_p, eng)
-    assert set(eng.path_counts) == {"engine"}
+    assert set(eng.route_counts) == {"engine"}
 
 
 def test_schedulefree_engine_equals_foreach_and_records_its_path():
@@ -189,7 +189,7 @@ def test_schedulefree_engine_equals_foreach_and_records_its_path():
     eng = optim.AdamWScheduleFree(eng_p, lr=1e-2, weight_decay=0.1, warmup_steps=2,
                                   implementation="triton")  # fmt: skip
     run(ref, ref_p, 4), run(eng, eng_p, 4)
-    assert ref.path_counts == {"foreach": 4} and eng.path_counts == {"engine": 4}
+    assert ref.route_counts == {"foreach": 4} and eng.route_counts == {"engine": 4}
     assert eng.off_reason is None
     assert_same(ref_p, ref, eng_p, eng)
     ref.eval(), eng.eval()  # x, the averaged weights
@@ -245,7 +245,7 @@ def test_registry_configs_with_decay_kinds(name):
     ref.implementation, eng.implementation = "foreach", "triton"
     ps = [list(m.parameters()) for m in models]
     run(ref, ps[0], 3), run(eng, ps[1], 3)
-    assert set(eng.path_counts) == {"engine"}
+    assert set(eng.route_counts) == {"engine"}
     assert_same(ps[0], ref, ps[1], eng)
 
 
@@ -276,7 +276,7 @@ def test_without_triton_the_engine_falls_back_with_its_reason(monkeypatch, caplo
     opt = MARS(ps, implementation="triton")
     with caplog.at_level(logging.WARNING, logger="optim.engine"):
         run(opt, ps, 2)
-    assert opt.path_counts == {"foreach": 4} and "test" in opt.off_reason
+    assert opt.route_counts == {"foreach": 4} and "test" in opt.off_reason
     assert "triton is not importable (test)" in caplog.text
 
 
@@ -284,7 +284,7 @@ def test_cpu_default_is_unchanged():
     ps = make_params()
     opt = MARS(ps)
     run(opt, ps, 1)
-    assert set(opt.path_counts) == {"foreach"} and opt.engine_state.cache.built == 0
+    assert set(opt.route_counts) == {"foreach"} and opt.engine_state.cache.built == 0
     with pytest.raises(ValueError, match="'engine'"):
         MARS(ps, implementation="engine")
 
@@ -303,7 +303,7 @@ def test_optim_imports_and_steps_without_triton(monkeypatch):
         p.grad = torch.ones(3)
         opt = fresh.MARS([p], implementation="triton")
         opt.step()
-        assert opt.path_counts == {"foreach": 1}, opt.path_counts
+        assert opt.route_counts == {"foreach": 1}, opt.route_counts
         assert "triton is not importable" in opt.off_reason
     finally:
         for name in [n for n in sys.modules if n == "optim" or n.startswith("optim.")]:
@@ -340,7 +340,7 @@ def test_engine_equals_foreach_on_cuda(name, monkeypatch):
     eng.uncount_last_step()
     eng.found_inf = torch.zeros((), device="cuda")
     run(ref, ref_p, 2, start=2), run(eng, eng_p, 2, start=2)
-    assert set(eng.path_counts) == {"engine"}, eng.path_counts
+    assert set(eng.route_counts) == {"engine"}, eng.route_counts
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-4, atol=1e-5))
 
 

@@ -65,7 +65,7 @@ def test_folded_clip_equals_clip_grad_norm_then_the_engine_step(name):
     set_grads(eng_p, 0)
     assert eng.can_fold_clip() and not eng.can_fold_clip(eng_p[:1])
     assert_norms(trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True))
-    assert set(eng.path_counts) == {"engine"} and eng._clip_fold is None
+    assert set(eng.route_counts) == {"engine"} and eng._clip_fold is None
     assert_same(ref_p, ref, eng_p, eng)
 
 
@@ -74,7 +74,7 @@ def test_schedulefree_folds_the_clip():
     ref, eng = (optim.AdamWScheduleFree(ps, lr=1e-2, weight_decay=0.1, implementation="triton")
                 for ps in (ref_p, eng_p))  # fmt: skip
     assert_norms(trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True))
-    assert eng.path_counts == {"engine": 4}
+    assert eng.route_counts == {"engine": 4}
     assert_same(ref_p, ref, eng_p, eng)
 
 
@@ -198,7 +198,7 @@ def test_a_bucket_the_engine_hands_back_is_clipped_as_torch_clips():
     torch.testing.assert_close(clip(eng, eng_p, True), clip(ref, ref_p, False), **TOL)
     eng.engine_state.off = "test"
     ref.step(), eng.step()
-    assert eng.last_paths == ["foreach", "foreach"]
+    assert [r.name for _, r in eng.last_routes] == ["foreach", "foreach"]
     assert_same(ref_p, ref, eng_p, eng)
 
 
@@ -278,7 +278,7 @@ def test_a_training_run_with_the_fold_equals_one_with_clip_grad_norm_(tmp_path, 
         norms = [trainer.train_step()[1] for _ in range(3)]
         trainer.guard.resolve()
         assert trainer.state.skipped_steps == 1 and norms[1].isnan()
-        assert set(trainer.optimizer.path_counts) == {"engine"}
+        assert set(trainer.optimizer.route_counts) == {"engine"}
         if fold:
             assert trainer.optimizer.clip_fold_off_reason is None
         runs.append((norms, trainer))
@@ -317,7 +317,7 @@ def test_folded_clip_on_cuda(name, monkeypatch):
     norms = trainer_steps(ref, ref_p, 4, False), trainer_steps(eng, eng_p, 4, True)
     tol = dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(norms[1], norms[0], **tol)
-    assert set(eng.path_counts) == {"engine"}
+    assert set(eng.route_counts) == {"engine"}
     assert_same(ref_p, ref, eng_p, eng, tol=dict(rtol=1e-4, atol=1e-5))
 
 

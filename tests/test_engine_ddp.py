@@ -85,7 +85,7 @@ def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
             skipped, _ = run(name, "triton", flagged=2)
             calls[:] = []
             out[name] = dict(engine=eng, ref=ref, gathers=gathers, ref_gathers=ref_gathers,
-                             paths=dict(opt.path_counts), skipped=skipped,
+                             paths=dict(opt.route_counts), skipped=skipped,
                              routes=[(n, r.name) for n, r in opt.last_routes],
                              device_skip=opt.device_skip_cost(), fold=opt.can_fold_clip())  # fmt: skip
         torch.save(out, f"{out_dir}/rank{rank}.pt")

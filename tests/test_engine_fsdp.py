@@ -77,7 +77,7 @@ def train(case: str, wrap) -> tuple[dict, dict, int, list]:
         launch.dist.all_reduce = real
     whole = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
              for n, p in model.named_parameters()}  # fmt: skip
-    paths = {**opt.path_counts, "built": opt.engine_state.programs_built,  # (lists kept)
+    paths = {**opt.route_counts, "built": opt.engine_state.programs_built,  # (lists kept)
              "routes": [(label, r.name) for label, r in opt.last_routes]}  # fmt: skip
     return whole, paths, counts, norms
 

@@ -78,7 +78,7 @@ def test_engine_equals_foreach_with_merged_stacks(name, merge):
     assert any(fired) and not all(fired)
     for a, b in zip(*norms):
         torch.testing.assert_close(b, a, **TOL)
-    assert eng.off_reason is None and set(eng.path_counts) == {"engine"}
+    assert eng.off_reason is None and set(eng.route_counts) == {"engine"}
     assert_same(ref_p, ref, eng_p, eng)
     matrices = [p for p in eng_p if p.ndim == 2]
     stacks = engine_stacks(eng)
@@ -123,7 +123,7 @@ def test_merged_stacks_on_cuda(name, dtype, monkeypatch):
     steps(ref, ref_p, 2, False), steps(eng, eng_p, 2, True)
     skipped_step_with_folded_clip(eng, eng_p, MAX_NORM)
     steps(ref, ref_p, 3, False, start=2), steps(eng, eng_p, 3, True, start=2)
-    assert set(eng.path_counts) == {"engine"}, eng.path_counts
+    assert set(eng.route_counts) == {"engine"}, eng.route_counts
     assert len(engine_stacks(eng)) == 3  # (40, 96) with its two transposes, (64, 64), (33, 130)
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == "param" else dict(rtol=2e-2, atol=2e-3)
     assert_same(ref_p, ref, eng_p, eng, tol=tol)

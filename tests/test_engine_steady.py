@@ -101,7 +101,7 @@ def test_steady_steps_reuse_one_launch_list_and_equal_foreach(name):
     # MARS-AdamW: a second list from the second step, where the fold's norm pass merges with
     # MARS's (optim/engine/clip.py; the first step makes the reference buffers)
     first = 1 + (name == "mars-adamw")
-    assert built(eng) == first and eng.path_counts == {"engine": 5 * len(eng.last_paths)}
+    assert built(eng) == first and eng.route_counts == {"engine": 5 * len(eng.last_routes)}
     assert_same(ref_p, ref, eng_p, eng, TOL)
 
 
@@ -194,5 +194,5 @@ def test_a_step_partly_off_the_engine_keeps_no_launch_list(make):
         for ps, opt in ((ref_p, ref), (eng_p, eng)):
             grads_in_place(ps, t)
             opt.step()
-    assert eng.path_counts == {"engine": 4, "foreach": 4} and built(eng) == 0
+    assert eng.route_counts == {"engine": 4, "foreach": 4} and built(eng) == 0
     assert_same(ref_p, ref, eng_p, eng, TOL)

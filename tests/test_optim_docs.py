@@ -92,17 +92,19 @@ def test_the_documented_correction_runs_on_every_path_and_differs_from_mars(reci
     """The guide's BoundedMARS through the registry: the loop, foreach and the compiled step's
     code (run uncompiled here: seconds; tests/test_optim_extension.py compiles it, slow) give
     the same numbers, with a gamma schedule applied as the trainer does, and not MARS's."""
-    import optim.fused as fused_path
+    import optim.compiled as compiled_route
 
     monkeypatch.setattr(
-        fused_path,
+        compiled_route,
         "_compiled",
-        lambda grouping: fused_path._update if grouping == "tensor" else fused_path._multi_step,
+        lambda grouping: (
+            compiled_route._update if grouping == "tensor" else compiled_route._multi_step
+        ),
     )
-    monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(compiled_route, "unavailable_reason", lambda device: None)
     cls = optim.get_spec("mars-adamw-bounded").config_cls
     results = {}
-    for name, how in (("loop", "loop"), ("foreach", "foreach"), ("fused", "compiled"),
+    for name, how in (("loop", "loop"), ("foreach", "foreach"), ("compiled", "compiled"),
                       ("mars", "foreach")):  # fmt: skip
         torch.manual_seed(0)
         model = Tiny()
@@ -119,9 +121,9 @@ def test_the_documented_correction_runs_on_every_path_and_differs_from_mars(reci
             opt.step()
         assert opt.param_groups[0]["gamma"] == 0.5 * (1 - 2 / 4)
         assert name == "mars" or type(opt).__name__ == "BoundedMARS"
-        assert name != "fused" or "fused" in opt.last_paths
+        assert name != "compiled" or "compiled" in {r.name for _, r in opt.last_routes}
         results[name] = [p.detach().clone() for p in model.parameters()]
-    for name in ("foreach", "fused"):
+    for name in ("foreach", "compiled"):
         for a, b in zip(results["loop"], results[name]):
             torch.testing.assert_close(a, b)
     assert not torch.allclose(results["loop"][3], results["mars"][3])  # fc.weight: 2-D

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import optim
-import optim.fused as fused_path
+import optim.compiled as compiled_route
 from optim import VarianceReduced, build_mars
 from optim.functional import mars_kappa
 from optim.mars import MarsAdamWConfig
@@ -84,7 +84,7 @@ def test_a_subclass_correction_is_the_transcription_on_loop_and_foreach():
     for how in ("loop", "foreach"):
         params, opt = make(Bounded, implementation=how)
         run(opt, params, 3)
-        assert opt.last_paths == [how]
+        assert [r.name for _, r in opt.last_routes] == [how]
         for p, e in zip(params, expected):
             torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-14)
     base, opt = make(VarianceReduced, implementation="foreach")
@@ -93,28 +93,30 @@ def test_a_subclass_correction_is_the_transcription_on_loop_and_foreach():
 
 
 def test_the_compiled_step_calls_the_subclass_correction(monkeypatch):
-    """The fused path's own code, run without compiling (seconds): it takes the class's
+    """The compiled step's own code, run without compiling (seconds): it takes the class's
     correction. The compiled twin of this test is ``..._compiled`` (slow)."""
     monkeypatch.setattr(
-        fused_path,
+        compiled_route,
         "_compiled",
-        lambda grouping: fused_path._update if grouping == "tensor" else fused_path._multi_step,
+        lambda grouping: (
+            compiled_route._update if grouping == "tensor" else compiled_route._multi_step
+        ),
     )
-    monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: None)
+    monkeypatch.setattr(compiled_route, "unavailable_reason", lambda device: None)
     params, opt = make(Bounded, implementation="compiled")
     run(opt, params, 3)
-    assert opt.last_paths == ["fused"]
+    assert [r.name for _, r in opt.last_routes] == ["compiled"]
     for p, e in zip(params, transcription(Bounded.correction, 3, [0.025] * 3)):
         torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.slow
 def test_the_compiled_step_calls_the_subclass_correction_compiled():
-    if fused_path.unavailable_reason("cpu"):
-        pytest.skip(fused_path.unavailable_reason("cpu"))
+    if compiled_route.unavailable_reason("cpu"):
+        pytest.skip(compiled_route.unavailable_reason("cpu"))
     params, opt = make(Bounded, implementation="compiled")
     run(opt, params, 3)
-    assert opt.last_paths == ["fused"] and opt.off_reason is None
+    assert [r.name for _, r in opt.last_routes] == ["compiled"] and opt.off_reason is None
     for p, e in zip(params, transcription(Bounded.correction, 3, [0.025] * 3)):
         torch.testing.assert_close(p.detach(), e, rtol=1e-12, atol=1e-14)
 

@@ -1,6 +1,6 @@
 """Which of a step's buckets the engine takes, the first run of a new set of kernels (compiled
 before anything is written, so a compile failure falls back cleanly), and the bookkeeping the
-core expects of a fast path (``last_paths``, exact mode's reference swap)."""
+core expects of a fast path (exact mode's reference swap; optim/routes.py records the route)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ log = logging.getLogger("optim.engine")
 
 
 def subset(b, idx: list[int]):
-    """The bucket ``b`` (optim/core.py ``Bucket``) restricted to the tensors ``idx``."""
+    """The bucket ``b`` (optim/bucket.py ``Bucket``) restricted to the tensors ``idx``."""
 
     def pick(xs):
         return [xs[i] for i in idx]
@@ -105,7 +105,6 @@ def run(opt, buckets: list, skip: torch.Tensor | None, device_type: str,
         log.warning("optimizer engine off (%s); using the other paths", engine.off)
         return buckets
     for b, _ in items:
-        opt.last_paths.append("engine")
         opt._swap_exact(b, skip)
     keep(opt, items, launches, rest or not whole, steady.flags(skip, gscale, sums))
     if gscale is not None and sums is None and hasattr(opt, "_prepare_merge"):
@@ -137,7 +136,6 @@ def run_kept(opt, skip: torch.Tensor | None, gscale: torch.Tensor | None) -> boo
     device_type = program.launches[0].plan.table.device.type
     cache = engine.cache
     launch.run(program.launches, skip, kernels_for(device_type), cache, device_type)
-    opt.last_paths = list(program.paths)
     return True
 
 

@@ -86,7 +86,6 @@ class Program:
         self.launches = launches
         for ln in launches:
             ln.b = lean[id(ln.b)]
-        self.paths = ["engine"] * len(items)
 
     def matches(self, opt, flags: tuple) -> bool:
         """Whether this program may run the step (module docstring)."""

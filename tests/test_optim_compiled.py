@@ -1,4 +1,4 @@
-"""The compiled element-wise step (optim/fused.py) against the foreach path, in float64.
+"""The compiled route's step (optim/compiled.py) against the foreach path, in float64.
 
 Compiling takes seconds on a CPU: the fast tests share two compiled graphs (one rule for the
 2-D tensors, one for the 1-D AdamW fallback); each other rule is a slow test.
@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-import optim.fused as fused_path
+import optim.compiled as compiled_route
 from optim import MARS, Lion, LionConfig, MarsAdamWConfig, MoonlightConfig, Muon, build_optimizer
 
 SHAPES = [(6, 4), (3, 7), (5,)]
@@ -55,6 +55,11 @@ def assert_same(pa, oa, pb, ob):
                 assert value == other, key
 
 
+def names(opt) -> list[str]:
+    """The routes of the last step's buckets (optim/routes.py)."""
+    return [r.name for _, r in opt.last_routes]
+
+
 def graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
@@ -66,12 +71,12 @@ def test_mars_adamw_compiled_equals_foreach_without_recompiling_and_state_dicts_
     run(ref, ref_p, 2), run(fus, fus_p, 2)
     compiled = graphs()
     assert fus._compiled_off is None and len(fus._compiled_ok) == 1
-    assert fus.last_paths == ["fused"] and fus.path_counts["fused"] == 2  # the compiled code ran
-    assert ref.last_paths == ["foreach"]
+    assert names(fus) == ["compiled"] and fus.route_counts["compiled"] == 2  # the compiled code ran
+    assert names(ref) == ["foreach"]
     run(ref, ref_p, 2, start=2), run(fus, fus_p, 2, start=2)  # lr and bias corrections change
-    assert graphs() == compiled, "a changing lr or step count recompiled the fused step"
+    assert graphs() == compiled, "a changing lr or step count recompiled the compiled step"
     assert_same(ref_p, ref, fus_p, fus)
-    # state dicts are interchangeable: foreach <- fused and fused <- foreach, then step on
+    # state dicts are interchangeable: foreach <- compiled and compiled <- foreach, then step on
     a_p, b_p = [p.detach().clone().requires_grad_() for p in fus_p], make_params(MATRICES)
     a = MARS(a_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
     a.load_state_dict(copy.deepcopy(fus.state_dict()))  # torch shares tensors
@@ -90,17 +95,17 @@ def test_list_grouping_runs_same_shape_chunks_and_equals_foreach(monkeypatch):
     """The GPU's grouping ("list"), run on the CPU: tensors go to the compiled step in chunks of
     one shape (at most CHUNK), each (shape, length) one graph; a deeper model of the same shapes
     adds calls, not graphs; the numbers are the foreach path's."""
-    assert fused_path.shape_chunks([torch.empty(2, 3)] * 5 + [torch.empty(4)], size=2) == [
+    assert compiled_route.shape_chunks([torch.empty(2, 3)] * 5 + [torch.empty(4)], size=2) == [
         [0, 1], [2, 3], [4], [5]]  # fmt: skip
-    monkeypatch.setitem(fused_path.GROUPING, "cpu", "list")
-    monkeypatch.setattr(fused_path, "CHUNK", 2)
-    monkeypatch.setattr(fused_path.shape_chunks, "__defaults__", (2,))
+    monkeypatch.setitem(compiled_route.GROUPING, "cpu", "list")
+    monkeypatch.setattr(compiled_route, "CHUNK", 2)
+    monkeypatch.setattr(compiled_route.shape_chunks, "__defaults__", (2,))
     shapes = [(3, 2)] * 4
     ref_p, fus_p = make_params(shapes), make_params(shapes)
     ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
     fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, implementation="compiled")
     run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert fus._compiled_off is None and fus.path_counts["fused"] == 3
+    assert fus._compiled_off is None and fus.route_counts["compiled"] == 3
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -109,7 +114,7 @@ def check_rule(make, steps=3):
     ref, fus = make(ref_p, "foreach"), make(fus_p, "compiled")
     run(ref, ref_p, steps), run(fus, fus_p, steps)
     assert fus._compiled_off is None and fus._compiled_ok
-    assert "fused" in fus.last_paths and "fused-fallback" not in fus.path_counts
+    assert "compiled" in names(fus) and "loop" not in fus.route_counts
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -158,13 +163,15 @@ def test_default_is_off_on_cpu_and_configs_forward_the_knob():
 
 
 def test_unavailable_compiler_falls_back_to_foreach_with_a_logged_reason(monkeypatch, caplog):
-    monkeypatch.setattr(fused_path, "unavailable_reason", lambda device: "no C++ compiler (test)")
+    monkeypatch.setattr(
+        compiled_route, "unavailable_reason", lambda device: "no C++ compiler (test)"
+    )
     ref_p, fus_p = make_params(), make_params()
     ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation="compiled")
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 2), run(fus, fus_p, 2)
     assert "no C++ compiler (test)" in caplog.text and not fus._compiled_ok
-    assert fus.off_reason == "no C++ compiler (test)" and "fused" not in fus.path_counts
+    assert fus.off_reason == "no C++ compiler (test)" and "compiled" not in fus.route_counts
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -175,14 +182,15 @@ def test_a_compile_error_runs_the_same_step_eagerly_then_foreach(monkeypatch, ca
 
         return fail
 
-    monkeypatch.setattr(fused_path, "_compiled", broken)
+    monkeypatch.setattr(compiled_route, "_compiled", broken)
     ref_p, fus_p = make_params(), make_params()
     ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation="compiled")
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 3), run(fus, fus_p, 3)
     assert "inductor exploded (test)" in fus._compiled_off and "inductor exploded" in caplog.text
-    # step 1: the 2-D bucket compiles, fails, runs eagerly; then 5 buckets on foreach
-    assert fus.path_counts == {"fused-fallback": 1, "foreach": 5}
+    # step 1: the 2-D bucket compiles, fails, runs the same code eagerly (the loop route, its
+    # reason saying so); then 5 buckets on foreach
+    assert fus.route_counts == {"loop": 1, "foreach": 5}
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -206,13 +214,13 @@ class OlderDynamoConfig:
 
 def test_older_torch_names_the_recompile_limit_cache_size_limit(monkeypatch):
     older = OlderDynamoConfig()
-    monkeypatch.setattr(fused_path, "_dynamo_config", lambda: older)
+    monkeypatch.setattr(compiled_route, "_dynamo_config", lambda: older)
     ref_p, fus_p = make_params(MATRICES), make_params(MATRICES)
     ref = MARS(ref_p, lr=1e-2, weight_decay=0.1, implementation="foreach")
     fus = MARS(fus_p, lr=1e-2, weight_decay=0.1, implementation="compiled")
     run(ref, ref_p, 2), run(fus, fus_p, 2)
     assert older.patched == {"cache_size_limit": 64, "force_parameter_static_shapes": False}
-    assert fus.path_counts == {"fused": 2} and fus.off_reason is None
+    assert fus.route_counts == {"compiled": 2} and fus.off_reason is None
     assert_same(ref_p, ref, fus_p, fus)
 
 
@@ -221,19 +229,19 @@ def test_unpatchable_dynamo_config_falls_back_with_a_reason_never_raises(monkeyp
         def patch(self, **options):
             raise RuntimeError("no such config (test)")
 
-    monkeypatch.setattr(fused_path, "_dynamo_config", Broken)
+    monkeypatch.setattr(compiled_route, "_dynamo_config", Broken)
     ref_p, fus_p = make_params(), make_params()
     ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation="compiled")
     with caplog.at_level(logging.WARNING, logger="optim.core"):
         run(ref, ref_p, 2), run(fus, fus_p, 2)
     assert "no such config (test)" in fus.off_reason and "no such config" in caplog.text
-    assert "fused" not in fus.path_counts and fus.path_counts["fused-fallback"] == 1
+    assert "compiled" not in fus.route_counts and fus.route_counts["loop"] == 1
     assert_same(ref_p, ref, fus_p, fus)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("how,path", [("compiled", "fused"), ("auto", "engine")])
+@pytest.mark.parametrize("how,path", [("compiled", "compiled"), ("auto", "engine")])
 def test_cuda_compiled_step_and_default_equal_foreach(how, path):
     """``implementation="compiled"`` takes the compiled step; the CUDA default (``auto``) is the
     Triton engine (docs/optim-engine.md) where Triton imports, else the compiled step; each
@@ -241,11 +249,11 @@ def test_cuda_compiled_step_and_default_equal_foreach(how, path):
     from optim.engine.loader import triton_missing
 
     if path == "engine" and triton_missing():
-        path = "fused"
+        path = "compiled"
     ref_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
     fus_p = [torch.nn.Parameter(p.detach().float().cuda()) for p in make_params()]
     ref, fus = MARS(ref_p, implementation="foreach"), MARS(fus_p, implementation=how)
     run(ref, ref_p, 3), run(fus, fus_p, 3)
-    assert fus.off_reason is None and fus.path_counts[path] == 6, fus.path_counts
+    assert fus.off_reason is None and fus.route_counts[path] == 6, fus.route_counts
     for a, b in zip(ref_p, fus_p):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -1,4 +1,4 @@
-"""The core's element-wise chain as one ``torch.compile``d multi-tensor step (the fast path).
+"""The compiled route: the core's element-wise chain as one ``torch.compile``d multi-tensor step.
 
 For a bucket of the core (optim/core.py) whose rule is element-wise, one compiled call does, per
 tensor and with no host synchronisation:
@@ -17,7 +17,8 @@ Inductor fuses this into a norm pass (reads g, g_ref) and one update pass (reads
 v; writes p, m, v, g_ref). Hyperparameters travel as one tensor of per-tensor scalars, so a
 schedule changing ``lr`` (or the step count of the bias corrections) reuses the compiled code.
 Rules not covered (Newton-Schulz, heavy-ball / one-buffer momenta, the ``global`` clip) stay on
-the foreach / per-tensor path. Equal to those paths up to rounding (tests/test_optim_fused.py).
+the foreach / per-tensor path. Equal to those paths up to rounding
+(tests/test_optim_compiled.py). optim/routes.py decides which buckets take it.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ MOMENTA = {"ema": "ema", "ema-lerp": "ema", "lion": "lion"}
 PRECONDITIONERS = ("adam", "sign")
 
 
-def fusable(view: dict) -> bool:
-    """Whether a bucket's rule (the group as ``route`` reads it) is covered by the fused step."""
+def covers(view: dict) -> bool:
+    """Whether a bucket's rule (the group as ``route`` reads it) is covered by the compiled step."""
     vr = view.get("variance_reduction", False)
     return (
         view["momentum_form"] in MOMENTA
@@ -68,7 +69,7 @@ def unavailable_reason(device_type: str) -> str | None:
         except Exception as e:  # noqa: BLE001 (any failure means: no usable compiler)
             return f"inductor finds no C++ compiler ({e})"
         return None if shutil.which(compiler) else f"C++ compiler {compiler!r} not found"
-    return f"device type {device_type!r} is not covered by the fused step"
+    return f"device type {device_type!r} is not covered by the compiled step"
 
 
 def _update(p, g, ref, m, v, vmax, h, *, reduce, clip, copy_ref, momentum, precond, src_c,
@@ -214,7 +215,7 @@ def hyper_table(view: dict, steps: list[int], beta: float, kappa: float, momentu
     return rows
 
 
-def fused_step(bucket, *, is_approx: bool, may_fall_back: bool = True,
+def step(bucket, *, is_approx: bool, may_fall_back: bool = True,
                skip: torch.Tensor | None = None, correction=mars_correct) -> str | None:  # fmt: skip
     """Run one bucket of the core (optim/core.py ``Bucket``) through the compiled step.
 
