@@ -26,6 +26,7 @@ from trainer import checksums
 from trainer.checksums import save_checksummed
 from trainer.dcp_checkpoint import is_dcp_checkpoint, load_dcp, short_reason, write_failure
 from trainer.fsdp import has_dtensors
+from trainer.safe_metadata import bounded
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,11 @@ def read_checkpoint(path: Path, *, mmap: bool = True) -> dict:
             c = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except Exception as exc:  # truncated, or objects that weights_only refuses
             raise ValueError(f"{path} is not a readable checkpoint: {_reason(exc)}") from None
-    return check_checkpoint(c, path, required)
+        bounded(c, path)  # a crafted structure (shared references): refused before any walk
+    c = check_checkpoint(c, path, required)
+    if not mmap:
+        checksums.note_unverified(path)  # read whole: only now, never before a refusal
+    return c
 
 
 def check_checkpoint(c: object, path: Path, required=None) -> dict:

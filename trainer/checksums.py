@@ -125,17 +125,45 @@ def _check(directory: Path, listed: dict[str, str], names: Iterable[str]) -> Non
             )
 
 
+def checksummed_siblings(path: Path) -> list[Path]:
+    """The other checkpoints of ``path``'s folder (``step_*``) that carry a checksum."""
+    out = []
+    for other in sorted(path.parent.glob("step_*")):
+        if other == path or other.name.endswith(SUFFIX) or other.name.startswith("."):
+            continue
+        listing = other / MANIFEST if other.is_dir() else sidecar(other)
+        if listing.is_file():
+            out.append(other)
+    return out
+
+
+def note_unverified(path: str | Path) -> None:
+    """The one-line note for a checkpoint of a run that never had checksums, once it has been
+    read (never before a refusal of the same checkpoint): it was loaded unverified."""
+    path = Path(path)
+    listing = path / MANIFEST if path.is_dir() else sidecar(path)
+    if not listing.is_file() and path not in _noted:
+        _noted.add(path)
+        log.warning("%s carries no checksum (written before checkpoints had them): loaded "
+                    "unverified", path)  # fmt: skip
+
+
 def verify(path: str | Path, names: Iterable[str] | None = None) -> bool:
     """Check the checkpoint at ``path`` (a file, or a DCP directory: ``names`` limits which of
-    its files, by default all it lists); ChecksumMismatch on any difference. Returns False, after
-    a one-line note, for a checkpoint written before checksums (it is loaded unverified)."""
+    its files, by default all it lists); ChecksumMismatch on any difference, and for a checkpoint
+    without a checksum whose siblings have one (``checksummed_siblings``). Returns False for a
+    checkpoint of a run written before checksums (its reader notes it once it has read it:
+    ``note_unverified``)."""
     path = Path(path)
     listing = path / MANIFEST if path.is_dir() else sidecar(path)
     if not listing.is_file():
-        if path not in _noted:
-            _noted.add(path)
-            log.warning("%s carries no checksum (written before checkpoints had them): loaded "
-                        "unverified", path)  # fmt: skip
+        others = checksummed_siblings(path)
+        if others:  # its run writes checksums: this one's is gone, so it is not to be trusted
+            raise ChecksumMismatch(
+                f"{path} carries no checksum while {others[0].name} beside it does (its checksum "
+                "was deleted, or the save did not finish): treated as damaged; resume=auto falls "
+                "back to the previous checkpoint, or pick another"
+            )
         return False
     listed = _parse(listing.read_text(encoding="utf-8", errors="replace"), listing)
     if path.is_dir():

@@ -46,8 +46,8 @@ from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.tensor import DTensor
 
 from runtime.files import atomic_open
-from trainer.checksums import verify, write_manifest
-from trainer.safe_metadata import SafeFileSystemReader, read_metadata
+from trainer.checksums import note_unverified, verify, write_manifest
+from trainer.safe_metadata import SafeFileSystemReader, bounded, check_storage, read_metadata
 
 log = logging.getLogger(__name__)
 
@@ -311,9 +311,20 @@ def load_dcp(path: str | Path, *, parts: tuple[str, ...] = ("model", "optimizer"
             "a save that did not finish?); pick another checkpoint"
         )
     verify(path, None if parts else (TRAIN_STATE, METADATA))  # before anything is parsed
-    read_metadata(path / METADATA)  # a planted index is refused before anything else is read
+    index = read_metadata(path / METADATA)  # a planted index is refused before anything else
+    from trainer.safe_metadata import _listed
+
+    check_storage(index, path, _listed(path))  # files inside it only, regular, listed
     try:
         side = torch.load(path / TRAIN_STATE, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated files, foreign data
+        raise ValueError(
+            f"{path} is not a readable DCP checkpoint ({short_reason(exc)}); pick another"
+        ) from None
+    bounded(side, path / TRAIN_STATE)  # a crafted skeleton: refused before any walk
+    try:
+        if not isinstance(side, dict) or not isinstance(side.get("skeleton"), dict):
+            raise ValueError("no skeleton in it")
         skeleton = side.pop("skeleton")
         missing = [p for p in parts if p not in skeleton]
         if missing:
@@ -330,6 +341,8 @@ def load_dcp(path: str | Path, *, parts: tuple[str, ...] = ("model", "optimizer"
         ) from None
     for part in parts:
         side[part] = join_tensors(skeleton[part], tensors)
+    if parts:  # read whole: noted only now, never before a refusal
+        note_unverified(path)
     return side
 
 
