@@ -114,6 +114,7 @@ def chosen_lr(results: Path, arm: Arm) -> float | None:
     if not path.is_file():
         return None
     lrs = {float(r["lr"]) for r in read_csv(path) if r["optimizer"] == arm.optimizer
+           and r.get("lr") not in (None, "")
            and r["role"] == "eval" and r.get("chosen", 1.0) == 1.0}  # fmt: skip
     return lrs.pop() if len(lrs) == 1 else None
 
@@ -135,6 +136,13 @@ def measure(results: Path) -> list[dict]:
     return rows
 
 
+def corr_measured(rows: list[dict]) -> list[dict]:
+    """Delta_corr at each batch it has finished, as ``crossover_report.scored`` reads it."""
+    return [{"comparison": "Delta_corr: AdamW + correction - AdamW",
+             "batch": int(r["step"].after.part.rsplit("-b", 1)[1]), "lo": r["lo"], "hi": r["hi"]}
+            for r in rows if r["step"].group == "correction" and "mean" in r]  # fmt: skip
+
+
 def family_tests(results: Path) -> list[dict]:
     """The finished steps as the one family's tests (study/family.py); a step that is already a
     crossover pair (Delta_gamma) is not counted twice."""
@@ -153,31 +161,40 @@ def _lr(x: float | None) -> str:
     return "-" if x is None else f"{x:g}"
 
 
-def markdown(rows: list[dict], holm: dict[str, float] | None = None) -> str:
-    holm = holm or {}
+def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
     pct = f"{LEVEL:.0%}"
     lines = ["# The correction on AdamW's configuration, MARS-AdamW's defaults taken apart "
              "(`python -m study.correction`)", "",
              "proxy-100k, 966 steps, float32 on a CPU, sotu-bytes; each arm's lr tuned on its own "
              "line (selection seeds 0, 6, 7), evaluation seeds 1-5; each step is the second arm "
              "minus the first, paired per seed, with its "
-             f"{pct} t-interval and its Holm p in the study's one family "
-             "(results/referee/family.md). Below 0: the switch helps.", ""]  # fmt: skip
+             f"{pct} t-interval and its uncorrected p (each finished step is a test of the "
+             "study's one family, with its Holm p in results/referee/family.md). Below 0: the "
+             "switch helps.", ""]  # fmt: skip
     for group in ("correction", "chain", "parts of the correction"):
         rs = [r for r in rows if r["step"].group == group]
         if not rs:
             continue
         lines += [f"## {group[0].upper()}{group[1:]}", "",
-                  f"| step | difference [{pct}] | p | Holm p (family) | lrs (before, after) |",
+                  f"| step | difference [{pct}] | p | in the family | lrs (before, after) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for r in rs:
             s = r["step"]
             p = f"{r['p']:.2g}" if "p" in r else "-"
-            key = f"{s.group}: {s.label}"
-            h = f"{holm[key]:.2g}" if key in holm else ("in the crossover's" if not s.family
-                                                        else "-")  # fmt: skip
+            h = "as the crossover's pair" if not s.family else "yes" if "p" in r else "-"
             lines.append(f"| {s.label} | {_diff(r)} | {p} | {h} | {_lr(r['lr_before'])}, "
                          f"{_lr(r['lr_after'])} |")  # fmt: skip
+        lines.append("")
+    if score:
+        lines += ["## The prediction, scored", "",
+                  "Delta_corr at each batch measured against each prediction record's AdamW run at "
+                  "its last phase (study/crossover_report.py's `scored`).", "",
+                  "| batch | record (run, step) | predicted | measured | hit |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in score:
+            lines.append(f"| {r['batch']:,} | {r['file']} ({r['label']}, {r['step']}/"
+                         f"{r['steps']}) | {r['predicted']} | {r['measured']} | "
+                         f"{'hit' if r['hit'] else 'miss'} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines)
 
@@ -213,7 +230,8 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict]) -> str:
+def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
+              score: list[dict] | None = None) -> str:  # fmt: skip
     """The README's sentences, from the measured steps, the crossover's rows (its ``effects``)
     and the corpus record alone."""
     pct = f"{LEVEL:.0%}"
@@ -250,7 +268,15 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict])
         f"({_range([epochs[b] for b in sorted(epochs)], lambda e: f'{e:.2g}')} epochs of "
         "sotu-bytes, results/crossover/corpus.json); the paper: GPT-2 small (125M) for 100,000 "
         "steps of 491,520 tokens, about 5.5 epochs of OpenWebText's 9B tokens "
-        "(docs/reproduction.md, docs/data.md).\n"
+        "(docs/reproduction.md, docs/data.md)."
+        + (
+            f" The gradient-statistics predictor (python -m study.predict) hit {sum(r['hit'] for r in score)} "
+            f"of {len(score)} measured cells (results/crossover/report.md): an instrument, not a "
+            "claim."
+            if score
+            else ""
+        )
+        + "\n"
     )
 
 
@@ -260,23 +286,24 @@ def _range(xs: list, fmt) -> str:  # noqa: ANN001 - a formatter
 
 def readme_block(results: Path, rows: list[dict] | None = None) -> str:
     """The README's block between its correction markers, from the committed files alone."""
+    from study import crossover_report as cr
     from study.crossover import batches
-    from study.crossover_report import batch_losses, effects, epochs_of, void_cells
 
     rows = measure(results) if rows is None else rows
     cells = batches()
-    cross = effects(batch_losses(results, cells), void=void_cells(results, cells))
-    epochs = epochs_of(results, sorted({r["batch"] for r in cross if r["model"] == "proxy-100k"}))
-    return sentences(rows, epochs, cross)
+    cross = cr.effects(cr.batch_losses(results, cells), void=cr.void_cells(results, cells))
+    mine = [r for r in cross if r["model"] == "proxy-100k"]
+    epochs = cr.epochs_of(results, sorted({r["batch"] for r in mine}))
+    score = cr.scored(cr.predictions(results), mine + corr_measured(rows))
+    return sentences(rows, epochs, cross, score)
 
 
 def write(results: Path, readme: Path | None = None) -> Path:
-    from study.family import family
-
     rows = measure(results)
-    tests = family(ROOT / "results" / "referee", results)
-    holm = {t["test"]: t["holm_p"] for t in tests if t["kind"] == "anatomy"}
-    (results / "correction.md").write_text(markdown(rows, holm))
+    from study import crossover_report as cr
+
+    score = cr.scored(cr.predictions(results), corr_measured(rows))
+    (results / "correction.md").write_text(markdown(rows, score))
     figure(rows, results / "correction.png")
     if readme is not None:
         text = readme.read_text()

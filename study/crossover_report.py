@@ -272,6 +272,39 @@ def predictions(results: Path) -> list[dict]:
     return out
 
 
+# which comparison a prediction run speaks for: the correction acts in MARS-AdamW's trajectory
+# (Delta_gamma) and, added to AdamW's configuration, in AdamW's (Delta_corr, study/correction.py)
+SCORED = {"Delta_gamma: MARS-AdamW - (gamma = 0)": "mars-adamw",
+          "Delta_corr: AdamW + correction - AdamW": "adamw"}  # fmt: skip
+
+
+def _sign(lo: float, hi: float) -> str:
+    return "helps" if hi < 0 else "hurts" if lo > 0 else "no difference"
+
+
+def scored(preds: list[dict], measured: list[dict]) -> list[dict]:
+    """Each measured cell of each scored comparison against each prediction record's run of
+    the matching optimizer at its last phase: the correction predicted to help where the batch
+    is at or past the predicted crossover; measured to help where the interval lies below 0;
+    a hit where both say help or both say it does not (``measured``: rows with ``comparison``,
+    ``batch``, ``lo``, ``hi``)."""
+    out = []
+    for comparison, label in SCORED.items():
+        runs = {}
+        for p in preds:
+            if p["label"] == label and p["step"] >= runs.get(p["file"], {"step": -1})["step"]:
+                runs[p["file"]] = p
+        for m in (m for m in measured if m["comparison"] == comparison):
+            for p in runs.values():
+                helps = math.isfinite(p["crossover"]) and m["batch"] >= p["crossover"]
+                sign = _sign(m["lo"], m["hi"])
+                out.append({"comparison": comparison, "batch": m["batch"], "file": p["file"],
+                            "label": label, "step": p["step"], "steps": p["steps"],
+                            "predicted": "helps" if helps else "no help", "measured": sign,
+                            "hit": helps == (sign == "helps")})  # fmt: skip
+    return out
+
+
 def _b(x: float) -> str:
     return "> ladder" if x == math.inf else "-" if math.isnan(x) else f"{x:,.0f}"
 
@@ -286,6 +319,7 @@ def markdown(
     checks: list[dict] | None = None,
     void: dict | None = None,
     epochs: dict | None = None,
+    score: list[dict] | None = None,
 ) -> str:
     cells = _cells(batches)
     pct = f"{LEVEL:.0%}"
@@ -382,6 +416,21 @@ def markdown(
             lines.append(f"| {p['file']} | {p['label']} | {p['step']}/{p['steps']} | "
                          f"{p['b_simple']:,.0f} | {_b(p['snr_passes_1'])} | "
                          f"{_b(p['cosine_positive_from'])} | {_b(p['crossover'])} |")  # fmt: skip
+    if score:
+        hits = sum(r["hit"] for r in score)
+        lines += ["", "## The prediction, scored", "",
+                  "Each measured cell against each record's run of the optimizer whose trajectory "
+                  "the correction acts in (MARS-AdamW for Delta_gamma; AdamW for Delta_corr, in "
+                  "results/crossover/correction.md), at its last phase: predicted to help at or past its crossover; measured to help "
+                  f"where the {pct} interval lies below 0. {hits} of {len(score)} hit. The "
+                  "records so far probed the headline's runs, not the crossover's arms (their "
+                  "knobs and lrs differ): the predictor is an instrument here, not a claim.", "",
+                  "| comparison | batch | record (run, step) | predicted | measured | hit |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in score:
+            lines.append(f"| {r['comparison']} | {r['batch']:,} | {r['file']} ({r['label']}, "
+                         f"{r['step']}/{r['steps']}) | {r['predicted']} | {r['measured']} | "
+                         f"{'hit' if r['hit'] else 'miss'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -430,8 +479,9 @@ def write(results: Path, batches: list) -> Path:
     checks = fp32_checks(results, batches)
     epochs = {c: e for c, e in epochs_of(results, _cells(batches)).items()
               if c.model == HEADLINE_MODEL}  # fmt: skip
+    score = scored(preds, [r for r in rows if r["model"] == HEADLINE_MODEL])
     (results / "report.md").write_text(
-        markdown(losses, rows, preds, batches, picked, collapsed, checks, void, epochs)
+        markdown(losses, rows, preds, batches, picked, collapsed, checks, void, epochs, score)
     )
     figure(rows, preds, results / "crossover.png")
     return results / "report.md"

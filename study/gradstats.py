@@ -56,35 +56,72 @@ def cosine(a: Vector, b: Vector) -> float:
 
 @dataclass
 class NoiseScale:
-    """``tr(Sigma)`` per token and ``|G|^2`` (block gradients), and ``B_simple`` in tokens."""
+    """``tr(Sigma)`` per token and ``|G|^2`` (block gradients), and ``B_simple`` in tokens, each
+    with its standard error (the jackknife over rounds; nan with fewer than two rounds)."""
 
     trace: float
     g2: float
     small: int  # tokens in a small batch
     k: int  # small batches per large one
     rounds: int
+    trace_se: float = math.nan
+    g2_se: float = math.nan
+    b_simple_se: float = math.nan
 
     @property
     def b_simple(self) -> float:
         return self.trace / self.g2 if self.g2 > 0 else math.inf
 
 
+def _pooled(sq: float, cross: float, n: int, small: int) -> tuple[float, float]:
+    """``(tr(Sigma), |G|^2)`` from ``n`` independent gradients of ``small`` tokens: ``sq`` the
+    sum of their squared norms, ``cross`` the sum over ordered pairs i != j of <g_i, g_j>:
+    ``E<g_i, g_j> = |G|^2`` and ``E|g_i|^2 = |G|^2 + tr(Sigma) / small`` (both unbiased)."""
+    g2 = cross / (n * (n - 1))
+    return small * (sq / n - g2), g2
+
+
 def noise_scale(sample: Callable[[], Vector], *, small: int, k: int, rounds: int) -> NoiseScale:
     """Estimate the noise scale from ``rounds`` x ``k`` independent gradients of ``small``
-    tokens each (``sample()`` returns one, at fixed weights): each round's mean is a gradient of
-    ``k * small`` tokens."""
+    tokens each (``sample()`` returns one, at fixed weights): every pair of distinct gradients
+    estimates ``|G|^2``, every squared norm ``|G|^2 + tr(Sigma) / small`` (``_pooled``); the
+    standard errors are the jackknife's, leaving out one round of ``k`` at a time (only each
+    round's sum of gradients is kept, so memory is ``rounds`` gradients, not ``rounds * k``)."""
     if k < 2 or rounds < 1 or small < 1:
         raise ValueError(f"noise_scale: k {k} >= 2, rounds {rounds} >= 1, small {small} >= 1")
-    s_small = s_big = 0.0
+    sums, sqs = [], []
     for _ in range(rounds):
-        grads = [sample() for _ in range(k)]
-        s_small += sum(float(g @ g) for g in grads) / k
-        mean = torch.stack(grads).mean(0)
-        s_big += float(mean @ mean)
-    s_small, s_big = s_small / rounds, s_big / rounds
-    g2 = (k * s_big - s_small) / (k - 1)
-    trace = small * k * (s_small - s_big) / (k - 1)
-    return NoiseScale(trace=trace, g2=g2, small=small, k=k, rounds=rounds)
+        total, sq = None, 0.0
+        for _ in range(k):
+            g = sample()
+            sq += float(g @ g)
+            total = g.clone() if total is None else total.add_(g)
+        sums.append(total)
+        sqs.append(sq)
+    whole = torch.stack(sums).sum(0)
+    n, sq_all = rounds * k, sum(sqs)
+    trace, g2 = _pooled(sq_all, float(whole @ whole) - sq_all, n, small)
+    out = NoiseScale(trace=trace, g2=g2, small=small, k=k, rounds=rounds)
+    if rounds >= 2:
+        dots = [float(whole @ s) for s in sums]
+        norms = [float(s @ s) for s in sums]
+        loo = []
+        for r in range(rounds):  # |S - S_r|^2 = |S|^2 - 2 <S, S_r> + |S_r|^2
+            rest = float(whole @ whole) - 2 * dots[r] + norms[r]
+            sq = sq_all - sqs[r]
+            loo.append(_pooled(sq, rest - sq, n - k, small))
+        out.trace_se, out.g2_se = (_jackknife([x[i] for x in loo]) for i in (0, 1))
+        ratios = [t / g for t, g in loo if g > 0]
+        if len(ratios) == rounds and g2 > 0:
+            out.b_simple_se = _jackknife(ratios)
+    return out
+
+
+def _jackknife(values: list[float]) -> float:
+    """The jackknife's standard error from the leave-one-out estimates."""
+    n = len(values)
+    mean = sum(values) / n
+    return math.sqrt((n - 1) / n * sum((v - mean) ** 2 for v in values))
 
 
 @dataclass

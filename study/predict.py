@@ -2,7 +2,7 @@
 crossover"; the estimators: study/gradstats.py).
 
     python -m study.predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
-                            [--warm 6] [--pairs 5] [--noise-k 16 --noise-rounds 4] [--common 0]
+                            [--warm N] [--pairs 5] [--noise-k 16 --noise-rounds 4] [--common 0]
                             [--kappa K] [--threads 1] [--json FILE] [--figure FILE]
     python -m study.predict LEDGER.csv:RUN_ID    # a run of a ledger (its recorded command)
     python -m study.predict -- OVERRIDES...      # a run given by its train.py overrides
@@ -12,7 +12,8 @@ ledger row) is replayed on the CPU; at each fraction ``--at`` of its steps, from
 optimizer state there (the run continues unchanged after each probe):
 
 - for each batch B of ``--ladder`` (bytes), the run's own optimizer stepping at batch B with the
-  run's lr there: ``--warm`` steps to let its state settle at that batch, then ``--pairs``
+  run's lr there: ``--warm`` steps to let its state settle at that batch (default: 1 / (1 -
+  beta2) of the run's optimizer, at least 6: the second moment's window), then ``--pairs``
   consecutive pairs of minibatch gradients: their cosine, and the correction's signal-to-noise
   ratio ``SNR(B) = B E|g_t - g_{t-1}|^2 / (2 tr(Sigma)) - 1`` (study/gradstats.py);
 - the gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` (tokens) at the weights themselves,
@@ -95,6 +96,16 @@ class Probe:
         torch.set_rng_state(snap[3])
 
 
+def warm_of(cfg) -> int:  # noqa: ANN001 - the run's config
+    """Steps at each batch before measuring: the second moment's window, ``1 / (1 - beta2)``
+    of the run's optimizer (rounded up), at least 6; 6 where it has no second moment."""
+    betas = getattr(cfg.optimizer, "betas", None) or cfg.optimizer.get("betas", None)
+    try:
+        return max(6, math.ceil(1.0 / (1.0 - float(betas[1]))))
+    except (TypeError, IndexError, ValueError, ZeroDivisionError):
+        return 6
+
+
 def probe_phase(probe: Probe, args: argparse.Namespace) -> dict:
     """Every figure at the trainer's current step (module docstring); the run left as found."""
     import optim
@@ -119,7 +130,13 @@ def probe_phase(probe: Probe, args: argparse.Namespace) -> dict:
     kappa = args.kappa if args.kappa is not None else 0.0
     return {
         "step": t.state.step, "lr": lr, "trace_per_token": noise.trace, "g2": noise.g2,
-        "b_simple": noise.b_simple,
+        "b_simple": noise.b_simple, "trace_se": noise.trace_se, "g2_se": noise.g2_se,
+        "b_simple_se": noise.b_simple_se,
+        # the along-run differences bound tr(Sigma) from above at each B (B E|g_t - g_{t-1}|^2
+        # / 2 = tr(Sigma) + B |dG|^2 / 2); the smallest batch's bound, beside the fixed-weight
+        # estimate: where it lies far above, the two disagree (docs/study.md)
+        "trace_bound_from_differences": min(
+            (r.batch * sum(r.diff2) / len(r.diff2) / 2 for r in rows if r.diff2), default=None),
         "ladder": [{
             "batch": r.batch, "cosine": r.cosine[0], "cosine_se": r.cosine[1],
             "cosines": r.cosines, "g2s": r.g2, "diff2s": r.diff2, "snr": r.snr(noise.trace),
@@ -148,6 +165,8 @@ def probe_run(overrides: list[str], args: argparse.Namespace) -> dict:
                          f"micro-batch ({per_micro} tokens)")  # fmt: skip
     if args.kappa is None:
         args.kappa = kappa_of(cfg)
+    if args.warm is None:
+        args.warm = warm_of(cfg)
     at = sorted({max(0, min(cfg.max_steps, round(f * cfg.max_steps))) for f in args.at})
     probe, phases, t0 = Probe(trainer, cfg), [], time.perf_counter()
     for stop in at:
@@ -221,7 +240,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR|LEDGER.csv:RUN_ID")
     ap.add_argument("--at", nargs="+", type=float, default=[0.25, 0.5, 0.75, 1.0])
     ap.add_argument("--ladder", nargs="+", type=int, default=LADDER, metavar="BYTES")
-    ap.add_argument("--warm", type=int, default=6, help="steps at each batch before measuring")
+    ap.add_argument("--warm", type=int, default=None,
+                    help="steps at each batch before measuring (default: 1 / (1 - beta2) of "
+                    "the run's optimizer, at least 6)")  # fmt: skip
     ap.add_argument("--pairs", type=int, default=5, help="consecutive pairs measured per batch")
     ap.add_argument("--common", type=int, default=0,
                     help="micro-batches per common batch for the direct |dG|^2 check (0: none)")  # fmt: skip
@@ -240,7 +261,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if not args.runs and not extra:
         ap.error("give a RUN_DIR, or a run's train.py overrides after --")
     checks = [("--at", all(0 <= f <= 1 for f in args.at), "fractions in [0, 1]"),
-              ("--warm", args.warm >= 0, "0 or more"), ("--pairs", args.pairs >= 1, "1 or more"),
+              ("--warm", args.warm is None or args.warm >= 0, "0 or more"), ("--pairs", args.pairs >= 1, "1 or more"),
               ("--common", args.common >= 0, "0 or more"), ("--noise-k", args.noise_k >= 2,
               "2 or more"), ("--noise-rounds", args.noise_rounds >= 1, "1 or more"), ("--ladder", len(set(args.ladder)) >= 2, "two batches or more"),
               ("--threads", args.threads >= 1, "1 or more")]  # fmt: skip

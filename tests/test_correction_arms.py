@@ -184,3 +184,23 @@ def test_the_docs_conclusions_are_the_familys():
     assert block, "docs/study.md lacks its '<!-- conclusions: ... -->' block"
     tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
     assert block[2] == family.conclusions(tests), "run: python -m study.family --docs docs/study.md"
+
+
+def test_a_prediction_is_scored_against_the_measured_sign():
+    """Crossover predicted at 8,192: helps from there. Measured: helps at 2,048 (interval below
+    0), nothing at 8,192, hurts at 32,768: three misses, and a record at its last phase only."""
+    from study import crossover_report as cr
+
+    preds = [{"file": "p.json", "label": "mars-adamw", "step": s, "steps": 966, "crossover": c}
+             for s, c in ((483, float("inf")), (966, 8192.0))]  # fmt: skip
+    name = "Delta_gamma: MARS-AdamW - (gamma = 0)"
+    measured = [{"comparison": name, "batch": b, "lo": lo, "hi": hi}
+                for b, lo, hi in ((2048, -0.07, -0.02), (8192, -0.08, 0.06), (32768, 0.01, 0.03),
+                                  (4096, -0.2, -0.1))]  # fmt: skip
+    got = cr.scored(preds, measured)
+    assert [(r["batch"], r["predicted"], r["measured"], r["hit"]) for r in got] == [
+        (2048, "no help", "helps", False), (8192, "helps", "no difference", False),
+        (32768, "helps", "hurts", False), (4096, "no help", "helps", False)]  # fmt: skip
+    assert {r["step"] for r in got} == {966}
+    preds[1]["crossover"] = 2048.0
+    assert cr.scored(preds, measured[:1])[0]["hit"]
