@@ -28,11 +28,22 @@ class DataConfig:
     # the fraction of documents held out when the shards are prepared on first use (None: the
     # source's own, 5% for sotu)
     val_fraction: float | None = None
+    # the fraction of the training windows a run may see (1: all): a fixed subset, the same for
+    # every seed (``np.random.default_rng(SUBSET_SEED)``), so a cell can repeat its data as a
+    # larger batch does (docs/data.md, "A fraction of the training data"); shuffle sampling only
+    train_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         from data.vocabs import get_vocab
 
         get_vocab(self.tokenizer)
+        f = self.train_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
+            raise ValueError(f"data.train_fraction={f!r}: a number in (0, 1], e.g. 0.25 (a "
+                             "quarter of the training windows); 1 trains on all of them")  # fmt: skip
+        if f < 1 and self.sampling != "shuffle":
+            raise ValueError(f"data.train_fraction={f} needs data.sampling=shuffle (a subset of "
+                             f"windows), not {self.sampling!r}")  # fmt: skip
         if self.sampling not in SAMPLING:
             raise ValueError(
                 f"unknown data.sampling {self.sampling!r}; valid: {', '.join(SAMPLING)}"

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 Batch = tuple[torch.Tensor, torch.Tensor]
 RANDOM_STREAM = 0x52414E44  # separates the random-window draws from the epoch permutations
 RANDOM_BLOCK = 4096
+SUBSET_SEED = 0x53554253  # the fixed subset of windows ``fraction`` < 1 keeps (every run's)
 
 
 def _sorted_files(files: Sequence[str | Path]) -> list[Path]:
@@ -110,6 +111,7 @@ class TokenLoader:
         vocab_size: int | None = VOCAB_SIZE,
         max_open_shards: int = DEFAULT_MAX_OPEN,
         prefetch: int = 2,
+        fraction: float = 1.0,
     ) -> None:
         _check_positive(batch_size=batch_size, seq_len=seq_len, world_size=world_size)
         if not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
@@ -131,6 +133,16 @@ class TokenLoader:
         self._windows = ShardWindows(
             self.files, self.seq_len, vocab_size=vocab_size, max_open=max_open_shards
         )
+        # fraction < 1: the epochs run over a fixed subset of the windows, the same for every
+        # seed (sorted window ids); None: every window
+        self._subset: np.ndarray | None = None
+        if fraction != 1.0:
+            if not 0 < fraction < 1 or sampling != "shuffle":
+                raise ValueError(f"fraction {fraction!r}: in (0, 1], with shuffle sampling")
+            total = self._windows.num_windows
+            keep = max(1, int(total * fraction))
+            pick = np.random.default_rng(SUBSET_SEED).permutation(total)[:keep]
+            self._subset = np.sort(pick)
         self._consumed = 0
         self._perms: dict[int, np.ndarray] = {}  # shuffle: epoch -> permutation
         self._blocks: dict[int, np.ndarray] = {}  # random: block -> start positions
@@ -149,8 +161,8 @@ class TokenLoader:
 
     @property
     def num_windows(self) -> int:
-        """Number of windows N in one epoch."""
-        return self._windows.num_windows
+        """Number of windows N in one epoch (the subset's, with ``fraction`` < 1)."""
+        return self._windows.num_windows if self._subset is None else len(self._subset)
 
     @property
     def tokens_per_epoch(self) -> int:
@@ -186,7 +198,7 @@ class TokenLoader:
             take = min(count - done, n - pos)
             ids[done : done + take] = self._permutation(epoch)[pos : pos + take]
             done += take
-        return ids
+        return ids if self._subset is None else self._subset[ids]
 
     def _random_block(self, block: int) -> np.ndarray:
         if block not in self._blocks:

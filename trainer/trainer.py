@@ -210,6 +210,7 @@ class Trainer:
             # This step's micro-batches and the next step's (exact MARS reads them ahead), read
             # and pinned by the loader's thread while the GPU computes.
             prefetch=max(2, 2 * self.accum),
+            fraction=cfg.data.train_fraction,
         )
 
     def elapsed(self) -> float:
