@@ -99,9 +99,28 @@ def loop(trainer: Trainer) -> None:
         if stop:
             trainer.stopped_by = trainer.preemption.signame
             break
+    if not trainer.stopped_by:  # a run is finished only if its last state is finite
+        check_final_state(trainer)
     if trainer.dcp_saver is not None:
         trainer.dcp_saver.close()  # the last checkpoint is written before the run ends
     meter.close()
+
+
+def check_final_state(trainer: Trainer) -> None:
+    """Raise Diverged where the run reached its budget in a state that is not finished
+    (trainer.nonfinite's ``final_state_problem``): every rank reads the same answer."""
+    from runtime import runfiles
+    from runtime.distributed import broadcast_object
+    from trainer.nonfinite import Diverged, final_state_problem
+
+    state, why = trainer.state, None
+    if trainer.dist.is_main:
+        vals = [r["val_loss"] for r in runfiles.read_metrics(trainer.out_dir) if "val_loss" in r]
+        first = float(vals[0]) if vals else None
+        why = final_state_problem(state, first, trainer.cfg.model.vocab_size)
+    why = broadcast_object(why)
+    if why:
+        raise Diverged(f"{trainer.out_dir} did not finish: {why}", state.step)
 
 
 def default_run_dir(cfg: TrainConfig) -> str:
@@ -112,12 +131,15 @@ def default_run_dir(cfg: TrainConfig) -> str:
     from trainer.rundir import run_dir_name
 
     name = cfg.name or cfg.optimizer.name
-    if not HydraConfig.initialized():
-        return run_dir_name(name, [])
-    hc = HydraConfig.get()
-    if hc.mode == RunMode.MULTIRUN:
-        return hc.runtime.output_dir
-    return run_dir_name(name, list(hc.overrides.task))
+    try:
+        if not HydraConfig.initialized():
+            return run_dir_name(name, [])
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            return hc.runtime.output_dir
+        return run_dir_name(name, list(hc.overrides.task))
+    except ValueError as exc:  # a name that leaves runs/ (name=../../x)
+        raise SystemExit(f"config error: {exc}") from None
 
 
 def train(cfg: TrainConfig, config_dict: dict) -> dict:

@@ -59,11 +59,17 @@ def test_a_diverged_run_is_recorded_and_refused_when_run_again(tmp_path, sotu_di
 
 
 def test_the_count_in_a_row_survives_a_restart(tmp_path, sotu_dir, inject):  # noqa: F811
+    """A run whose budget ends on non-finite steps is not finished (issue 66): it ends as
+    diverged with its count in a row in its checkpoint, and a longer run from it is refused
+    with that count (kept, not reset by the restart)."""
     inject({3: "nan", 4: "nan", 5: "nan"})
     common = ("eval_every=0", "nonfinite.max_consecutive=3")
-    first = run(tmp_path, sotu_dir, "max_steps=4", *common)  # ends on 2 in a row
-    assert first["nonfinite_in_a_row"] == 2 and first["stopped"] is None
+    with pytest.raises(SystemExit, match=r"did not finish: its last 2 step\(s\) to step 4 were"):
+        run(tmp_path, sotu_dir, "max_steps=4", *common)  # ends on 2 in a row
+    first = json.loads((tmp_path / "summary.json").read_text())
+    assert first["nonfinite_in_a_row"] == 2 and first["stopped"] == "diverged"
+    assert not runfiles.reached(first, 4) and math.isinf(finished_loss(tmp_path, 4))
     c = torch.load(tmp_path / "checkpoints" / "step_0000004.pt", weights_only=True)
     assert c["nonfinite_in_a_row"] == 2
-    with pytest.raises(SystemExit, match="stopping at step 5: .*3 steps in a row.*those of step 2"):
-        run(tmp_path, sotu_dir, "max_steps=8", *common)  # a longer run: one more is the third
+    with pytest.raises(SystemExit, match=r"stopped at step 4: it diverged \(2 non-finite steps"):
+        run(tmp_path, sotu_dir, "max_steps=8", *common)  # a longer run: the count is kept

@@ -129,6 +129,36 @@ class Diverged(SystemExit):
         self.message, self.step = message, step
 
 
+FAR_ABOVE = 1.0  # nats above the larger of the first validation loss and log(vocabulary)
+
+
+def final_state_problem(state: Any, first_val_loss: float | None, vocab_size: int) -> str | None:
+    """Why a run that reached its budget is not finished (None: it is): its last steps were
+    non-finite (skipped, fewer than the stopping count, when the budget ran out), or its final
+    validation loss is not finite, or is far above where it started (more than ``FAR_ABOVE``
+    nats above both the first validation loss and a uniform guess's, log(vocabulary)). Such a
+    run ends as diverged, never as finished."""
+    import math
+
+    if state.nonfinite_in_a_row > 0:
+        return (f"its last {state.nonfinite_in_a_row} step(s) to step {state.step} were "
+                "non-finite (skipped) when its budget ran out: its final weights are those of a "
+                "diverging run; change what diverged (a lower optimizer.lr, say) in a new run")  # fmt: skip
+    last = state.last_val_loss
+    if last is None:
+        return None
+    if not math.isfinite(last):
+        return (f"its final validation loss is {last} at step {state.step}: not finite; change "
+                "what diverged (a lower optimizer.lr, say) in a new run")  # fmt: skip
+    ceiling = max(first_val_loss if first_val_loss is not None else 0.0, math.log(vocab_size))
+    if last > ceiling + FAR_ABOVE:
+        return (f"its final validation loss {last:.4g} at step {state.step} is far above where "
+                f"it started ({first_val_loss if first_val_loss is not None else float('nan'):.4g}"
+                f"; a uniform guess is {math.log(vocab_size):.4g}): it diverged; change what "
+                "diverged (a lower optimizer.lr, say) in a new run")  # fmt: skip
+    return None
+
+
 @dataclass
 class _Pending:
     """A step whose flags are not yet read: its number, its tokens, the flags (a host copy)."""
