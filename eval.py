@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -244,15 +245,22 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
     if dist.device.type == "cpu":
         tune_host_allocator()  # large logits tensors: see runtime/device.py
     announce(cfg, examples, loaded, dist, dtype)  # every rank: it reads the shards collectively
-    results, interrupted = {}, None
-    for name in cfg.tasks:
-        try:
-            results[name] = run_task(name, examples.get(name), loaded, cfg, dist, dtype)
-        except KeyboardInterrupt:  # Ctrl-C: keep what is done, written as partial
-            interrupted = name
-            break
-        except (FileNotFoundError, ValueError) as exc:
-            raise SystemExit(f"error in task {name}: {exc}") from None
+    results, interrupted, signame = {}, None, "Ctrl-C"
+    # a scheduler's stop (SIGTERM: Slurm's time limit, a preemption) as Ctrl-C: the tasks done
+    # are kept; the caller's handler back afterwards
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        for name in cfg.tasks:
+            try:
+                results[name] = run_task(name, examples.get(name), loaded, cfg, dist, dtype)
+            except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: keep what is done, as partial
+                interrupted, signame = name, getattr(exc, "signame", "Ctrl-C")
+                break
+            except (FileNotFoundError, ValueError) as exc:
+                raise SystemExit(f"error in task {name}: {exc}") from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     header = {
         "checkpoint": str(loaded.source),
         "kind": loaded.kind,
@@ -269,7 +277,7 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
     record = {**header, "results": results}
     path = Path(cfg.out) if cfg.out else loaded.default_results_path()
     if interrupted is not None:
-        raise SystemExit(stop_partial(dist, path, header, results, interrupted))
+        raise SystemExit(stop_partial(dist, path, header, results, interrupted, signame))
     if dist.is_main:
         record = write_results(path, header, results)
         log.info("results: %s", path)
@@ -278,17 +286,29 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
     return broadcast_object(record)
 
 
-def stop_partial(dist: DistInfo, path: Path, header: dict, results: dict, task: str) -> int:
-    """Ctrl-C during ``task``: rank 0 writes the tasks done (marked partial) and says so in one
-    line; the exit status is 130, the shell's for Ctrl-C."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during the tasks: handled as Ctrl-C (the tasks done are written)."""
+
+    signame = "SIGTERM"
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def stop_partial(dist: DistInfo, path: Path, header: dict, results: dict, task: str,
+                 signame: str = "Ctrl-C") -> int:  # fmt: skip
+    """Ctrl-C (or SIGTERM) during ``task``: rank 0 writes the tasks done (marked partial) and
+    says so in one line; the exit status is the shell's: 130 for Ctrl-C, 143 for SIGTERM."""
     if dist.is_main:
         kept = "nothing was finished, nothing written"
         if results:
             write_results(path, header, results)
             kept = f"{', '.join(results)} written to {path} (marked partial)"
-        sys.stderr.write(f"interrupted (Ctrl-C) during {task}: {kept}; run the same command again "
-                         f"for the rest (tasks=[{task}] scores only it, limit=N fewer rows)\n")  # fmt: skip
-    return 130
+        sys.stderr.write(f"interrupted ({signame}) during {task}: {kept}; run the same command "
+                         f"again for the rest (tasks=[{task}] scores only it, limit=N fewer "
+                         "rows)\n")  # fmt: skip
+    return 143 if signame == "SIGTERM" else 130
 
 
 def register_schemas() -> None:

@@ -22,7 +22,8 @@ from trainer.dcp_checkpoint import load_dcp
 
 
 def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.convert_checkpoint", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
     ap.add_argument("checkpoint", help="a DCP checkpoint directory, RUN_DIR/checkpoints/step_N")
     ap.add_argument("--out", help="the file to write (default: the directory's name + .pt)")
     ap.add_argument("--model-only", action="store_true", help="leave out the optimizer state")
@@ -31,6 +32,13 @@ def main(argv: list[str] | None = None) -> Path:
     out = Path(args.out) if args.out else src.with_name(src.name + ".pt")
     if out.resolve() == src.resolve() or out.is_dir():
         raise SystemExit(f"error: --out {out} is a directory; name a file, e.g. {src.name}.pt")
+    if src.is_file():  # already the single-file format: nothing to convert
+        raise SystemExit(f"error: {src} is a file checkpoint already (the single-file format "
+                         "that eval.py, export and sample read as they are); convert takes a DCP "
+                         "checkpoint directory, RUN_DIR/checkpoints/step_N")  # fmt: skip
+    if not src.exists():
+        raise SystemExit(f"error: {src}: no such checkpoint (a DCP directory, "
+                         "RUN_DIR/checkpoints/step_N)")  # fmt: skip
     parts = ("model",) if args.model_only else ("model", "optimizer")
     try:
         c = load_dcp(src, parts=parts)

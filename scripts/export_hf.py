@@ -39,7 +39,8 @@ def check_export(model: torch.nn.Module, out_dir: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.export_hf", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
     ap.add_argument(
         "checkpoint", help="a step_N.pt file, a DCP step_N directory or a run directory"
     )

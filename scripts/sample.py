@@ -21,7 +21,8 @@ from runtime.distributed import pick_device
 
 
 def main(argv: list[str] | None = None) -> list[str]:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.sample", description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)  # fmt: skip
     ap.add_argument("checkpoint", help="a step_N.pt file, a run directory or an HF directory")
     ap.add_argument("--prompt", default="", help="text to continue (default: a new document)")
     ap.add_argument("-n", "--num-samples", type=int, default=3)

@@ -120,6 +120,8 @@ def check_values(cfg: Any, values: dict) -> None:
         raise ValueError(f"schedule.min_lr ({sched.min_lr}) must not exceed optimizer.lr ({lr})")
     if sched.decay_steps is not None and sched.decay_steps < 1:
         raise ValueError(f"schedule.decay_steps must be >= 1 (or null), got {sched.decay_steps}")
+    if cfg.seed < 0:  # numpy's generators (the data order) take no negative seed
+        raise ValueError(f"seed must be a whole number >= 0, got {cfg.seed}")
     if cfg.eval_tokens is not None and cfg.eval_tokens < 1:
         raise ValueError(
             f"eval_tokens must be >= 1 (or null: the whole split), got {cfg.eval_tokens}"

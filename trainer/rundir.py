@@ -57,6 +57,9 @@ def run_dir_name(name: str, overrides: list[str], root: str = "runs") -> str:
     optimizer's, then what the command line changed. No time stamp: the same command names the
     same directory, so running it again continues the run (docs/failures.md)."""
     tag = override_tag(overrides, name)
+    if os.path.isabs(name) or ".." in Path(name).parts:
+        raise ValueError(f"name={name}: a run's name is a path inside {root}/ (no '..', not "
+                         "absolute); to put a run elsewhere give out_dir=PATH")  # fmt: skip
     base = name.strip("/") or "run"
     return os.path.join(root, f"{base}_{tag}" if tag else base)
 
