@@ -207,6 +207,13 @@ CONCLUSIONS = [
 DOCS_MARK = re.compile(r"(<!-- conclusions: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
 
 
+def p_text(p: float) -> str:
+    """A p-value at two significant digits, or three where two would print the family-wise level
+    itself for a value on the other side of it (0.1004 reads 0.1 and does not hold)."""
+    text, alpha = f"{p:.2g}", 1 - LEVEL
+    return f"{p:.3g}" if abs(float(text) - alpha) < 1e-12 and abs(p - alpha) > 1e-12 else text
+
+
 def conclusions(tests: list[dict]) -> str:
     """The docs' conclusions table: each conclusion's tests (in the family's order), their
     differences and Holm p over every test, and whether they hold (all, none, or how many)."""
@@ -223,10 +230,10 @@ def conclusions(tests: list[dict]) -> str:
         if len(got) > 4:  # many tests: their range and the largest Holm p
             means = [t["mean"] for t in got]
             diffs = f"{len(got)} tests, {min(means):+.3f} to {max(means):+.3f}"
-            ps = f"{max(t['holm_p'] for t in got):.2g} at most"
+            ps = f"{p_text(max(t['holm_p'] for t in got))} at most"
         else:
             diffs = ", ".join(f"{t['mean']:+.3f}" for t in got)
-            ps = ", ".join(f"{t['holm_p']:.2g}" for t in got)
+            ps = ", ".join(p_text(t["holm_p"]) for t in got)
         lines.append(f"| {text} | {diffs} | {ps} | {holds} |")
     return "\n".join(lines) + "\n"
 
@@ -252,7 +259,7 @@ def markdown(tests: list[dict]) -> str:
     ]
     for t in sorted(tests, key=lambda t: (t["holm_p"], t["p"], t["test"])):
         lines.append(f"| {t['test']} | {t['mean']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}] | "
-                     f"{t['p']:.2g} | {t['holm_p']:.2g} | "
+                     f"{t['p']:.2g} | {p_text(t['holm_p'])} | "
                      f"{'yes' if t['holm_p'] <= alpha else 'no'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ("referee", "crossover")
 
 
+def p_text(p: float) -> str:
+    from study.family import p_text as text
+
+    return text(p)
+
+
 def _family(root: Path) -> list[dict]:
     from study.family import family
 
@@ -92,7 +98,7 @@ def render(study: str, part: defs.Part, tests: list[dict], root: Path = ROOT) ->
                   "| test | difference [interval] | Holm p | holds |", "|---|---|---|---|"]  # fmt: skip
         for t in sorted(claims, key=lambda t: t["test"]):
             lines.append(f"| {t['test']} | {t['mean']:+.4f} [{t['lo']:+.4f}, {t['hi']:+.4f}] | "
-                         f"{t['holm_p']:.2g} | {'yes' if t['holm_p'] <= alpha else 'no'} |")  # fmt: skip
+                         f"{p_text(t['holm_p'])} | {'yes' if t['holm_p'] <= alpha else 'no'} |")  # fmt: skip
     else:
         lines.append(
             "None yet (a part joins the family when its arms have finished their "
