@@ -38,12 +38,18 @@ def test_which_end_states_are_finished(st, first, want):
     assert (why is None) if want is None else (want in why), why
 
 
-def test_the_issues_lr_100_run_ends_as_diverged(tmp_path, sotu_dir):
-    """``optimizer.lr=100 max_steps=7``: once ``stopped: null`` and rc 0 with a final validation
-    loss of 7,828.7; now a one-line SystemExit and a diverged summary the study counts so."""
+def test_non_finite_steps_at_the_budgets_end_end_as_diverged(tmp_path, sotu_dir, inject):  # noqa: F811
+    """The issue's ``optimizer.lr=100 max_steps=7``: three non-finite steps in a row when the
+    budget ended (fewer than the 5 that stop a run) once gave ``stopped: null`` and rc 0; now a
+    one-line SystemExit and a diverged summary, which the study counts as diverged."""
+    inject({5: "nan", 6: "nan", 7: "nan"})
     with pytest.raises(SystemExit) as info:
-        run(tmp_path, sotu_dir, "optimizer.lr=100", "max_steps=7", "eval_every=0")
-    assert "\n" not in str(info.value) and info.value.code != 0
+        run(tmp_path, sotu_dir, "max_steps=7", "eval_every=0")
+    text = str(info.value)
+    assert (
+        "\n" not in text and "did not finish: its last 3 step(s) to step 7 were non-finite" in text
+    )
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["stopped"] == "diverged" and not runfiles.reached(summary, 7)
+    assert summary["nonfinite_in_a_row"] == 3
     assert math.isinf(finished_loss(tmp_path, 7))
