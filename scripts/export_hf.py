@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--no-check", action="store_true", help="skip the transformers check")
     args = ap.parse_args(argv)
+    if Path(args.out_dir).exists() and not Path(args.out_dir).is_dir():
+        raise SystemExit(f"error: {args.out_dir} is a file: name a directory to write the export "
+                         "into (new, or one to overwrite)")  # fmt: skip
     try:
         loaded = load_model(args.checkpoint, "cpu")
         out = save_hf(
@@ -56,6 +59,10 @@ def main(argv: list[str] | None = None) -> Path:
         )
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
+    except OSError as exc:  # a read-only mount, a full disk, no permission: the storage's error
+        raise SystemExit(f"error: cannot write the export into {args.out_dir}: "
+                         f"{exc.strerror or exc} (a read-only or full file system, or no "
+                         "permission there): name another out_dir") from None  # fmt: skip
     print(f"wrote {out} from {loaded.source} (step {loaded.step})")
     if args.no_check:
         return out

@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> list[str]:
         )
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
+    except KeyboardInterrupt:  # Ctrl-C while loading or sampling: nothing is written anyway
+        sys.stderr.write("interrupted (Ctrl-C): no sample printed, nothing written\n")
+        raise SystemExit(130) from None
     for text in texts:
         print("-" * 40)
         print(args.prompt + text)

@@ -91,3 +91,29 @@ def test_convert_names_a_file_checkpoint_as_one_not_an_unfinished_save(tmp_path,
         convert([])
     assert usage.value.code == 2
     assert "usage: python -m scripts.convert_checkpoint" in capsys.readouterr().err
+
+
+def test_export_onto_an_existing_file_is_one_line_and_the_file_is_kept(tmp_path):
+    from scripts.export_hf import main as export_hf
+
+    f = tmp_path / "out"
+    f.write_text("mine\n")
+    with pytest.raises(SystemExit) as info:
+        export_hf([str(tmp_path / "nope"), str(f)])
+    assert str(info.value.code) == (f"error: {f} is a file: name a directory to write the "
+                                    "export into (new, or one to overwrite)")  # fmt: skip
+    assert f.read_text() == "mine\n"
+
+
+def test_ctrl_c_in_sample_is_one_line(tmp_path, monkeypatch, capsys):
+    import scripts.sample as sample
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sample, "load_model", interrupted)
+    with pytest.raises(SystemExit) as info:
+        sample.main([str(tmp_path), "--device", "cpu"])
+    assert info.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["interrupted (Ctrl-C): no sample printed, nothing written"]
