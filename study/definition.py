@@ -15,7 +15,9 @@ A definition file:
     compare:                       # python -m study.compare over the published parts
       NAME: [LABEL=PART[@MODEL:BUDGET], ...]
     tables: [NAME, ...]            # the study's own tables over its parts (TABLES), rewritten
-                                   # after each part: crossover (study/crossover_report.py)
+                                   # after each part: crossover (study/crossover_report.py),
+                                   # correction (study/correction.py), family (study/family.py),
+                                   # readmes (study/part_readme.py)
 
 A part starts from another when its ``center_from`` (``PART@MODEL:BUDGET``: that part's published
 ledger, results/<study>/<PART>/results.csv, at that cell; ``STUDY/PART@...`` another study's),
@@ -33,7 +35,8 @@ import yaml
 
 STUDIES = Path(__file__).resolve().parent / "studies"  # the committed definitions
 KINDS = ("study", "factorial")
-TABLES = ("crossover",)  # a definition names one of these; study/parts.py writes it
+# a definition names these; study/parts.py's TABLE_WRITERS writes each (tests keep the two equal)
+TABLES = ("crossover", "correction", "family", "readmes")
 # What a part may say, and the ``python -m study`` flag each becomes (None: said otherwise).
 PART_KEYS = {
     "kind": None, "description": None, "runs": None, "results": None, "from": None,

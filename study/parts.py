@@ -209,31 +209,70 @@ def check_parts(definition: Definition, args: argparse.Namespace) -> None:
                              "or the part's overrides)") from None  # fmt: skip
 
 
+def _crossover_table(definition: Definition) -> None:
+    """One part per batch, in one folder: the crossover's table (study/crossover_report.py)."""
+    from study import crossover_report
+
+    cells = []
+    for name, p in definition.parts.items():  # b<B>, m<SIZE>-b<B>: a cell; else a check
+        cell = crossover_report.Cell.of(name)
+        if cell is None:
+            continue
+        if (cell.batch, [cell.model]) != (int(p.values["batch_tokens"]), p.values["models"]):
+            raise SystemExit(f"study {definition.name}: part {name} runs "
+                             f"{p.values['models']} at {p.values['batch_tokens']} bytes, "
+                             f"not the cell its name says ({cell.model} at {cell.batch})")  # fmt: skip
+        cells.append(cell)
+    log.info("the crossover's table: %s", crossover_report.write(_folder(definition), cells))
+
+
+def _correction_table(definition: Definition) -> None:
+    """The correction's anatomy (study/correction.py) and the README's sentences from it."""
+    from study import correction
+
+    readme = correction.ROOT / "README.md"
+    has_block = readme.is_file() and correction.README_MARK.search(readme.read_text())
+    path = correction.write(_folder(definition), readme if has_block else None)
+    log.info("the correction's anatomy: %s", path)
+
+
+def _family_table(definition: Definition) -> None:
+    """The study's one family (study/family.py), and the docs' conclusions table from it."""
+    from study import family
+
+    docs = family.ROOT / "docs" / "study.md"
+    argv = (
+        ["--docs", str(docs)]
+        if docs.is_file() and family.DOCS_MARK.search(docs.read_text())
+        else []
+    )
+    family.main(argv)
+
+
+def _part_readmes(definition: Definition) -> None:
+    """Each published part's README (study/part_readme.py)."""
+    from study import part_readme
+
+    part_readme.main(["--study", definition.name])
+
+
+# A definition's ``tables`` (study/definition.py TABLES): each kind's writer, in the order named.
+TABLE_WRITERS = {"crossover": _crossover_table, "correction": _correction_table,
+                 "family": _family_table, "readmes": _part_readmes}  # fmt: skip
+
+
+def _folder(definition: Definition) -> Path:
+    folders = {p.results.parent for p in definition.parts.values()}
+    if len(folders) != 1:
+        raise SystemExit(f"study {definition.name}: its tables want every part's results in one "
+                         "folder (results/<study>/<part>)")  # fmt: skip
+    return folders.pop()
+
+
 def write_tables(definition: Definition) -> None:
     """The definition's own tables over its parts' published files (definition.TABLES)."""
     for name in definition.tables:
-        if name == "crossover":  # one part per batch, in one folder: the crossover's table
-            from study import crossover_report
-
-            folders = {p.results.parent for p in definition.parts.values()}
-            if len(folders) != 1:
-                raise SystemExit(f"study {definition.name}: tables: crossover wants every part's "
-                                 "results in one folder (results/<study>/<part>)")  # fmt: skip
-            cells = []
-            for name, p in definition.parts.items():  # b<B>, m<SIZE>-b<B>: a cell; else a check
-                cell = crossover_report.Cell.of(name)
-                if cell is None:
-                    continue
-                if (cell.batch, [cell.model]) != (
-                    int(p.values["batch_tokens"]),
-                    p.values["models"],
-                ):
-                    raise SystemExit(f"study {definition.name}: part {name} runs "
-                                     f"{p.values['models']} at {p.values['batch_tokens']} bytes, "
-                                     f"not the cell its name says ({cell.model} at {cell.batch})")  # fmt: skip
-                cells.append(cell)
-            path = crossover_report.write(folders.pop(), cells)
-            log.info("the crossover's table: %s", path)
+        TABLE_WRITERS[name](definition)
 
 
 def compare_all(definition: Definition) -> int:

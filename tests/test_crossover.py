@@ -151,7 +151,7 @@ def test_the_sweep_tunes_only_the_lr_and_checkpoints():
     assert argv[argv.index("--knobs") + 1 : argv.index("--center-from")] == ["lr"]
     assert argv[argv.index("--budgets") + 1] == "16"
     assert "mars-adamw:gamma=0" in argv and argv[-2:] == ["ckpt_every=100", "dtype=float32"]
-    assert d.tables == ["crossover"]
+    assert d.tables == ["crossover", "correction", "family", "readmes"]
 
 
 def test_the_float32_check_reruns_the_131072_cells_choices_untuned(tmp_path, monkeypatch):

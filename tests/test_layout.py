@@ -43,6 +43,7 @@ ALLOWED = {
         # its proxy's speed (study/proxy_speed.py) sets its process up as train.py does
         "runtime.device",
         "runtime.distributed",
+        "runtime.files",
         "runtime.runfiles",
         # its gradient instruments (study/vr_probe.py, study/predict.py) replay a recorded run
         # through the trainer, composed as train.py composes it

@@ -47,3 +47,12 @@ def test_a_fixture_part_gives_its_cells_and_claims(tmp_path):
         in text
     )
     assert "ladder:" not in text and "- `abc`: 6 runs" in text
+
+
+def test_every_table_kind_a_definition_may_name_has_its_writer():
+    from study import definition as defs
+    from study.parts import TABLE_WRITERS
+
+    assert set(defs.TABLES) == set(TABLE_WRITERS)
+    for study in part_readme.STUDIES:
+        assert set(defs.load(study).tables) <= set(TABLE_WRITERS)
