@@ -176,7 +176,7 @@ def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
         if not rs:
             continue
         lines += [f"## {group[0].upper()}{group[1:]}", "",
-                  f"| step | difference [{pct}] | p | in the family | lrs (before, after) |",
+                  f"| step | difference [{pct}] | p | a test of the family | lrs (before, after) |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for r in rs:
             s = r["step"]

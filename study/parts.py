@@ -250,10 +250,11 @@ def _family_table(definition: Definition) -> None:
 
 
 def _part_readmes(definition: Definition) -> None:
-    """Each published part's README (study/part_readme.py)."""
+    """Each published part's README (study/part_readme.py), every study's: a part's claims are
+    the one family's, which every study's parts move."""
     from study import part_readme
 
-    part_readme.main(["--study", definition.name])
+    part_readme.main([])
 
 
 # A definition's ``tables`` (study/definition.py TABLES): each kind's writer, in the order named.
