@@ -12,16 +12,20 @@ of ``us``, computed in one of three ways that give the same numbers per matrix:
   differently from a single one).
 - split over ranks (``distributed=True`` and ``torch.distributed`` initialised with world size
   W > 1): every matrix of the call has one owner rank, by its Newton-Schulz FLOPs (``assign``:
-  optim/sharded.py ``owners``, largest first to the least-loaded rank, the same on every rank),
-  so a lone large matrix (a tied embedding) no longer lands on rank 0 beside its share of every
-  shape. Per shape, each rank orthogonalises the matrices it owns (one batched call) into its
-  block of ``k`` slots (``k``: the most any rank owns of that shape; empty slots are zeros, not
-  computed), and one all-gather per shape gives every rank every result, bit for bit the same
-  on all ranks. Every rank takes part in each collective; the gathers are asynchronous (each
-  overlaps the next shape's work; all are waited on before returning: on NCCL a wait orders the
-  streams, not the host), and there is no other host synchronisation. Gathered in the
-  Newton-Schulz dtype (bf16: half the bytes; casting to the parameter dtype afterwards is exact
-  either way). ``rank_flops`` gives each rank's FLOPs a step from the assignment.
+  optim/sharded.py ``owners``, largest first to the least-loaded rank, the same on every rank;
+  a lone large matrix, a tied embedding, on a rank of its own where that lowers the most FLOPs
+  a rank computes). Per shape, each rank orthogonalises the matrices it owns (one batched call),
+  and the results move only once each (``layout``): one all-gather of the ``k`` slots every rank
+  fills (``k``: the fewest any rank owns of that shape; none where a shape has fewer matrices
+  than ranks), then each matrix beyond them broadcast from its owner; no slot is padded, and a
+  rank receives the results' bytes less its own (``received_bytes``; the padded all-gather this
+  replaced moved W times the fullest rank's slots: ``split_traffic``'s ``padded_received``).
+  Bit for bit the same on all ranks. Every rank takes part in each collective, in the same
+  order; they are asynchronous (each overlaps the next shape's work; all are waited on before
+  returning: on NCCL a wait orders the streams, not the host), and there is no other host
+  synchronisation. In the Newton-Schulz dtype (bf16: half the bytes; casting to the parameter
+  dtype afterwards is exact either way). ``rank_flops`` gives each rank's FLOPs a step from the
+  assignment, ``ns_buffer_bytes`` the buffers a rank holds for it.
 
 As Keller Jordan's and the MARS repo's Muon, which split the matrices over ranks the same way;
 Moonlight and the official MARS-M compute every matrix on every rank (``distributed=False``).
@@ -30,6 +34,7 @@ Moonlight and the official MARS-M compute every matrix on every rank (``distribu
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -90,8 +95,9 @@ def orthogonalise(
         for i, t, r in zip(idx, tall, results):
             out[i] = r.mT if t else r
     for work in pending:
-        if work is not None:
-            work.wait()
+        for w in work:
+            if w is not None:  # (a test's stand-in collective returns none)
+                w.wait()
     if world > 1 and cast_back:
         out = [o.to(u.dtype) for o, u in zip(out, us)]
     return out
@@ -152,36 +158,63 @@ def _stack(xs: Tensors, dtype: torch.dtype, divisor: float | None, rows: int = 0
     return out
 
 
+class Layout(NamedTuple):
+    """Where a batch's results lie in the buffer every rank fills (``layout``)."""
+
+    k: int  # slots a rank in the all-gather: rank r's first k matrices at [r * k, (r + 1) * k)
+    order: list[int]  # the batch's matrix (its index in the batch) in each slot, in slot order
+    extras: list[tuple[int, int]]  # (slot, owner) of each matrix broadcast from its owner
+
+
+def layout(own: list[int], world: int) -> Layout:
+    """A batch's collectives from its owners ``own`` (one rank a matrix, in batch order): the
+    all-gather takes the ``k`` slots every rank fills (the fewest any rank owns; 0 where a
+    rank owns none), each rank's first ``k`` matrices; the rest follow, rank by rank, each in a
+    slot of its own broadcast from its owner. ``len(own)`` slots: none padded."""
+    mine = [[j for j, o in enumerate(own) if o == r] for r in range(world)]
+    k = min(len(m) for m in mine)
+    order = [j for m in mine for j in m[:k]]
+    rest = [j for m in mine for j in m[k:]]
+    extras = [(len(order) + e, own[j]) for e, j in enumerate(rest)]
+    return Layout(k, order + rest, extras)
+
+
 def _split(xs, own, rank, world, steps, eps, dtype, divisor, batched, fused=False):
     """The matrices of ``xs`` that ``own`` gives this rank orthogonalised here, then every
-    rank's all-gathered (module docstring): rank r's j-th owned matrix lies in slot
-    ``r * k + j`` of the gather. Returns the results in the order of ``xs`` and the work."""
+    rank's moved to every rank (``layout``: one all-gather and a broadcast a matrix beyond it).
+    Returns the results in the order of ``xs`` and the work handles."""
     shape, device = xs[0].shape, xs[0].device
-    slots = [[i for i, o in enumerate(own) if o == r] for r in range(world)]
-    k = max(len(s) for s in slots)
-    mine = [xs[i] for i in slots[rank]]
-    if mine and batched and len(mine) == k:  # a full block: gathered as NS returns it
-        local = newton_schulz(_stack(mine, dtype, divisor), steps, eps, dtype, fused=fused)
-    else:  # this rank's empty slots gather as zeros; nothing computed for them
-        local = torch.zeros((k, *shape), dtype=dtype, device=device)
-        if mine and batched:
-            local[: len(mine)] = newton_schulz(_stack(mine, dtype, divisor), steps, eps, dtype,
-                                               fused=fused)  # fmt: skip
-        else:  # the per-matrix path
-            for o, x in zip(local, mine):
-                o.copy_(newton_schulz(_scaled(x, divisor), steps, eps, dtype, fused=fused))
-    gathered = torch.empty((world * k, *shape), dtype=dtype, device=device)
-    work = _all_gather(gathered, local.contiguous())
-    where = {i: r * k + j for r, s in enumerate(slots) for j, i in enumerate(s)}
-    return [gathered[where[i]] for i in range(len(xs))], work
+    lay = layout(own, world)
+    mine = [i for i, o in enumerate(own) if o == rank]
+    res = torch.empty((len(mine), *shape), dtype=dtype, device=device)
+    if mine and batched:
+        res = newton_schulz(_stack([xs[i] for i in mine], dtype, divisor), steps, eps, dtype,
+                            fused=fused)  # fmt: skip
+    else:  # the per-matrix path
+        for o, i in zip(res, mine):
+            o.copy_(newton_schulz(_scaled(xs[i], divisor), steps, eps, dtype, fused=fused))
+    gathered = torch.empty((len(xs), *shape), dtype=dtype, device=device)
+    works = []
+    if lay.k:
+        works.append(_all_gather(gathered[: world * lay.k], res[: lay.k].contiguous()))
+    at = {i: j for j, i in enumerate(mine)}  # a matrix's place in this rank's results
+    for slot, owner in lay.extras:
+        if owner == rank:
+            gathered[slot].copy_(res[at[lay.order[slot]]])
+        works.append(_broadcast(gathered[slot], owner))
+    where = {i: slot for slot, i in enumerate(lay.order)}
+    return [gathered[where[i]] for i in range(len(xs))], works
 
 
 def assign(shapes: list[tuple[int, ...]], world: int, merged: bool = True) -> list[int]:
     """The owner rank of each matrix under the DDP split: by Newton-Schulz FLOPs, largest
     first to the least-loaded rank, no rank holding more than its share of a batch
     (optim/sharded.py ``owners``; ``merged``: a batch is a shape up to transposition, as the
-    fused iteration and the engine's stacks on CUDA batch); all 0 for one rank."""
-    return sharded.owners(shapes, world, merge=merged) if world > 1 else [0] * len(shapes)
+    fused iteration and the engine's stacks on CUDA batch); a lone largest matrix on a rank of
+    its own where that lowers the most FLOPs a rank computes; all 0 for one rank."""
+    if world == 1:
+        return [0] * len(shapes)
+    return sharded.owners(shapes, world, merge=merged, isolate=True)
 
 
 def rank_flops(shapes: list[tuple[int, ...]], world: int, steps: int = 5,
@@ -199,17 +232,74 @@ def _all_gather(out: torch.Tensor, local: torch.Tensor):
     return gather(out, local, async_op=True)
 
 
+def _broadcast(t: torch.Tensor, src: int):
+    """Start broadcasting ``t`` from rank ``src`` (its owner) to every rank; the work handle."""
+    return dist.broadcast(t, src, async_op=True)
+
+
+def _batches(shapes: list[tuple[int, int]], merged: bool) -> list[tuple[tuple, list[int]]]:
+    """(batch shape, indices) of ``shapes`` as ``orthogonalise`` batches them."""
+    metas = [torch.empty(s, device="meta") for s in shapes]
+    return [(key[0], idx) for key, idx in _same_shape(metas, merge_transposed=merged).items()]
+
+
 def split_traffic(shapes: list[tuple[int, int]], world: int, *, merged: bool,
                   itemsize: int = 2) -> list[dict]:  # fmt: skip
-    """The DDP split's collectives a step, from the assignment (no process needed): one
-    all-gather per batch (per shape, or with ``merged`` per shape up to transposition, as the
-    fused iteration and the engine's stacks batch), each rank sending its ``k`` slots of
-    ``rows * cols`` elements of ``itemsize`` bytes (bf16: 2) and receiving ``world`` times that.
-    One dict per all-gather: its shape, ``k``, ``sent`` and ``received`` bytes per rank."""
+    """The DDP split's collectives a step, from the assignment (no process needed), one dict a
+    batch (per shape, or with ``merged`` per shape up to transposition, as the fused iteration
+    and the engine's stacks batch): its ``shape``, ``n`` matrices, the all-gather's ``k`` slots
+    a rank and the ``broadcasts`` beyond (``layout``), ``sent`` (the most a rank sends: its own
+    results), ``results`` (every result's bytes), and ``padded_received`` (what the padded
+    all-gather this replaced brought each rank: W times the fullest rank's slots, its owners
+    without the lone matrix's rank of its own), in bytes of ``itemsize`` (bf16: 2)."""
     own, out = assign(shapes, world, merged), []
-    for (shape, _, _), idx in _same_shape([torch.empty(s, device="meta") for s in shapes],
-                                          merge_transposed=merged).items():  # fmt: skip
-        k = max(sum(1 for i in idx if own[i] == r) for r in range(world))
-        sent = k * math.prod(shape) * itemsize
-        out.append({"shape": shape, "k": k, "sent": sent, "received": world * sent})
+    before = _before(shapes, world, merged)
+    for shape, idx in _batches(shapes, merged):
+        counts = [sum(1 for i in idx if own[i] == r) for r in range(world)]
+        fullest = max(sum(1 for i in idx if before[i] == r) for r in range(world))
+        size = math.prod(shape) * itemsize
+        lay = layout([own[i] for i in idx], world)
+        out.append({"shape": shape, "n": len(idx), "k": lay.k, "broadcasts": len(lay.extras),
+                    "sent": max(counts) * size, "results": len(idx) * size,
+                    "padded_received": world * fullest * size})  # fmt: skip
     return out
+
+
+def _before(shapes: list[tuple[int, int]], world: int, merged: bool) -> list[int]:
+    """The owners before a lone largest matrix took a rank of its own (the padded layout's)."""
+    return sharded.owners(shapes, world, merge=merged) if world > 1 else [0] * len(shapes)
+
+
+def received_bytes(shapes: list[tuple[int, int]], world: int, *, merged: bool,
+                   itemsize: int = 2) -> int:  # fmt: skip
+    """The most bytes a rank receives a step: every result but its own (the all-gather's and
+    the broadcasts' alike)."""
+    own = assign(shapes, world, merged)
+    per_rank = [0] * world
+    for shape, idx in _batches(shapes, merged):
+        size = math.prod(shape) * itemsize
+        for r in range(world):
+            per_rank[r] += sum(1 for i in idx if own[i] != r) * size
+    return max(per_rank)
+
+
+def ns_buffer_bytes(shapes: list[tuple[int, int]], world: int, *, merged: bool,
+                    itemsize: int = 2, padded: bool = False) -> int:  # fmt: skip
+    """Bytes of the buffers a rank holds for the engine's Newton-Schulz stacks
+    (optim/engine/ns.py): per batch the stack the pre-pass writes (``n`` slots) and, split over
+    ``world`` > 1 ranks, the results every rank receives (``n``) and its own all-gathered slots
+    (``k``), in the NS dtype. ``padded``: the layout this replaced (W x the fullest rank's
+    slots twice, and those slots)."""
+    own = _before(shapes, world, merged) if padded else assign(shapes, world, merged)
+    total = 0
+    for shape, idx in _batches(shapes, merged):
+        size, n = math.prod(shape) * itemsize, len(idx)
+        if world == 1:
+            total += n * size
+            continue
+        counts = [sum(1 for i in idx if own[i] == r) for r in range(world)]
+        if padded:
+            total += (2 * world * max(counts) + max(counts)) * size
+        else:
+            total += (2 * n + layout([own[i] for i in idx], world).k) * size
+    return total

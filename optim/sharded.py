@@ -118,24 +118,48 @@ def ns_flops(shape: tuple[int, ...], steps: int = 5) -> int:
     return steps * (4 * m * m * n + 2 * m**3)
 
 
-def owners(shapes: list[tuple[int, ...]], world: int, merge: bool = False) -> list[int]:
+def owners(shapes: list[tuple[int, ...]], world: int, merge: bool = False,
+           isolate: bool = False) -> list[int]:  # fmt: skip
     """The rank that orthogonalises each matrix: largest cost (``ns_flops``) first, each to the
     least-loaded rank (ties: the lower index, the lower rank) among those holding fewer than
     ``ceil(n / world)`` of its batch (``n`` the batch's matrices; a batch: one shape, with
-    ``merge`` one shape up to transposition), so that no batch's collective is padded beyond
-    what its count needs (every rank sends as many slots as the fullest rank holds). The same on
-    every rank: it depends on the global shapes and their order only. Used for FSDP2's owners
-    and DDP's split (optim/newton_schulz.py)."""
+    ``merge`` one shape up to transposition), so that the batches stay balanced over the ranks.
+    ``isolate``: where the largest matrix alone on rank 0 and the others split so over the
+    other ranks gives a lower maximum load (a tied embedding beside GPT-2's blocks), that split.
+    The same on every rank: it depends on the global shapes and their order only. Used for
+    FSDP2's owners and DDP's split (optim/newton_schulz.py ``assign``, with ``isolate``)."""
     cost = [ns_flops(s) for s in shapes]
     batch = [tuple(sorted(s)) if merge else tuple(s) for s in shapes]
-    cap = {b: -(-batch.count(b) // world) for b in set(batch)}
-    load, held, out = [0] * world, {}, [0] * len(shapes)
-    for i in sorted(range(len(shapes)), key=lambda i: (-cost[i], i)):
-        free = [r for r in range(world) if held.get((batch[i], r), 0) < cap[batch[i]]]
+    out = _greedy(range(len(shapes)), cost, batch, list(range(world)))
+    if isolate and world > 1 and shapes:
+        big = min(range(len(shapes)), key=lambda i: (-cost[i], i))
+        rest = [i for i in range(len(shapes)) if i != big]
+        alone = _greedy(rest, cost, batch, list(range(1, world)))
+        alone[big] = 0
+        if _max_load(alone, cost, world) < _max_load(out, cost, world):
+            return alone
+    return out
+
+
+def _greedy(idx, cost: list[int], batch: list[tuple], ranks: list[int]) -> list[int]:
+    """``owners``' rule over the matrices ``idx`` and ``ranks`` (a list of the others: 0)."""
+    chosen = list(idx)
+    count = {b: sum(1 for i in chosen if batch[i] == b) for b in {batch[i] for i in chosen}}
+    cap = {b: -(-n // len(ranks)) for b, n in count.items()}
+    load, held, out = dict.fromkeys(ranks, 0), {}, [0] * len(cost)
+    for i in sorted(chosen, key=lambda i: (-cost[i], i)):
+        free = [r for r in ranks if held.get((batch[i], r), 0) < cap[batch[i]]]
         r = min(free, key=lambda r: (load[r], r))
         out[i], load[r] = r, load[r] + cost[i]
         held[(batch[i], r)] = held.get((batch[i], r), 0) + 1
     return out
+
+
+def _max_load(own: list[int], cost: list[int], world: int) -> int:
+    load = [0] * world
+    for r, c in zip(own, cost):
+        load[r] += c
+    return max(load)
 
 
 def orthogonalise_sharded(us: list, ortho: Callable[[Tensors], Tensors],

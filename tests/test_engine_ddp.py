@@ -4,8 +4,8 @@ processes on the CPU through Triton's interpreter.
 Every rank holds the same (averaged) gradients, as after DDP's all-reduce. Muon and MARS-M on the
 engine, the trainer's clip folded, each rank orthogonalising the matrices it owns and gathering
 the rest: the same parameters as the foreach path's split with ``clip_grad_norm_`` (float64,
-1e-12), bit for bit the same on every rank, each rank's routes the same, one all-gather per
-stack a step, the clip folded and the non-finite decision on the device (a flagged step writes
+1e-12), bit for bit the same on every rank, each rank's routes the same, per stack a step one
+all-gather of the slots every rank fills and a broadcast a matrix beyond, the clip folded and the non-finite decision on the device (a flagged step writes
 nothing). Skipped without triton.
 """
 
@@ -73,8 +73,9 @@ def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     calls = []
-    gather = ns._all_gather
+    gather, broadcast = ns._all_gather, ns._broadcast
     ns._all_gather = lambda out, local: (calls.append(tuple(out.shape)), gather(out, local))[1]
+    ns._broadcast = lambda t, src: (calls.append(("b", *t.shape)), broadcast(t, src))[1]
     try:
         out = {}
         for name in MAKE:
@@ -107,9 +108,12 @@ def test_engine_splits_newton_schulz_over_gloo_ranks(tmp_path, world):
             for a, b, c in zip(r["engine"], r["ref"], one):
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
                 torch.testing.assert_close(b, c, rtol=1e-12, atol=1e-14)
-            # CPU ns_fused off: one stack per shape, (4, 6), (6, 4), (5, 5), (7, 3): 4 a step
-            assert len(r["gathers"]) == 4 * 4 and r["ref_gathers"] == 4 * 4, r["gathers"]
-            assert (world, 5, 5) in r["gathers"]  # the lone square: one slot a rank, empty but one
+            # CPU ns_fused off: one stack per shape, (4, 6), (6, 4), (5, 5), (7, 3); a step: an
+            # all-gather a stack every rank fills, a broadcast a matrix beyond (none padded)
+            each = ns.split_traffic([s for s in SHAPES if len(s) == 2], world, merged=False)
+            per_step = sum(1 for b in each if b["k"]) + sum(b["broadcasts"] for b in each)
+            assert len(r["gathers"]) == 4 * per_step == r["ref_gathers"], r["gathers"]
+            assert ("b", 5, 5) in r["gathers"]  # the lone square: broadcast from its owner
         for other in range(1, world):
             for a, b in zip(results[0][name]["engine"], results[other][name]["engine"]):
                 assert torch.equal(a, b), (name, "the ranks differ")

@@ -54,7 +54,8 @@ def test_dtype_none_keeps_each_matrix_dtype():
 @pytest.mark.parametrize("world", [2, 3, 8])
 @pytest.mark.parametrize("batched", [True, False])
 def test_split_blocks_cover_every_matrix_once(monkeypatch, world, batched):
-    """Simulated ranks: each fills only its own block of the gather; together they are whole."""
+    """Simulated ranks: each fills only its own block of the gather and its own broadcasts;
+    together they are whole."""
     us = matrices(2)
     want = ns.orthogonalise(us, steps=5, eps=1e-7, dtype=torch.float64, distributed=False)
     owner = [None] * len(us)
@@ -64,7 +65,12 @@ def test_split_blocks_cover_every_matrix_once(monkeypatch, world, batched):
         out[rank * local.shape[0] : (rank + 1) * local.shape[0]] = local
         return None
 
+    def fake_broadcast(t, src):  # a broadcast that brings nothing from another rank
+        if src != rank:
+            t.fill_(float("nan"))
+
     monkeypatch.setattr(ns, "_all_gather", fake_gather)
+    monkeypatch.setattr(ns, "_broadcast", fake_broadcast)
     for rank in range(world):
         monkeypatch.setattr(ns, "split_world", lambda _, rank=rank: (rank, world))
         got = ns.orthogonalise(
@@ -105,7 +111,7 @@ def test_split_balances_gpt2_small_flops_over_8_ranks():
         for g in ns.split_traffic(shapes_, 8, merged=merged):
             n = sum(1 for s in shapes_ if tuple(sorted(s) if merged else s) ==
                     tuple(sorted(g["shape"]) if merged else g["shape"]))  # fmt: skip
-            assert g["k"] == -(-n // 8), g  # the fewest slots a rank can send
+            assert g["n"] == n and g["k"] * 8 + g["broadcasts"] == n, g  # no slot padded
 
 
 def test_assign_is_a_function_of_the_shapes_and_one_rank_owns_all():
@@ -167,8 +173,9 @@ def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank,
                             world_size=world)  # fmt: skip
     calls = []
-    gather = ns._all_gather
+    gather, broadcast = ns._all_gather, ns._broadcast
     ns._all_gather = lambda out, local: (calls.append(local.shape), gather(out, local))[1]
+    ns._broadcast = lambda t, src: (calls.append(t.shape), broadcast(t, src))[1]
     try:
         results = {}
         for name in OPTIMIZERS:
@@ -183,8 +190,9 @@ def _worker(rank: int, world: int, init: str, out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
-    """Each rank orthogonalises the matrices it owns (by FLOPs; the lone square one leaves the
-    other rank an empty slot) and gathers the rest; the parameters after 3
+    """Each rank orthogonalises the matrices it owns (by FLOPs) and receives the rest (an
+    all-gather of the slots both fill, a broadcast from its owner of each matrix beyond: the
+    lone square one); the parameters after 3
     steps equal the single-process ones exactly (float32 and bf16 NS on CPU: a slice of a batched
     matmul rounds as the single matmul), and so does the split turned off."""
     world = 2
@@ -194,7 +202,11 @@ def test_two_gloo_processes_equal_one_bit_for_bit(tmp_path):
         want = run_steps(name)
         for rank in range(world):
             split, off, gathers, gathers_off = results[rank][name]
-            assert gathers == 3 * 4 and gathers_off == 0  # 3 steps x 4 shapes; none when off
+            # 3 steps x (an all-gather a shape both ranks hold + a broadcast a matrix beyond)
+            each = ns.split_traffic([tuple(s) for s in SHAPES], world, merged=False)
+            per_step = sum(1 for b in each if b["k"]) + sum(b["broadcasts"] for b in each)
+            assert gathers == 3 * per_step and gathers_off == 0  # none when off
+            assert any(b["shape"] == (16, 16) and b["broadcasts"] == 1 for b in each)
             for w, a, b in zip(want, split, off):
                 assert torch.equal(w, a), (name, rank, "split")
                 assert torch.equal(w, b), (name, rank, "off")

@@ -30,10 +30,13 @@ eager path (optim/engine/rules.py).
 Split over DDP ranks (``ns_distributed`` with a world of W > 1; every rank holds the same
 averaged gradients): every rank runs the pre-pass over every matrix (element-wise, cheap), each
 matrix has an owner by Newton-Schulz FLOPs (optim/newton_schulz.py ``assign``, the foreach
-path's), and a stack holds rank r's matrices in its slots ``[r * k, r * k + count_r)``; each
-rank orthogonalises its own slots only and one all-gather per stack (in the NS dtype, started
-before the next stack's NS) brings every rank's results into the buffer the update pass reads.
-Every rank then applies every matrix's result, bit for bit the same bytes on every rank.
+path's), and a stack of ``n`` matrices holds rank r's in the consecutive slots
+``[start_r, start_r + count_r)`` (no slot padded); each rank orthogonalises its own slots only,
+and the results move as the foreach path's (optim/newton_schulz.py ``layout``, in the NS dtype,
+started before the next stack's NS): one all-gather of the ``k`` slots every rank fills, a
+broadcast from its owner of each matrix beyond them, into the ``n`` slots of the buffer the
+update pass reads. Every rank then applies every matrix's result, bit for bit the same bytes on
+every rank.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from optim.engine.loader import tl_dtype, warps
 from optim.engine.rules import ns_dtype
 from optim.engine.tables import Plan, PlanCache, key
 from optim.functional import newton_schulz
-from optim.newton_schulz import assign, split_world
+from optim.newton_schulz import assign, layout, split_world
 
 
 class Stack:
@@ -54,22 +57,23 @@ class Stack:
     ``flip``: NS leaves the result transposed (a tall stack: ``(rows, b, a)`` in memory);
     ``read``: the matrix shape of the result as it lies in memory; a matrix of that shape is
     read straight, one of its transpose read transposed (the plan's ``C_TCOLS``).
-    Split over ranks (``world`` > 1): ``rows = world * k``, rank r's matrices in the slots
-    ``[r * k, r * k + count_r)``; a slot no rank fills is a row of the update's plan with no
-    element (its ``None`` in ``params``); this rank orthogonalises its slots into ``local``
-    and all-gathers every rank's into ``gathered``, which the update pass reads."""
+    ``params``: the matrix of each slot of the results the update pass reads (one rank: the
+    stack's slots). Split over ranks (``world`` > 1): this rank's matrices lie in the stack's
+    slots ``[start, start + count)``; it orthogonalises them, puts its first ``k`` into
+    ``local`` for the all-gather into ``gathered[: world * k]``, and each of its matrices
+    beyond them (``extras``: ``(slot, owner, its place among this rank's)``) into its slot of
+    ``gathered``, broadcast from there (optim/newton_schulz.py ``layout``)."""
 
-    def __init__(self, stack: torch.Tensor, params: list, block: int, share=(0, 0, 1)) -> None:
+    def __init__(self, stack: torch.Tensor, params: list, block: int, share=(0, 0, 1, 0),
+                 k: int = 0, extras: list | None = None) -> None:  # fmt: skip
         a, b = stack.shape[1:]
         self.stack, self.flip = stack, a > b
         self.read = (b, a) if self.flip else (a, b)
-        empty = stack.new_empty(0, dtype=next(p for p in params if p is not None).dtype)
-        rows = [empty if p is None else p for p in params]
-        tcols = [0 if p is None or tuple(p.shape) == self.read else p.shape[1] for p in params]
-        self.plan = Plan({L.C_P: rows}, block, tcols=tcols)
-        self.start, self.count, self.world = share
+        tcols = [0 if tuple(p.shape) == self.read else p.shape[1] for p in params]
+        self.plan = Plan({L.C_P: list(params)}, block, tcols=tcols)
+        self.start, self.count, self.world, self.rank = share
+        self.k, self.extras = k, extras or []
         if self.world > 1:
-            k = stack.shape[0] // self.world
             self.local = stack.new_zeros((k, *self.read))
             self.gathered = stack.new_zeros((stack.shape[0], *self.read))
 
@@ -92,20 +96,22 @@ class Stacks:
         self.stacks: list[Stack] = []
         for shape, idx in by_shape.items():
             slots = [[i for i in idx if own[i] == r] for r in range(world)]
-            k = max(len(s) for s in slots)
-            rows: list = [None] * (world * k)  # the matrix in each slot (None: an empty one)
-            for r, mine in enumerate(slots):
-                rows[r * k : r * k + len(mine)] = mine
+            rows = [i for mine in slots for i in mine]  # the stack: each rank's consecutive
             stack = torch.zeros((len(rows), *shape), dtype=dtype, device=params[0].device)
             for j, i in enumerate(rows):
-                if i is None:
-                    continue
                 self.out[i] = stack[j]
                 if tuple(params[i].shape) != shape:
                     self.tcols[i] = params[i].shape[1]
-            share = (rank * k, len(slots[rank]), world)
-            self.stacks.append(Stack(stack, [None if i is None else params[i] for i in rows],
-                                     block, share))  # fmt: skip
+            start = sum(len(mine) for mine in slots[:rank])
+            share, k, extras, results = (start, len(slots[rank]), world, rank), 0, [], rows
+            if world > 1:  # the results' slots: the all-gather's, then one a broadcast
+                lay = layout([own[i] for i in idx], world)
+                results = [idx[j] for j in lay.order]
+                place = {i: j for j, i in enumerate(slots[rank])}
+                k = lay.k
+                extras = [(slot, owner, place.get(results[slot])) for slot, owner in lay.extras]
+            self.stacks.append(Stack(stack, [params[i] for i in results], block, share, k,
+                                     extras))  # fmt: skip
         self.dtype = dtype
 
 
@@ -150,23 +156,32 @@ def run(go, k, ln, divisors, flag, update) -> None:
         else:
             res = newton_schulz(s.stack, pre.steps, pre.eps, stacks.dtype, fused=fused)
         base = res.mT if s.flip else res
-        results.append((s, base if base.is_contiguous() else base.contiguous(), None))
-    for s, base, work in results:
-        if work is not None:
-            work.wait()  # (NCCL: orders the streams, not the host)
+        results.append((s, base if base.is_contiguous() else base.contiguous(), []))
+    for s, base, works in results:
+        for work in works:
+            if work is not None:  # (a test's stand-in collective returns none)
+                work.wait()  # (NCCL: orders the streams, not the host)
         _apply(go, k, ln, s, base, flag)
 
 
 def _split(go, s: Stack, pre, dtype: torch.dtype, fused: bool) -> tuple:
-    """This rank's slots of stack ``s`` orthogonalised into ``s.local`` and every rank's
-    all-gathered into ``s.gathered`` (the work returned: waited on before the update)."""
+    """This rank's slots of stack ``s`` orthogonalised, its first ``k`` into ``s.local`` and
+    the rest into their slots of ``s.gathered``; then the all-gather into ``s.gathered`` and a
+    broadcast a matrix beyond it (the works returned: waited on before the update)."""
     if go.dry:
-        return s.gathered, None
+        return s.gathered, []
     if s.count:
         res = newton_schulz(s.stack[s.start : s.start + s.count], pre.steps, pre.eps, dtype,
                             fused=fused)  # fmt: skip
-        s.local[: s.count].copy_(res.mT if s.flip else res)  # the layout the update reads
-    return s.gathered, gather_ns(s.gathered, s.local)
+        res = res.mT if s.flip else res  # the layout the update reads
+        if s.k:
+            s.local.copy_(res[: s.k])
+        for slot, owner, j in s.extras:
+            if owner == s.rank:
+                s.gathered[slot].copy_(res[j])
+    works = [gather_ns(s.gathered[: s.world * s.k], s.local)] if s.k else []
+    works += [broadcast_ns(s.gathered[slot], owner) for slot, owner, _ in s.extras]
+    return s.gathered, works
 
 
 def _apply(go, k, ln, s: Stack, base: torch.Tensor, flag) -> None:
@@ -181,6 +196,14 @@ def _apply(go, k, ln, s: Stack, base: torch.Tensor, flag) -> None:
         BLOCK=sub.block, STRIDED=sub.strided, HAS_SKIP=flag is not None, ALIGNED=sub.aligned,
         TILE=L.tile_rows(sub.block), num_warps=warps(sub.block),
     )  # fmt: skip
+
+
+def broadcast_ns(t: torch.Tensor, src: int):
+    """Start broadcasting ``t`` from its owner ``src`` (optim/newton_schulz.py's broadcast: a
+    test counts it); the work handle."""
+    from optim import newton_schulz as ns
+
+    return ns._broadcast(t, src)
 
 
 def gather_ns(out: torch.Tensor, local: torch.Tensor):
