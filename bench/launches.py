@@ -12,7 +12,7 @@ it runs one ``aten::add_`` per tensor inside) that launch a kernel. An op launch
 it and everything it calls is a view or metadata op (``METADATA``: ``aten::view``, ``aten::t``,
 ``aten::detach``, ``aten::empty``, ``aten::unbind``, ...): ``aten::to`` to the dtype a tensor
 already has calls nothing and is not counted; a converting ``aten::to`` calls ``aten::copy_``
-and is. A compiled call (the fused element-wise step, optim/fused.py) counts as one op: the
+and is. A compiled call (the fused element-wise step, optim/compiled.py) counts as one op: the
 bench runs its code eagerly inside a profiler range and counts the range, not what is inside.
 So does each Triton kernel of the optimizer engine (optim/engine/): its launches run under
 Triton's interpreter (``TRITON_INTERPRET=1`` for the kernels only, optim/engine/loader.py), each
@@ -138,7 +138,7 @@ def count_events(events) -> Count:
 
 
 def _eager_run(grouping, args, flags, may_fall_back):
-    """``optim.fused._run`` as one profiler range (on CUDA: one compiled call)."""
+    """``optim.compiled._run`` as one profiler range (on CUDA: one compiled call)."""
     with record_function(COMPILED):
         fused_path._multi_step(*args, **flags)
     return None

@@ -9,7 +9,7 @@
 
 Variants: torch AdamW(foreach=True) (and fused=True on CUDA) and each named optimizer on each of
 ``--paths``: ``foreach`` (``implementation="foreach"``), ``compiled`` (``"compiled"``,
-optim/fused.py; the element-wise families of the core only) and ``engine`` (``"triton"``,
+optim/compiled.py; the element-wise families of the core only) and ``engine`` (``"triton"``,
 optim/engine/; the
 default on CUDA, on a CPU only when named: Triton's interpreter is slow). Families: adamw,
 mars-adamw, mars-adamw-exact, mars-lion, lion, ademamix, adamw-schedulefree, muon, mars-m. Every

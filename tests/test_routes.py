@@ -1,6 +1,6 @@
 """One route decision per bucket (optim/routes.py): the route each bucket took and why, recorded
 in ``opt.last_routes``, summed per route (``taken``), logged when it changes; ``implementation``
-(optim/implementation.py) the one setting, its earlier spellings refused in one line."""
+(optim/implementation.py) the one setting, its earlier spellings refused."""
 
 import logging
 
@@ -9,7 +9,6 @@ import torch
 
 import optim
 from optim import MARS, AdamWScheduleFree, Lion
-from optim.implementation import from_earlier, hint
 from optim.routes import ROUTES, Route, decide, lines, taken
 
 
@@ -68,19 +67,11 @@ def test_each_implementation_takes_its_route_on_a_cpu(implementation, route):
     assert {r.name for _, r in opt.last_routes} == {route}
 
 
-@pytest.mark.parametrize("kwargs,expected", [
-    ({"fused": True}, "fused=True was replaced by implementation=compiled"),
-    ({"fused": "engine"}, "fused='engine' was replaced by implementation=triton"),
-    ({"foreach": False}, "foreach=False was replaced by implementation=loop"),
-    ({"fused": None}, "fused=None was replaced by implementation=auto"),
-])  # fmt: skip
-def test_the_old_switches_are_refused_in_one_line_naming_the_replacement(kwargs, expected):
-    """The config check's line (``hint``: trainer/checks.py); a constructor takes neither
-    keyword (Python refuses it)."""
-    ((key, value),) = kwargs.items()
-    message = hint(key, value)
-    assert message.startswith(expected) and "\n" not in message
-    assert "docs/optim-engine.md" in message
+@pytest.mark.parametrize("kwargs", [{"fused": True}, {"foreach": False}])
+def test_no_constructor_takes_the_old_switches(kwargs):
+    """``fused``/``foreach`` were replaced by ``implementation``: a constructor takes neither
+    keyword (Python refuses it); the config check names the replacement (tests/test_cli.py)."""
+    ((key, _),) = kwargs.items()
     for make in (lambda: MARS(params(), **kwargs), lambda: Lion(params(), **kwargs),
                  lambda: AdamWScheduleFree(params(), **kwargs),
                  lambda: optim.VarianceReduced([{"params": params(), "lr": 1e-2,
@@ -109,35 +100,6 @@ def test_a_value_an_optimizer_does_not_have_is_refused_naming_its_values():
         r"foreach, compiled, triton",
     ):
         optim.MarsAdamWConfig(implementation="torch-fused")
-
-
-@pytest.mark.parametrize("name,old,new", [
-    ("mars-adamw", {"fused": None, "foreach": None}, "auto"),
-    ("mars-adamw", {"fused": "engine", "foreach": None}, "triton"),
-    ("mars-adamw", {"fused": True, "foreach": True}, "compiled"),
-    ("mars-adamw", {"fused": False, "foreach": False}, "loop"),
-    ("mars-adamw", {"fused": False, "foreach": None}, "foreach"),
-    ("muon", {"fused": None}, "auto"),
-    ("soap", {"foreach": None}, "auto"),
-    ("adamw", {"fused": None}, "auto"),
-    ("adamw", {"fused": True}, "torch-fused"),
-    ("adamw-schedulefree", {"foreach": True}, "auto"),
-])  # fmt: skip
-def test_an_earlier_config_maps_to_the_implementation_that_steps_the_same(name, old, new):
-    section = {"name": name, "lr": 0.01, **old}
-    assert from_earlier(section) == {"name": name, "lr": 0.01, "implementation": new}
-    assert from_earlier({"name": name, "implementation": "auto"}) == {
-        "name": name,
-        "implementation": "auto",
-    }
-
-
-def test_an_earlier_config_without_an_equal_implementation_is_refused_in_one_line():
-    for section in ({"name": "mars-adamw", "fused": None, "foreach": False},
-                    {"name": "adamw-schedulefree", "foreach": False}):  # fmt: skip
-        with pytest.raises(ValueError, match="has no optimizer.implementation") as info:
-            from_earlier(section)
-        assert "\n" not in str(info.value)
 
 
 def test_a_subclass_correction_is_a_reason_the_engine_gives():

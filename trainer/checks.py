@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint import checkpoint_mismatch, read_checkpoint, resolve_resume
+from trainer.cli_checks import replaced_key
 
 SECRET_NAME = re.compile(r"(_KEY|_TOKEN|_SECRET|PASSWORD|_PASS|_PWD|_CREDENTIALS?)$|^HF_TOKEN$")
 REDACTED = "<redacted>"
@@ -63,12 +64,10 @@ def unknown_keys(values: dict, schema: type, schemas: dict[str, type] | None = N
 
 
 def check_known_keys(values: dict, schema: type, schemas: dict[str, type] | None = None) -> None:
-    from optim import implementation
-
     section = values.get("optimizer")
-    for key in implementation.REPLACED if isinstance(section, dict) else ():
-        if key in section:  # an earlier version's switch: one line naming its replacement
-            raise ValueError(implementation.hint(key, section[key], "optimizer."))
+    for key in section if isinstance(section, dict) else ():
+        if replaced := replaced_key(f"optimizer.{key}"):
+            raise ValueError(replaced)
     unknown = unknown_keys(values, schema, schemas)
     if unknown:
         raise ValueError(

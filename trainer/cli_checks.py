@@ -268,24 +268,16 @@ def unknown_overrides(
     return problems
 
 
-@functools.cache
-def _replaced() -> tuple[tuple[str, ...], str]:
-    """optim/implementation.py's ``REPLACED`` keys and ``HINT`` line, read from its source (the
-    one place they are written; importing it would import torch)."""
-    tree = ast.parse((ROOT / "optim" / "implementation.py").read_text())
-    found = {t.id: ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-             for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
-    return tuple(found["REPLACED"]), found["HINT"]
+# Keys an earlier version had, each refused with the key that replaced it (docs/optim-engine.md)
+REPLACED = dict.fromkeys(("optimizer.fused", "optimizer.foreach"), "optimizer.implementation")
 
 
 def replaced_key(key: str) -> str | None:
-    """The one line for an earlier version's optimizer key (``optimizer.fused``,
-    ``optimizer.foreach``: replaced by ``optimizer.implementation``), else None."""
-    names, hint = _replaced()
-    parts = key.lstrip("+~").split(".")
-    if len(parts) == 2 and parts[0] == "optimizer" and parts[1] in names:
-        return hint.format(key=key.lstrip("+~"), prefix="optimizer.")
-    return None
+    """The one line for an earlier version's key (``optimizer.fused``), else None."""
+    key = key.lstrip("+~")
+    if key not in REPLACED:
+        return None
+    return f"{key} was replaced by {REPLACED[key]} (docs/optim-engine.md)"
 
 
 def check_train_overrides(overrides: list[Override]) -> None:

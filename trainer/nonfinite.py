@@ -16,7 +16,7 @@ synchronisation per step (the host waits for the backward pass before it launche
 step; ``python -m bench.nonfinite`` measures it). ``device``: torch's grad-scaler protocol. The
 flag goes to the optimizer as ``optimizer.found_inf`` (a 0-d tensor, 1 = skip) and the step is
 always called; an optimizer that supports it writes nothing where the flag is set, with no host
-read (torch's fused AdamW; the core's compiled step, optim/fused.py, masking every write with
+read (torch's fused AdamW; the core's compiled step, optim/compiled.py, masking every write with
 ``torch.where``; the core's eager paths, Newton-Schulz and the rest, stepping on copies that are
 committed under the flag, optim/masked.py, at the cost of one copy of what they write). The host reads the flags one step late: a non-blocking copy made after the
 backward pass is read during the next step, after that step's forward and backward are queued,

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import yaml
 
-from optim import implementation
 from runtime import runfiles
 from runtime.device import resolve_dtype
 from trainer.checks import redact
@@ -90,7 +89,7 @@ def check_run_dir(
                 "choose another out_dir or move those files away"
             )
         return
-    old = _upgraded(_existing_config(out_dir), out_dir / runfiles.CONFIG, out_dir)
+    old = _existing_config(out_dir)
     old, config = same_arithmetic(old, config, last_device(out_dir), device)
     diffs = config_differences(old, config)
     if diffs:
@@ -162,19 +161,6 @@ def _existing_config(out_dir: Path) -> dict:
                          f"touching {out_dir}: restore that file, or give this run another "
                          "name=NAME or out_dir=DIR")  # fmt: skip
     return old
-
-
-def _upgraded(old: dict, path: Path, out_dir: Path) -> dict:
-    """``old`` with an earlier version's ``optimizer.fused``/``optimizer.foreach`` as the
-    ``optimizer.implementation`` that steps the same way (optim/implementation.py), so that the
-    run continues; one line where none does."""
-    section = old.get("optimizer")
-    if not isinstance(section, dict):
-        return old
-    try:
-        return {**old, "optimizer": implementation.from_earlier(section)}
-    except ValueError as exc:
-        raise SystemExit(f"{path}: {exc}; not touching {out_dir}") from None
 
 
 # An untracked file up to this size is copied into git.diff (a new optimizer, a config); a
