@@ -127,7 +127,9 @@ def same_arithmetic(old: dict, new: dict, old_device: Any, new_device: Any) -> t
     devices = (str(old_device), str(new_device))
     if None not in (old_device, new_device) and not any(d.startswith("cuda") for d in devices):
         # ``tf32`` sets CUDA's float32 matmuls only: on CPUs both sessions computed the same
-        old, new = {**old, "tf32": new.get("tf32", True)}, new
+        old = {k: v for k, v in old.items() if k != "tf32"}
+        if "tf32" in new:
+            old["tf32"] = new["tf32"]
     a, b = old.get("dtype", "auto"), new.get("dtype", "auto")
     if old_device is None or new_device is None or not (isinstance(a, str) and isinstance(b, str)):
         return old, new
