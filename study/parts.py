@@ -230,8 +230,9 @@ def _correction_table(definition: Definition) -> None:
     """The correction's anatomy (study/correction.py) and the README's sentences from it."""
     from study import correction
 
-    readme = correction.ROOT / "README.md"
-    has_block = readme.is_file() and correction.README_MARK.search(readme.read_text())
+    readme = ROOT / "README.md"
+    has_block = (_the_repositorys(definition) and readme.is_file()
+                 and correction.README_MARK.search(readme.read_text()))  # fmt: skip
     path = correction.write(_folder(definition), readme if has_block else None)
     log.info("the correction's anatomy: %s", path)
 
@@ -240,6 +241,9 @@ def _family_table(definition: Definition) -> None:
     """The study's one family (study/family.py), and the docs' conclusions table from it."""
     from study import family
 
+    if not _the_repositorys(definition):
+        log.info("the family's table: only for a study in %s", ROOT / "results")
+        return
     docs = family.ROOT / "docs" / "study.md"
     argv = (
         ["--docs", str(docs)]
@@ -254,6 +258,9 @@ def _part_readmes(definition: Definition) -> None:
     the one family's, which every study's parts move."""
     from study import part_readme
 
+    if not _the_repositorys(definition):
+        log.info("the parts' READMEs: only for a study in %s", ROOT / "results")
+        return
     part_readme.main([])
 
 
@@ -268,6 +275,13 @@ def _folder(definition: Definition) -> Path:
         raise SystemExit(f"study {definition.name}: its tables want every part's results in one "
                          "folder (results/<study>/<part>)")  # fmt: skip
     return folders.pop()
+
+
+def _the_repositorys(definition: Definition) -> bool:
+    """Whether the definition publishes into this repository's results/: only then do its
+    tables rewrite the repository's own pages (README.md, docs/study.md, results/family.md and
+    every part's README); a definition elsewhere (a copy, a test's) writes its own folder only."""
+    return _folder(definition).resolve().is_relative_to((ROOT / "results").resolve())
 
 
 def write_tables(definition: Definition) -> None:

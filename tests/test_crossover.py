@@ -257,7 +257,12 @@ def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_pat
         (root / rel).write_bytes((parts.ROOT / rel).read_bytes())
     seen = []
     monkeypatch.setattr(study.cli, "main", lambda argv: seen.append(argv) or 0)
+    pages = [parts.ROOT / "README.md", parts.ROOT / "docs" / "study.md"]
+    before = [p.read_text() for p in pages]
     assert parts.main(["publish", "crossover", "--part", "b8192"], root=root) == 0
+    # a study published elsewhere (here, another checkout) leaves this repository's pages alone
+    assert [p.read_text() for p in pages] == before
+    assert (root / "results" / "crossover" / "correction.md").is_file()
     argv = seen[0]
     assert argv.index("--report-only") < argv.index("--") and argv[-1] == "ckpt_every=100"
     assert (root / "results" / "crossover" / "report.md").is_file()
