@@ -9,7 +9,7 @@
 ``val`` is the validation loss over the run's validation shards with the run's number of
 validation tokens (``eval_tokens``), micro-batch and sequence length, through the same code as
 training, so it equals the ``val_loss`` that training logged for that checkpoint
-(``val_tokens=0``: the whole split). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
+(``val_tokens=all``: the whole split; 0 is refused, as train.py refuses ``eval_tokens=0``). The downstream tasks are scored as lm-evaluation-harness does (``evals/tasks.py``,
 ``evals/scoring.py``). Results are merged into ``<run>/eval/step_N.json`` and printed as a row
 of the paper's table. Before it starts it says how many rows each task scores and about how
 long that takes here (``evals/estimate.py``); Ctrl-C keeps the tasks finished, written as partial.
@@ -59,6 +59,7 @@ from evals.tasks import TASKS, Example, build_examples, table  # noqa: E402
 from runtime import runfiles  # noqa: E402
 from runtime.device import resolve_dtype, tune_host_allocator  # noqa: E402
 from runtime.distributed import DistInfo, broadcast_object, destroy, init_distributed  # noqa: E402
+from runtime.files import atomic_open, check_writable, storage_problem  # noqa: E402
 from trainer import checks  # noqa: E402
 from trainer.evaluation import validation_loss  # noqa: E402
 from trainer.logs import setup_logging  # noqa: E402
@@ -97,7 +98,7 @@ def validation(loaded: LoadedModel, cfg: EvalConfig, dist: DistInfo, dtype) -> d
     run = loaded.run_config
     files = _val_files(loaded, cfg, dist)
     seq_len = run.get("seq_len") or loaded.model.config.block_size
-    val_tokens = run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
+    val_tokens = cfg.val_budget(run.get("eval_tokens"))
     micro = cfg.val_batch_size or run.get("micro_batch_size") or 8
     batches = val_batches(
         files,
@@ -177,9 +178,37 @@ def write_results(path: Path, header: dict, results: dict) -> dict:
     record = json.loads(path.read_text()) if path.exists() else {}
     merged = {**record.get("results", {}), **results}
     record.update(header, results=merged)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    with atomic_open(path, "w") as f:  # whole or not at all: the earlier tasks are never lost
+        f.write(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def check_results_path(path: Path, dist: DistInfo) -> None:
+    """One line, before any task is computed, where the results file cannot be written (a
+    read-only mount, no permission): rank 0 tries, every rank stops."""
+    error = None
+    if dist.is_main:
+        try:
+            check_writable(path)
+        except OSError as exc:
+            error = (f"error: {storage_problem(path.parent, exc)}: the results ({path.name}) "
+                     "could not be written there; nothing was computed. Give out=FILE on "
+                     "writable storage")  # fmt: skip
+    error = broadcast_object(error)
+    if error:
+        raise SystemExit(error)
+
+
+def write_results_or_say(path: Path, header: dict, results: dict) -> dict:
+    """``write_results``; where the storage refuses it after all (a disk filled meanwhile), the
+    results go to stdout as JSON, so that nothing computed is lost, and one line says so."""
+    try:
+        return write_results(path, header, results)
+    except OSError as exc:
+        print(json.dumps({**header, "results": results}, indent=2))
+        raise SystemExit(f"error: {storage_problem(path, exc)}: the results were not written "
+                         "there (printed above as JSON); give out=FILE on writable storage and "
+                         "run again, or keep the JSON printed above") from None  # fmt: skip
 
 
 def evaluate(cfg: EvalConfig) -> dict:
@@ -212,9 +241,7 @@ def announce(cfg: EvalConfig, examples: dict, loaded: LoadedModel, dist: DistInf
     for name in cfg.tasks:
         if name == "val":
             seq_len = run.get("seq_len") or block
-            val_tokens = (
-                run.get("eval_tokens") if cfg.val_tokens is None else (cfg.val_tokens or None)
-            )
+            val_tokens = cfg.val_budget(run.get("eval_tokens"))
             try:
                 files = _val_files(loaded, cfg, dist)
             except SystemExit:
@@ -241,6 +268,8 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
         loaded = load_model(cfg.checkpoint, dist.device)
     except (FileNotFoundError, ValueError) as exc:
         raise SystemExit(f"error: {bad_checkpoint_line(exc, cfg.checkpoint)}") from None
+    path = Path(cfg.out) if cfg.out else loaded.default_results_path()
+    check_results_path(path, dist)  # before any task: results that cannot be written are lost
     dtype = resolve_dtype(cfg.dtype, dist.device)
     if dist.device.type == "cpu":
         tune_host_allocator()  # large logits tensors: see runtime/device.py
@@ -275,11 +304,10 @@ def _evaluate(cfg: EvalConfig, dist: DistInfo) -> dict:
         "interrupted": interrupted,
     }
     record = {**header, "results": results}
-    path = Path(cfg.out) if cfg.out else loaded.default_results_path()
     if interrupted is not None:
         raise SystemExit(stop_partial(dist, path, header, results, interrupted, signame))
     if dist.is_main:
-        record = write_results(path, header, results)
+        record = write_results_or_say(path, header, results)
         log.info("results: %s", path)
         if any(t in record["results"] for t in TASKS):
             print(table(record["results"], cfg.name or default_label(loaded)))
@@ -303,7 +331,7 @@ def stop_partial(dist: DistInfo, path: Path, header: dict, results: dict, task: 
     if dist.is_main:
         kept = "nothing was finished, nothing written"
         if results:
-            write_results(path, header, results)
+            write_results_or_say(path, header, results)
             kept = f"{', '.join(results)} written to {path} (marked partial)"
         sys.stderr.write(f"interrupted ({signame}) during {task}: {kept}; run the same command "
                          f"again for the rest (tasks=[{task}] scores only it, limit=N fewer "

@@ -179,10 +179,11 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
 
 def check_data(cfg: TrainConfig) -> None:
     """One line for shards that cannot feed the model (cut short, another format or tokenizer,
-    tokens outside the vocabulary: data.config.check_shards), before any file of the run."""
+    tokens outside the vocabulary, a split without one window of seq_len+1 tokens:
+    data.config.check_shards), before any file of the run."""
     from data.config import check_shards
 
-    if why := check_shards(cfg.model.vocab_size, cfg.data):
+    if why := check_shards(cfg.model.vocab_size, cfg.data, seq_len=cfg.sequence_length):
         raise SystemExit(f"data error: {why}")
 
 

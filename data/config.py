@@ -137,9 +137,12 @@ def check_tokenizer(model_vocab: int, cfg: DataConfig) -> str | None:
     return mismatch(model_vocab, cfg.tokenizer, ids)
 
 
-def check_shards(model_vocab: int, cfg: DataConfig, sample_tokens: int = 1 << 20) -> str | None:
+def check_shards(
+    model_vocab: int, cfg: DataConfig, sample_tokens: int = 1 << 20, seq_len: int | None = None
+) -> str | None:
     """Why the shards of ``cfg`` cannot feed a model of ``model_vocab`` tokens, or None: every
-    shard's header (cut short, another format), ``check_tokenizer``, and the first
+    shard's header (cut short, another format), a split none of whose shards holds one window
+    of ``seq_len`` + 1 tokens (``short_split``), ``check_tokenizer``, and the first
     ``sample_tokens`` of the first train and validation shards against the vocabulary (a shard
     made by another tokenizer fails there, before the run directory is touched, not as an
     embedding's index error at the first step). Reads headers and a few MB only."""
@@ -147,8 +150,10 @@ def check_shards(model_vocab: int, cfg: DataConfig, sample_tokens: int = 1 << 20
 
     try:
         train, val = shard_files(cfg)
-        for path in (*train, *val):
-            read_header(path)
+        lengths = {path: read_header(path) for path in (*train, *val)}
+        for split, files in (("training", train), ("validation", val)):
+            if seq_len is not None and (why := short_split(split, files, lengths, seq_len, cfg)):
+                return why
         if why := check_tokenizer(model_vocab, cfg):
             return why
         for path in (train[0], val[0]):
@@ -158,3 +163,24 @@ def check_shards(model_vocab: int, cfg: DataConfig, sample_tokens: int = 1 << 20
     except ShardError as exc:
         return str(exc)
     return None
+
+
+def short_split(
+    split: str, files: list[Path], lengths: dict[Path, int], seq_len: int, cfg: DataConfig
+) -> str | None:
+    """Why ``files`` (one split's shards, with their numbers of tokens) hold no window of
+    ``seq_len`` + 1 tokens, naming the longest shard and the fix; None where one does. A shard
+    shorter than a window is skipped by the loader, so only a split with none left fails."""
+    longest = max(files, key=lambda p: lengths[p])
+    n = lengths[longest]
+    if n >= seq_len + 1:
+        return None
+    others = (
+        f" (and the {len(files) - 1} other {split} shard(s) are no longer)"
+        if len(files) > 1
+        else ""
+    )
+    fix = f"a seq_len of at most {n - 1}, or " if n > 1 else ""
+    return (f"{longest} holds {n:,} tokens, shorter than one window of seq_len+1 = {seq_len + 1:,} "
+            f"tokens{others}: no {split} window to read. Use {fix}more {split} data (python -m "
+            f"data.prepare {cfg.name} --out {cfg.dir} with more documents)")  # fmt: skip

@@ -20,6 +20,9 @@ def expand_tasks(names: list[str]) -> list[str]:
     return out
 
 
+ALL = "all"  # val_tokens=all: the whole validation split
+
+
 @dataclass
 class EvalConfig:
     checkpoint: str | None = None  # a step_N.pt file, a run directory, or an HF GPT-2 directory
@@ -27,7 +30,8 @@ class EvalConfig:
     limit: int | None = None  # first N examples of each downstream task; None: all
     batch_size: int = 32  # (context, continuation) requests per forward pass
     data_dir: str = "data/eval"  # the cache of scripts/get_eval_data.py
-    val_tokens: int | None = None  # None: the run's eval_tokens; 0: the whole validation split
+    # None: the run's eval_tokens; "all": the whole validation split; N: the first N tokens
+    val_tokens: int | str | None = None
     val_batch_size: int | None = None  # None: the run's micro_batch_size
     val_data_dir: str | None = None  # None: the run's data.dir
     out: str | None = None  # results JSON; None: <run>/eval/step_N.json
@@ -44,9 +48,19 @@ class EvalConfig:
             raise ValueError(f"limit must be >= 1 (or null for every example), got {self.limit}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.val_tokens is not None and self.val_tokens < 0:
-            raise ValueError(
-                f"val_tokens must be >= 0 (0: the whole split, null: the run's), got {self.val_tokens}"
-            )
+        v = self.val_tokens
+        if v is not None and v != ALL and (isinstance(v, (bool, str)) or v < 1):
+            # 0 once meant the whole split here while train.py refuses eval_tokens=0: one
+            # meaning for both, and a word for the whole split (null is the run's own budget)
+            raise ValueError(f"val_tokens must be a number of tokens >= 1, got {v!r}: "
+                             "val_tokens=all evaluates the whole validation split, null (the "
+                             "default) the run's eval_tokens")  # fmt: skip
         if self.val_batch_size is not None and self.val_batch_size < 1:
             raise ValueError(f"val_batch_size must be >= 1, got {self.val_batch_size}")
+
+    def val_budget(self, run_eval_tokens: int | None) -> int | None:
+        """The validation's number of tokens (None: the whole split): ``val_tokens``, or the
+        run's ``eval_tokens`` where it is null."""
+        if self.val_tokens is None:
+            return run_eval_tokens
+        return None if self.val_tokens == ALL else int(self.val_tokens)

@@ -6,6 +6,7 @@ of runtime/) can use it.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -49,3 +50,33 @@ def atomic_open(path: str | Path, mode: str = "wb") -> Iterator[IO]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# Why storage refuses a write, in words a user acts on (the rest: the system's own words)
+_STORAGE = {
+    errno.EROFS: "is on read-only storage",
+    errno.EACCES: "is not writable here (permission denied)",
+    errno.EPERM: "is not writable here (operation not permitted)",
+    errno.ENOSPC: "is on a full disk (no space left on device)",
+    errno.EDQUOT: "is over its disk quota",
+}
+
+
+def storage_problem(path: str | Path, exc: OSError) -> str:
+    """``path`` and why its storage refused a write, in one phrase: ``runs/x is on read-only
+    storage``; the system's words where the errno is not one of a storage's refusals."""
+    what = _STORAGE.get(exc.errno) if exc.errno is not None else None
+    return f"{path} {what}" if what else f"cannot write to {path}: {exc.strerror or exc}"
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise the storage's OSError where a file cannot be created at ``path`` (a read-only
+    mount, no permission, a full disk): a temporary file is created and removed in the nearest
+    directory of ``path`` that exists, so nothing is left behind and no directory is made. As
+    root, where permissions do not stop a write, only the write itself can tell."""
+    directory = Path(path).parent
+    while not directory.is_dir() and directory != directory.parent:
+        directory = directory.parent
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".write-check.", suffix=".tmp")
+    os.close(fd)
+    os.unlink(tmp)

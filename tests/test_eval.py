@@ -72,7 +72,7 @@ def test_val_loss_equals_the_logged_one_and_results_merge(tiny_run, task_dir, ca
 def test_val_budget_and_other_shards(tiny_run, tmp_path):
     write_shard(tmp_path / "small_val_000000.bin", np.arange(3000) % 50000)
     common = [f"checkpoint={tiny_run}", "tasks=[val]", f"val_data_dir={tmp_path}"]
-    whole = run_eval(*common, "val_tokens=0", f"out={tmp_path / 'a.json'}")
+    whole = run_eval(*common, "val_tokens=all", f"out={tmp_path / 'a.json'}")
     assert whole["results"]["val"]["tokens"] == 93 * 32  # every window of 33 tokens
     part = run_eval(*common, "val_tokens=64", f"out={tmp_path / 'b.json'}")
     assert part["results"]["val"]["tokens"] == 64

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_bad_input import refused, snapshot
 from test_preemption import run
@@ -212,3 +213,54 @@ def test_a_full_disk_under_a_dcp_checkpoint_is_one_line(tmp_path, monkeypatch, a
         f"could not write checkpoint {final}: No space left on device. Nothing was replaced"
     )
     saver.close()
+
+
+def test_a_split_without_one_window_is_one_line_before_the_run(tmp_path):
+    """Shards each shorter than seq_len+1 tokens: the loader would skip every one; the check
+    says so before the run directory is touched, naming the longest shard and the fix."""
+    from data.config import DataConfig, check_shards
+    from data.shards import write_shard
+
+    write_shard(tmp_path / "x_train_000000.bin", np.arange(40) % 50)
+    write_shard(tmp_path / "x_train_000001.bin", np.arange(30) % 50)
+    write_shard(tmp_path / "x_val_000000.bin", np.arange(200) % 50)
+    cfg = DataConfig(name="x", dir=str(tmp_path))
+    assert check_shards(50257, cfg, seq_len=32) is None  # 40 >= 33: a window
+    why = check_shards(50257, cfg, seq_len=64)
+    assert "\n" not in why and "x_train_000000.bin holds 40 tokens" in why
+    assert "seq_len+1 = 65" in why and "a seq_len of at most 39" in why
+    assert "(and the 1 other training shard(s) are no longer)" in why
+
+
+def test_a_read_only_run_directory_is_one_line(tmp_path, monkeypatch):
+    """Storage that refuses the run directory (a read-only mount): one line naming it and the
+    fix, nothing written; the storage's words for each errno."""
+    from runtime.files import storage_problem
+    from trainer.runlock import RunDirUnwritable, RunLock
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+
+    out = tmp_path / "runs" / "x"
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(RunDirUnwritable) as info:
+        RunLock(out).acquire()
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"{out} is on read-only storage: ")
+    assert "out_dir=COPY" in message and not out.exists()
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    assert storage_problem("d", full) == "d is on a full disk (no space left on device)"
+    other = OSError(errno.EIO, os.strerror(errno.EIO))
+    assert storage_problem("d", other) == f"cannot write to d: {os.strerror(errno.EIO)}"
+
+
+def test_eval_val_tokens_has_one_meaning_for_the_whole_split():
+    """val_tokens=all: the whole split; null: the run's eval_tokens; 0 is refused in one line
+    (train.py refuses eval_tokens=0; it once meant the whole split here)."""
+    from evals.config import EvalConfig
+
+    assert EvalConfig(val_tokens="all").val_budget(4096) is None
+    assert EvalConfig().val_budget(4096) == 4096 and EvalConfig(val_tokens=64).val_budget(9) == 64
+    for bad in (0, -1, "most", True):
+        with pytest.raises(ValueError, match="val_tokens=all evaluates the whole"):
+            EvalConfig(val_tokens=bad)

@@ -28,7 +28,7 @@ import os
 import platform
 from pathlib import Path
 
-from runtime.files import atomic_open
+from runtime.files import atomic_open, storage_problem
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,19 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.E
 
 class RunDirBusy(SystemExit):
     """Another live process holds the run directory: one line naming it and what to do."""
+
+
+class RunDirUnwritable(SystemExit):
+    """The run directory's storage refuses writes (a read-only mount, no permission, a full
+    disk): one line naming it and what to do, before anything of the run is written."""
+
+    def __init__(self, out_dir: Path, exc: OSError) -> None:
+        super().__init__(
+            f"{storage_problem(out_dir, exc)}: a run writes its lock, logs and checkpoints there, "
+            "so it cannot start or go on in it; nothing was written. Copy the run to writable "
+            "storage and give out_dir=COPY (a finished run's results need no training: python "
+            "eval.py checkpoint=DIR out=FILE reads it where it is)"
+        )
 
 
 def _holder() -> dict:
@@ -87,7 +100,11 @@ class RunLock:
     def acquire(self) -> RunLock:
         """Take the lock (creating ``out_dir``); RunDirBusy when a live process holds it."""
         self.created = not self.out_dir.exists()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a read-only mount, no permission: one line, nothing written
+            self.created = False
+            raise RunDirUnwritable(self.out_dir, exc) from None
         info = self.out_dir / LOCK
         fd = os.open(self.out_dir, os.O_RDONLY)  # the directory itself: no file of it changes
         try:
@@ -107,6 +124,9 @@ class RunLock:
         try:
             with atomic_open(info, "w") as f:  # who holds it, for the refusal of another
                 f.write(json.dumps(_holder()))
+        except OSError as exc:  # the directory's first write: its storage refuses it
+            self.release()
+            raise RunDirUnwritable(self.out_dir, exc) from None
         except BaseException:
             self.release()
             raise
@@ -129,6 +149,8 @@ class RunLock:
                     continue
                 raise _busy(self.out_dir, holder, f"its marker {marker}; if that process is "
                             f"gone, delete the marker: rm {marker}") from None  # fmt: skip
+            except OSError as exc:  # a read-only mount, no permission
+                raise RunDirUnwritable(self.out_dir, exc) from None
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(_holder()))
             self.marker = marker
@@ -138,12 +160,16 @@ class RunLock:
     def release(self) -> None:
         """Let the directory go (idempotent), removing the holder file or the marker."""
         if self.fd is not None:
-            (self.out_dir / LOCK).unlink(missing_ok=True)  # before the unlock: never another's
+            # before the unlock: never another's; where the storage refuses (read-only), a file
+            # left behind names a holder that is gone, whose lock the next run takes over
+            with contextlib.suppress(OSError):
+                (self.out_dir / LOCK).unlink(missing_ok=True)
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
         if self.marker is not None:
-            self.marker.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.marker.unlink(missing_ok=True)
             self.marker = None
         if self.created:  # a run refused before its first file leaves no directory behind
             self.created = False
