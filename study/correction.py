@@ -11,7 +11,8 @@ The arms are the crossover definition's (study/studies/crossover.yaml): ``corr-b
 MARS-AdamW with every value AdamW's and gamma 0.0528 (kappa 0.475 at beta1 0.9), so its rows minus
 AdamW's rows of ``b<B>`` are the correction alone (at gamma = 0 that optimizer *is* AdamW:
 tests/test_correction_arms.py); ``chain-b2048`` walks from AdamW to the gamma = 0 arm one value at
-a time; ``corr-split-b2048`` holds half the strength and the correction without its clip. Every
+a time (its A4 is also the reverse first step: the gamma = 0 arm with beta1 0.9 alone), and
+``chain-b8192`` repeats its largest step at 8,192 bytes; ``corr-split-b2048`` holds half the strength and the correction without its clip. Every
 step is a paired difference over the evaluation seeds both arms finished (90% t-interval), each
 arm on its own lr line; a step with fewer than five pairs is reported as running.
 """
@@ -81,6 +82,11 @@ def steps() -> list[Step]:
          Arm("b2048", OFF)),
     ]  # fmt: skip
     out += [Step("chain", label, x, y) for label, x, y in chain]
+    for b in BATCHES[1:]:  # the chain's largest step at a larger batch, where it was run
+        arms = _optimizers(f"chain-b{b}")
+        if arms:
+            out.append(Step("chain", f"{b:,} B: A1: + the gains' weight decay 0.1",
+                            Arm(f"b{b}", ADAMW), Arm(f"chain-b{b}", arms[0])))  # fmt: skip
     out.append(Step("chain", "+ the correction at MARS-AdamW's defaults = MARS-AdamW (Delta_gamma)",
                     Arm("b2048", OFF), Arm("b2048", MARS), family=False))  # fmt: skip
     out.append(Step("chain", "MARS-AdamW with its second moment from g, not c - MARS-AdamW",

@@ -202,7 +202,10 @@ CONCLUSIONS = [
     ("the correction on AdamW's own configuration (AdamW + correction minus AdamW), by batch",
      [r"correction: .*"]),
     ("MARS-AdamW's defaults one at a time from AdamW (A1-A4), and its second moment from g",
-     [r"chain: .*"]),
+     [r"chain: A\d.*", r"chain: MARS-AdamW .*"]),
+    ("the gains' decay (A1) at 8,192 bytes", [r"chain: 8,192 B: A1.*"]),
+    ("the correction's parts at 2,048 bytes: half strength minus AdamW, no clip minus the clip",
+     [r"parts of the correction: .*"]),
 ]  # fmt: skip
 DOCS_MARK = re.compile(r"(<!-- conclusions: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
 
