@@ -2,10 +2,13 @@
 "The correction on AdamW's configuration"), from the committed ledgers alone:
 
     python -m study.correction [--results results/crossover] [--readme README.md]
+                               [--docs docs/study.md]
 
 writes RESULTS/correction.md (the table) and RESULTS/correction.png (the waterfall); with
 ``--readme`` it also rewrites the README's block between ``<!-- correction: ... -->`` and
-``<!-- end -->`` (the three sentences of the answer), so no number there is typed by hand.
+``<!-- end -->`` (the three sentences of the answer), and with ``--docs`` docs/study.md's block
+between ``<!-- anatomy: ... -->`` and ``<!-- end -->`` (each step's reading, the repetition
+control), so no number there is typed by hand.
 
 The arms are the crossover definition's (study/studies/crossover.yaml): ``corr-b<B>`` holds
 MARS-AdamW with every value AdamW's and gamma 0.0528 (kappa 0.475 at beta1 0.9), so its rows minus
@@ -34,6 +37,11 @@ ADAMW, MARS, OFF = "adamw", "mars-adamw", "mars-adamw:gamma=0"
 N_SEEDS = 5  # evaluation seeds a step needs to be a test
 BATCHES = (2048, 8192, 32768, 131072)  # the crossover's proxy-100k cells a corr part may have
 README_MARK = re.compile(r"(<!-- correction: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
+DOCS_MARK = re.compile(r"(<!-- anatomy: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
+# The repetition control (study/studies/crossover.yaml, rep-b8192): the pairs of the 8,192-byte
+# cell on all of its data and on a quarter of the training windows
+REPETITION = ("b8192", "rep-b8192")
+PAIRS = ((MARS, ADAMW), (OFF, ADAMW), (OFF, MARS))
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Step:
     before: Arm
     after: Arm
     family: bool = True
+    batch: int = 2048  # bytes a step of both arms
 
 
 def _optimizers(part: str) -> list[str]:
@@ -71,7 +80,7 @@ def steps() -> list[Step]:
         corr = _optimizers(f"corr-b{b}")
         if corr:
             out.append(Step("correction", f"{b:,} B: AdamW + correction - AdamW",
-                            Arm(f"b{b}", ADAMW), Arm(f"corr-b{b}", corr[0])))  # fmt: skip
+                            Arm(f"b{b}", ADAMW), Arm(f"corr-b{b}", corr[0]), batch=b))  # fmt: skip
     a1, a2, a3, smg = _optimizers("chain-b2048")
     chain = [
         ("A1: + the gains' weight decay 0.1", Arm("b2048", ADAMW), Arm("chain-b2048", a1)),
@@ -86,7 +95,7 @@ def steps() -> list[Step]:
         arms = _optimizers(f"chain-b{b}")
         if arms:
             out.append(Step("chain", f"{b:,} B: A1: + the gains' weight decay 0.1",
-                            Arm(f"b{b}", ADAMW), Arm(f"chain-b{b}", arms[0])))  # fmt: skip
+                            Arm(f"b{b}", ADAMW), Arm(f"chain-b{b}", arms[0]), batch=b))  # fmt: skip
     out.append(Step("chain", "+ the correction at MARS-AdamW's defaults = MARS-AdamW (Delta_gamma)",
                     Arm("b2048", OFF), Arm("b2048", MARS), family=False))  # fmt: skip
     out.append(Step("chain", "MARS-AdamW with its second moment from g, not c - MARS-AdamW",
@@ -212,8 +221,8 @@ def figure(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chain = [r for r in rows if r["step"].group == "chain" and "second moment" not in
-             r["step"].label]  # fmt: skip
+    chain = [r for r in rows if r["step"].group == "chain" and r["step"].batch == 2048
+             and "second moment" not in r["step"].label]  # fmt: skip
     fig, ax = plt.subplots(figsize=(7, 4))
     level = 0.0
     for i, r in enumerate(chain):
@@ -255,7 +264,7 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
     corr = [r for r in rows if r["step"].group == "correction"]
     said = "; ".join(f"{r['step'].label.split(' B:')[0]} B {_diff(r)}" for r in corr) or "not run"
     chain = [r for r in rows if r["step"].group == "chain" and "mean" in r
-             and "second moment" not in r["step"].label]  # fmt: skip
+             and r["step"].batch == 2048 and "second moment" not in r["step"].label]  # fmt: skip
     if len(chain) > 1:
         top = sorted(chain, key=lambda r: -abs(r["mean"]))[:2]
         parts = "; ".join(f"{r['step'].label.split(' (')[0]} {r['mean']:+.3f}" for r in top)
@@ -304,7 +313,106 @@ def readme_block(results: Path, rows: list[dict] | None = None) -> str:
     return sentences(rows, epochs, cross, score)
 
 
-def write(results: Path, readme: Path | None = None) -> Path:
+def repetition(results: Path) -> list[dict]:
+    """The repetition control: each pair of the 8,192-byte cell (``PAIRS``, paired over the
+    evaluation seeds) on all its data and on a quarter of it, and whether the quarter's mean
+    lies outside the whole cell's interval (``moved``). Empty until both ledgers are there."""
+    full, rep = (results / part / "results.csv" for part in REPETITION)
+    if not (full.is_file() and rep.is_file()):
+        return []
+    losses = [{o: seeds for (o, _m, _b), seeds in eval_losses(read_csv(f)).items()}
+              for f in (full, rep)]  # fmt: skip
+    out = []
+    for b, a in PAIRS:
+        ivs = []
+        for part in losses:
+            x, y = part.get(a, {}), part.get(b, {})
+            seeds = sorted(set(x) & set(y))
+            if len(seeds) < N_SEEDS:
+                break
+            ivs.append(paired_interval({s: x[s] for s in seeds}, {s: y[s] for s in seeds}))
+        if len(ivs) == 2:
+            whole, quarter = ivs
+            out.append({"pair": f"{b} - {a}", "whole": whole, "quarter": quarter,
+                        "moved": not whole.lo <= quarter.mean <= whole.hi})  # fmt: skip
+    return out
+
+
+def _iv(i) -> str:  # noqa: ANN001 - an Interval
+    return f"{i.mean:+.3f} [{i.lo:+.3f}, {i.hi:+.3f}]"
+
+
+def reading(results: Path, rows: list[dict] | None = None) -> str:
+    """docs/study.md's reading of the anatomy (its block between ``<!-- anatomy: ... -->`` and
+    ``<!-- end -->``): what each finished step says, with its interval and its Holm p in the one
+    family, and the repetition control; every number from the ledgers."""
+    from study import family
+
+    rows = measure(results) if rows is None else rows
+    holm = {t["test"]: t["holm_p"] for t in family.family(results.parent / "referee", results)}
+    alpha = 1 - LEVEL
+
+    def said(r: dict) -> str:
+        if "mean" not in r:
+            return f"{r['step'].label}: running ({r['n']} of {N_SEEDS} pairs)"
+        test = f"{r['step'].group}: {r['step'].label}"
+        h = holm.get(test)
+        tail = (f"Holm p {family.p_text(h)}, {'holds' if h <= alpha else 'does not hold'}"
+                if h is not None else "the crossover's pair")  # fmt: skip
+        lr = f"lrs {_lr(r['lr_before'])}, {_lr(r['lr_after'])}"
+        return (f"{r['step'].label}: {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
+                f"({tail}; {lr})")  # fmt: skip
+
+    pct = f"{LEVEL:.0%}"
+    out = [f"Measured (paired over evaluation seeds 1-5, {pct} t-intervals, Holm p over the one "
+           "family; rendered by `python -m study.correction --docs docs/study.md`):", ""]  # fmt: skip
+    for group in ("correction", "chain", "parts of the correction"):
+        for r in (r for r in rows if r["step"].group == group):
+            out.append(f"- {said(r)}")
+    chain = [r for r in rows if r["step"].group == "chain" and r["step"].batch == 2048
+             and r["step"].label.startswith("A")]  # fmt: skip
+    if chain and all("mean" in r for r in chain):
+        total = sum(r["mean"] for r in chain)
+        clear = [r["step"].label.split(":")[0] for r in chain if r["lo"] > 0 or r["hi"] < 0]
+        out += ["", f"The four steps from AdamW to the gamma = 0 arm at 2,048 bytes add to "
+                f"{total:+.3f}; the steps whose interval excludes 0: {', '.join(clear) or 'none'}."]  # fmt: skip
+    control = repetition(results)
+    if control:
+        from study import crossover_report as cr
+        from study.crossover import batches
+
+        moved = [c["pair"] for c in control if c["moved"]]
+        full = cr.epochs_of(results, [8192]).get(8192, float("nan"))
+        cells = [c for c in batches() if c.model == "proxy-100k"
+                 and (results / c.folder / "results.csv").is_file()]  # fmt: skip
+        void = cr.void_cells(results, cells)
+        past = sorted(c.batch for c, e in cr.epochs_of(results, cells).items()
+                      if e > 1 and c not in void)  # fmt: skip
+        out += ["", "The repetition control (part `rep-b8192`: the 8,192-byte cell's chosen "
+                f"values on a quarter of its training windows, {4 * full:.2g} epochs, against the "
+                f"whole cell's {full:.2g}), each pair on all the data, then on the quarter:", ""]  # fmt: skip
+        out += [f"- {c['pair']}: {_iv(c['whole'])}, then {_iv(c['quarter'])}" for c in control]
+        out += ["", ("The quarter's mean lies outside the whole cell's interval for "
+                     f"{', '.join(moved)}: cells past one epoch answer a question about repeated "
+                     "data as well, and their tables say so." if moved else
+                     "Every quarter's mean lies inside the whole cell's interval: seeing the data "
+                     f"{4 * full:.2g} times does not move the comparisons by more than their "
+                     "intervals, so the measured cells past one epoch ("
+                     + (", ".join(f"{b:,}" for b in past) or "none") + " bytes) are not flagged.")]  # fmt: skip
+    return "\n".join(out) + "\n"
+
+
+def write_docs(results: Path, docs: Path, rows: list[dict] | None = None) -> None:
+    """Rewrite docs/study.md's anatomy block (``reading``)."""
+    text = docs.read_text()
+    if not DOCS_MARK.search(text):
+        raise SystemExit(f"{docs}: no block '<!-- anatomy: ... -->' ... '<!-- end -->' to "
+                         "rewrite; add the two marker lines where the reading goes")  # fmt: skip
+    said = reading(results, rows)
+    docs.write_text(DOCS_MARK.sub(lambda m: m[1] + said + m[3], text, count=1))
+
+
+def write(results: Path, readme: Path | None = None, docs: Path | None = None) -> Path:
     rows = measure(results)
     from study import crossover_report as cr
 
@@ -319,6 +427,8 @@ def write(results: Path, readme: Path | None = None) -> Path:
         said = readme_block(results, rows)
         text = README_MARK.sub(lambda m: m[1] + said + m[3], text, count=1)
         readme.write_text(text)
+    if docs is not None:
+        write_docs(results, docs, rows)
     return results / "correction.md"
 
 
@@ -327,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "crossover")
     ap.add_argument("--readme", type=Path, default=None)
+    ap.add_argument("--docs", type=Path, default=None, help="docs/study.md: its anatomy block")
     args = ap.parse_args(argv)
-    print(write(args.results, args.readme))
+    print(write(args.results, args.readme, args.docs))
     return 0
 
 

@@ -4,6 +4,7 @@ with every kind of parameter (tied embedding, positions, gains, matrices), in fl
 with gamma > 0 minus AdamW's rows is the correction alone; and the arms' names carry exactly the
 values the issue names."""
 
+import pytest
 import torch
 
 from model import ModelConfig, build_model
@@ -204,3 +205,46 @@ def test_a_prediction_is_scored_against_the_measured_sign():
     assert {r["step"] for r in got} == {966}
     preds[1]["crossover"] = 2048.0
     assert cr.scored(preds, measured[:1])[0]["hit"]
+
+
+def test_the_docs_anatomy_reading_is_the_ledgers():
+    from helpers import ROOT
+    from study import correction
+
+    page = (ROOT / "docs" / "study.md").read_text()
+    block = correction.DOCS_MARK.search(page)
+    assert block, "docs/study.md lacks its '<!-- anatomy: ... -->' block"
+    want = correction.reading(ROOT / "results" / "crossover")
+    assert block[2] == want, "run: python -m study.correction --docs docs/study.md"
+
+
+def test_the_repetition_control_flags_a_pair_that_moves(tmp_path):
+    """Planted ledgers: each gap is exact plus the same per-seed noise (sd 0.0158, a 90%
+    half-width of 0.015). On a quarter of the data MARS-AdamW's gap moves from +0.10 to +0.11
+    (inside the whole cell's interval) and gamma = 0's from +0.10 to +0.30 (outside): only that
+    one is flagged, and nothing is said until both ledgers are there."""
+    from study import correction
+    from study.results import write_csv
+
+    noise = {1: -0.02, 2: 0.01, 3: 0.0, 4: 0.02, 5: -0.01}
+
+    def ledger(part, gaps):
+        rows = []
+        for opt, gap in (("adamw", None), *gaps.items()):
+            for s in range(1, 6):
+                loss = 1.3 + s / 100 + (0.0 if gap is None else gap + noise[s])
+                rows.append({"optimizer": opt, "model": "proxy-100k", "budget": 4.0, "seed": s,
+                             "role": "eval", "chosen": 1.0, "lr": 0.01, "final_val_loss": loss})  # fmt: skip
+        (tmp_path / part).mkdir()
+        write_csv(rows, tmp_path / part / "results.csv")
+
+    ledger("b8192", {"mars-adamw": 0.10, "mars-adamw:gamma=0": 0.10})
+    assert correction.repetition(tmp_path) == []
+    ledger("rep-b8192", {"mars-adamw": 0.11, "mars-adamw:gamma=0": 0.30})
+    got = {c["pair"]: c for c in correction.repetition(tmp_path)}
+    whole = got["mars-adamw - adamw"]["whole"]
+    assert whole.mean == pytest.approx(0.10) and whole.hi - whole.mean == pytest.approx(
+        0.0151, abs=1e-4
+    )
+    assert not got["mars-adamw - adamw"]["moved"] and got["mars-adamw:gamma=0 - adamw"]["moved"]
+    assert got["mars-adamw:gamma=0 - mars-adamw"]["quarter"].mean == pytest.approx(0.19)
