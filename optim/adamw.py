@@ -36,7 +36,7 @@ class AdamWConfig(OptimizerConfig):
     valid_implementations: ClassVar[tuple[str, ...]] = implementations.TORCH_ADAMW
 
 
-@register("adamw", AdamWConfig, "torch AdamW, decoupled weight decay on block matrices")
+@register("adamw", AdamWConfig, "torch's AdamW, decay on block matrices only")
 def build_adamw(model: nn.Module, cfg: AdamWConfig) -> torch.optim.Optimizer:
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     how = cfg.implementation

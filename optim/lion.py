@@ -47,7 +47,7 @@ class LionConfig(OptimizerConfig):
     decay_kinds: list[str] = field(default_factory=lambda: ["matrix"])
 
 
-@register("lion", LionConfig, "Lion: sign of interpolated momentum")
+@register("lion", LionConfig, "Lion (sign of interpolated momentum)")
 def build_lion(model: nn.Module, cfg: LionConfig) -> torch.optim.Optimizer:
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     return Lion(groups, lr=cfg.lr, betas=tuple(cfg.betas), implementation=cfg.implementation)

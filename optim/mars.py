@@ -239,8 +239,10 @@ def build_mars(model: nn.Module, cfg: MarsConfig, *, cls: type | None = None,
                implementation=cfg.implementation)  # fmt: skip
 
 
-register("mars-adamw", MarsAdamWConfig, "MARS with the AdamW preconditioner")(build_mars)
-register("mars-lion", MarsLionConfig, "MARS with the sign (Lion) update")(build_mars)
+register(
+    "mars-adamw", MarsAdamWConfig, 'MARS with the Adam preconditioner (the MARS paper\'s "MARS")'
+)(build_mars)
+register("mars-lion", MarsLionConfig, "MARS with the sign update")(build_mars)
 register("mars-shampoo", MarsShampooConfig, "MARS with Newton-Schulz orthogonalisation")(build_mars)
 
 

@@ -218,16 +218,20 @@ def _moonlight_like(model: nn.Module, cfg: MuonLikeConfig, algorithm: str, **opt
     )
 
 
-@register("mars-m", MarsMConfig, "MARS correction in front of Moonlight's Muon")
+@register("mars-m", MarsMConfig, "MARS-M: the clipped MARS correction in front of Moonlight's Muon")
 def build_mars_m(model: nn.Module, cfg: MarsMConfig) -> torch.optim.Optimizer:
     return _moonlight_like(model, cfg, "mars-m")
 
 
-@register("mars-m-efficient", MarsMEfficientConfig, "MARS-M, one buffer, no clipping")
+@register("mars-m-efficient", MarsMEfficientConfig, "MARS-M in one buffer, without the clip")
 def build_mars_m_efficient(model: nn.Module, cfg: MarsMEfficientConfig) -> torch.optim.Optimizer:
     return _moonlight_like(model, cfg, "mars-m-efficient", nesterov=False, clip="none")
 
 
-@register("moonlight", MoonlightConfig, "Moonlight's Muon: Nesterov, 0.2*sqrt(max(A,B)) scale")
+@register(
+    "moonlight",
+    MoonlightConfig,
+    "Moonlight's Muon (the MARS-M paper's baseline), scale 0.2 sqrt(max(A, B))",
+)
 def build_moonlight(model: nn.Module, cfg: MoonlightConfig) -> torch.optim.Optimizer:
     return _moonlight_like(model, cfg, "muon")

@@ -236,7 +236,9 @@ class MuonConfig(OptimizerConfig):
     adamw_decay_bias_corrected: bool = True  # the MARS repo's AdamW scales decay by its bias factor
 
 
-@register("muon", MuonConfig, "Muon: Nesterov momentum, Newton-Schulz, sqrt(max(1, r/c)) scale")
+@register(
+    "muon", MuonConfig, "Muon as the MARS repo's baseline: Nesterov momentum, 5 Newton-Schulz steps"
+)
 def build_muon(model: nn.Module, cfg: MuonConfig) -> torch.optim.Optimizer:
     muon, rest = split_by_kind(model, MUON_ROUTINGS[cfg.routing])
     if cfg.routing == "mars-repo":  # Newton-Schulz takes the 2-D tensors; the rest stay on AdamW

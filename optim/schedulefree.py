@@ -271,7 +271,11 @@ class AdamWScheduleFreeConfig(OptimizerConfig):
     valid_implementations: ClassVar[tuple[str, ...]] = implementations.SCHEDULE_FREE  # no compiled
 
 
-@register("adamw-schedulefree", AdamWScheduleFreeConfig, "Schedule-Free AdamW")
+@register(
+    "adamw-schedulefree",
+    AdamWScheduleFreeConfig,
+    "Schedule-Free AdamW (no decaying schedule: `schedule=constant`)",
+)
 def build_schedulefree(model: nn.Module, cfg: AdamWScheduleFreeConfig) -> torch.optim.Optimizer:
     groups = split_aux(model, decay_groups(model, cfg.weight_decay, cfg.decay_kinds), cfg.aux_lr)
     return AdamWScheduleFree(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,

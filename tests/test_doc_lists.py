@@ -179,3 +179,15 @@ def test_the_lists_the_issue_named_are_checked():
     for name, kinds in want.items():
         marks = {kind for how, kind, _ in marked_lists((ROOT / name).read_text()) if how == "every"}
         assert kinds <= marks, f"{name}: no mark for {sorted(kinds - marks)}"
+
+
+def test_the_readmes_optimizer_table_is_the_registrys():
+    """README's table of optimizers is rendered from each spec's description and the exact-mode
+    configs (scripts/optimizer_table.py): a registered optimizer appears there by registering."""
+    from scripts import optimizer_table
+
+    block = optimizer_table.MARK.search((ROOT / "README.md").read_text())
+    assert block, "README.md lacks its '<!-- optimizers: ... -->' block"
+    assert block[2] == optimizer_table.table(), (
+        "run: python -m scripts.optimizer_table --readme README.md"
+    )
