@@ -2,13 +2,12 @@
 "The correction on AdamW's configuration"), from the committed ledgers alone:
 
     python -m study.correction [--results results/crossover] [--readme README.md]
-                               [--docs docs/study.md]
 
 writes RESULTS/correction.md (the table) and RESULTS/correction.png (the waterfall); with
 ``--readme`` it also rewrites the README's block between ``<!-- correction: ... -->`` and
-``<!-- end -->`` (the three sentences of the answer), and with ``--docs`` docs/study.md's block
-between ``<!-- anatomy: ... -->`` and ``<!-- end -->`` (each step's reading, the repetition
-control), so no number there is typed by hand.
+``<!-- end -->`` (the three sentences of the answer), so no number there is typed by hand.
+docs/study.md's reading of the steps (``reading``, with their Holm p) is written by
+``python -m study.family --docs``, which holds the family.
 
 The arms are the crossover definition's (study/studies/crossover.yaml): ``corr-b<B>`` holds
 MARS-AdamW with every value AdamW's and gamma 0.0528 (kappa 0.475 at beta1 0.9), so its rows minus
@@ -37,7 +36,6 @@ ADAMW, MARS, OFF = "adamw", "mars-adamw", "mars-adamw:gamma=0"
 N_SEEDS = 5  # evaluation seeds a step needs to be a test
 BATCHES = (2048, 8192, 32768, 131072)  # the crossover's proxy-100k cells a corr part may have
 README_MARK = re.compile(r"(<!-- correction: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
-DOCS_MARK = re.compile(r"(<!-- anatomy: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
 # The repetition control (study/studies/crossover.yaml, rep-b8192): the pairs of the 8,192-byte
 # cell on all of its data and on a quarter of the training windows
 REPETITION = ("b8192", "rep-b8192")
@@ -342,14 +340,13 @@ def _iv(i) -> str:  # noqa: ANN001 - an Interval
     return f"{i.mean:+.3f} [{i.lo:+.3f}, {i.hi:+.3f}]"
 
 
-def reading(results: Path, rows: list[dict] | None = None) -> str:
+def reading(results: Path, holm: dict[str, float], p_text=str) -> str:  # noqa: ANN001
     """docs/study.md's reading of the anatomy (its block between ``<!-- anatomy: ... -->`` and
-    ``<!-- end -->``): what each finished step says, with its interval and its Holm p in the one
-    family, and the repetition control; every number from the ledgers."""
-    from study import family
-
-    rows = measure(results) if rows is None else rows
-    holm = {t["test"]: t["holm_p"] for t in family.family(results.parent / "referee", results)}
+    ``<!-- end -->``, written by ``python -m study.family --docs``, which holds the family):
+    what each finished step says, with its interval and its Holm p in the one family (``holm``:
+    test name -> Holm p; ``p_text`` prints one), and the repetition control; every number from
+    the ledgers."""
+    rows = measure(results)
     alpha = 1 - LEVEL
 
     def said(r: dict) -> str:
@@ -357,7 +354,7 @@ def reading(results: Path, rows: list[dict] | None = None) -> str:
             return f"{r['step'].label}: running ({r['n']} of {N_SEEDS} pairs)"
         test = f"{r['step'].group}: {r['step'].label}"
         h = holm.get(test)
-        tail = (f"Holm p {family.p_text(h)}, {'holds' if h <= alpha else 'does not hold'}"
+        tail = (f"Holm p {p_text(h)}, {'holds' if h <= alpha else 'does not hold'}"
                 if h is not None else "the crossover's pair")  # fmt: skip
         lr = f"lrs {_lr(r['lr_before'])}, {_lr(r['lr_after'])}"
         return (f"{r['step'].label}: {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
@@ -365,7 +362,7 @@ def reading(results: Path, rows: list[dict] | None = None) -> str:
 
     pct = f"{LEVEL:.0%}"
     out = [f"Measured (paired over evaluation seeds 1-5, {pct} t-intervals, Holm p over the one "
-           "family; rendered by `python -m study.correction --docs docs/study.md`):", ""]  # fmt: skip
+           "family; rendered by `python -m study.family --docs docs/study.md`):", ""]  # fmt: skip
     for group in ("correction", "chain", "parts of the correction"):
         for r in (r for r in rows if r["step"].group == group):
             out.append(f"- {said(r)}")
@@ -402,17 +399,7 @@ def reading(results: Path, rows: list[dict] | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_docs(results: Path, docs: Path, rows: list[dict] | None = None) -> None:
-    """Rewrite docs/study.md's anatomy block (``reading``)."""
-    text = docs.read_text()
-    if not DOCS_MARK.search(text):
-        raise SystemExit(f"{docs}: no block '<!-- anatomy: ... -->' ... '<!-- end -->' to "
-                         "rewrite; add the two marker lines where the reading goes")  # fmt: skip
-    said = reading(results, rows)
-    docs.write_text(DOCS_MARK.sub(lambda m: m[1] + said + m[3], text, count=1))
-
-
-def write(results: Path, readme: Path | None = None, docs: Path | None = None) -> Path:
+def write(results: Path, readme: Path | None = None) -> Path:
     rows = measure(results)
     from study import crossover_report as cr
 
@@ -427,8 +414,6 @@ def write(results: Path, readme: Path | None = None, docs: Path | None = None) -
         said = readme_block(results, rows)
         text = README_MARK.sub(lambda m: m[1] + said + m[3], text, count=1)
         readme.write_text(text)
-    if docs is not None:
-        write_docs(results, docs, rows)
     return results / "correction.md"
 
 
@@ -437,9 +422,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "crossover")
     ap.add_argument("--readme", type=Path, default=None)
-    ap.add_argument("--docs", type=Path, default=None, help="docs/study.md: its anatomy block")
     args = ap.parse_args(argv)
-    print(write(args.results, args.readme, args.docs))
+    print(write(args.results, args.readme))
     return 0
 
 

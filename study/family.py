@@ -208,6 +208,15 @@ CONCLUSIONS = [
      [r"parts of the correction: .*"]),
 ]  # fmt: skip
 DOCS_MARK = re.compile(r"(<!-- conclusions: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
+ANATOMY_MARK = re.compile(r"(<!-- anatomy: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
+
+
+def anatomy(crossover: Path, tests: list[dict]) -> str:
+    """docs/study.md's reading of the correction's anatomy (study/correction.py ``reading``)
+    with each step's Holm p over ``tests``, the family."""
+    from study.correction import reading
+
+    return reading(crossover, {t["test"]: t["holm_p"] for t in tests}, p_text)
 
 
 def p_text(p: float) -> str:
@@ -288,7 +297,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{args.docs}: no '<!-- conclusions: ... -->' ... '<!-- end -->' "
                              "block to rewrite; add the two marker lines where the table goes")  # fmt: skip
         table = conclusions(tests)
-        args.docs.write_text(DOCS_MARK.sub(lambda m: m[1] + table + m[3], page, count=1))
+        page = DOCS_MARK.sub(lambda m: m[1] + table + m[3], page, count=1)
+        if ANATOMY_MARK.search(page) and args.crossover is not None:
+            said = anatomy(args.crossover, tests)
+            page = ANATOMY_MARK.sub(lambda m: m[1] + said + m[3], page, count=1)
+        args.docs.write_text(page)
     print(text.split("\n\n")[1])
     return 0
 

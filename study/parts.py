@@ -233,11 +233,7 @@ def _correction_table(definition: Definition) -> None:
     readme = ROOT / "README.md"
     has_block = (_the_repositorys(definition) and readme.is_file()
                  and correction.README_MARK.search(readme.read_text()))  # fmt: skip
-    docs = ROOT / "docs" / "study.md"
-    has_docs = (_the_repositorys(definition) and docs.is_file()
-                and correction.DOCS_MARK.search(docs.read_text()))  # fmt: skip
-    path = correction.write(_folder(definition), readme if has_block else None,
-                            docs if has_docs else None)  # fmt: skip
+    path = correction.write(_folder(definition), readme if has_block else None)
     log.info("the correction's anatomy: %s", path)
 
 

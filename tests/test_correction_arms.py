@@ -209,13 +209,14 @@ def test_a_prediction_is_scored_against_the_measured_sign():
 
 def test_the_docs_anatomy_reading_is_the_ledgers():
     from helpers import ROOT
-    from study import correction
+    from study import family
 
     page = (ROOT / "docs" / "study.md").read_text()
-    block = correction.DOCS_MARK.search(page)
+    block = family.ANATOMY_MARK.search(page)
     assert block, "docs/study.md lacks its '<!-- anatomy: ... -->' block"
-    want = correction.reading(ROOT / "results" / "crossover")
-    assert block[2] == want, "run: python -m study.correction --docs docs/study.md"
+    tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
+    want = family.anatomy(ROOT / "results" / "crossover", tests)
+    assert block[2] == want, "run: python -m study.family --docs docs/study.md"
 
 
 def test_the_repetition_control_flags_a_pair_that_moves(tmp_path):
