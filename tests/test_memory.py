@@ -119,6 +119,35 @@ def test_estimate_parts_and_bucket_view():
     assert 50 * GIB < copy.total < 80 * GIB  # the XL run at the papers' 5 fits one 80 GB GPU
 
 
+def test_the_launchers_estimate_counts_newton_schulz_buffers():
+    """A Newton-Schulz optimizer's step holds its stacks (and, over ranks, the results and its
+    gathered slots): the launcher's estimate counts them beside the step's temporaries, from the
+    matrices its groups orthogonalise; AdamW holds none."""
+    from optim.newton_schulz import ns_buffer_bytes
+    from trainer.memory_plan import experiment_estimator, experiment_optimizer, ns_shapes
+
+    cfg, opt_cfg = experiment_optimizer("owt/small-muon")
+    with torch.device("meta"):
+        model = GPT(cfg)
+    shapes, itemsize = ns_shapes(model, opt_cfg)
+    blocks = [p.shape for n, p in model.named_parameters() if ".h." in n and p.dim() == 2]
+    assert len(shapes) >= len(blocks) and itemsize == 2  # bf16, as the official code
+    for world in (1, 8):
+        muon = experiment_estimator(["owt/small-muon"], world)(4)
+        want = ns_buffer_bytes(shapes, world, merged=True, itemsize=2)
+        assert muon.ns_buffers == want > 0
+        adamw = experiment_estimator(["owt/small-adamw"], world)(4)
+        assert adamw.ns_buffers == 0
+    import dataclasses
+
+    without = dataclasses.replace(muon, ns_buffers=0)  # the buffers live in the step's peak
+    forward = muon.activations + muon.loss
+    step = muon.step_temporaries + muon.ns_buffers
+    assert muon.allocated - without.allocated == max(forward, step) - max(
+        forward, muon.step_temporaries
+    )
+
+
 @pytest.mark.parametrize("name", ["tiny", "gpt2-small", "gpt2-xl"])
 def test_ddp_bucket_cap_holds_a_block(name):
     with torch.device("meta"):

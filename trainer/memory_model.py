@@ -25,10 +25,15 @@ printout shows where the memory goes:
                        its incoming gradient and its output gradient)
     step_temporaries   the optimizer step's temporaries, one fp32 tensor per parameter (the foreach
                        paths); the step runs after the activations are freed, so the peak holds the
-                       larger of (activations + loss) and these
+                       larger of (activations + loss) and these (with the Newton-Schulz buffers)
     cuda_context       CUDA context, cuBLAS workspaces and NCCL buffers: outside the allocator, in
                        nvidia-smi's figure but not in torch.cuda.max_memory_allocated
     fragmentation      a margin for the caching allocator's unused pieces of its blocks
+    ns_buffers         Newton-Schulz's buffers during the step (optimizers that orthogonalise):
+                       the engine's stack of each batch and, over several DDP ranks, the results
+                       every rank receives and its all-gathered slots, in the NS dtype
+                       (optim.newton_schulz.ns_buffer_bytes; trainer/memory_plan.py finds the
+                       matrices); 0 for the others
 
 Activations of one pre-LN block per token, with ``a`` bytes per activation element (2 under
 bf16 autocast, 4 in fp32), C = n_embd, H = n_head (measured with saved-tensor hooks,
@@ -79,12 +84,14 @@ class MemoryEstimate:
     step_temporaries: int
     cuda_context: int
     fragmentation: int
+    ns_buffers: int = 0
 
     @property
     def allocated(self) -> int:
         """What torch.cuda.max_memory_allocated should report (no context, no fragmentation)."""
         static = self.weights + self.grads + self.ddp_buckets + self.optimizer_state
-        return static + self.bf16_weights + max(self.activations + self.loss, self.step_temporaries)
+        step = self.step_temporaries + self.ns_buffers
+        return static + self.bf16_weights + max(self.activations + self.loss, step)
 
     @property
     def total(self) -> int:
@@ -173,11 +180,13 @@ def estimate_memory(
     ddp: bool = False,
     gradient_as_bucket_view: bool = True,
     cuda: bool = True,
+    ns_buffer_bytes: int = 0,
 ) -> MemoryEstimate:
     """Peak memory of one rank training ``cfg`` (GPT-2 or LLaMA) with ``micro_batch`` sequences
     of ``seq_len``.
 
     ``state_bytes`` is the optimizer's state (``trainer.memory_plan.meta_state_bytes``);
+    ``ns_buffer_bytes`` Newton-Schulz's buffers in the step (``trainer.memory_plan.ns_bytes``);
     ``low_precision`` is bf16/fp16 autocast; ``ddp`` means several ranks (DDP buckets exist);
     ``cuda`` adds the CUDA context and the allocator margin.
     """
@@ -198,6 +207,7 @@ def estimate_memory(
         step_temporaries=4 * n,
         cuda_context=0,
         fragmentation=0,
+        ns_buffers=ns_buffer_bytes,
     )
     est = MemoryEstimate(**parts)
     if not cuda:
