@@ -59,6 +59,16 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_capability() -> str:
+    """torch's vector-kernel level on this CPU (``AVX512``, ``AVX2``, ``DEFAULT``; the variable
+    ``ATEN_CPU_CAPABILITY`` lowers it). Runs record it beside ``cpu_name``: two machines of one
+    model name (an "AMD EPYC" with AVX-512 and one without) take other kernels and differ in
+    the last bits from the first steps (docs/study.md, "Provenance")."""
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
 def session_diff(session: int) -> str:
     """The name of the ``session``-th session's diff (1: the run's start, ``git.diff``): each
     session's uncommitted code stays beside the others', rather than a resume's replacing it."""

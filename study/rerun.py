@@ -22,7 +22,12 @@ means the later code reorders some arithmetic, and the rows of the two commits a
 interchangeable within one comparison. Bit for bit needs the same CPU kind as well: on another
 (an AMD EPYC for a run made on an Intel Xeon) torch takes other vector kernels, the losses differ
 in the last bits from the first step, and a long or unstable run amplifies that; each run records
-its CPU (``cpu`` in meta.jsonl), and a difference on another kind says so.
+its CPU (``cpu`` in meta.jsonl), and a difference on another kind says so. One model name is
+not one kind: an "AMD EPYC" with AVX-512 and one without take other vector kernels, so runs also
+record torch's kernel level (``cpu_capability``; the ledger's ``cpu`` reads ``AMD EPYC
+(AVX512)``), a rerun takes the recorded level (``ATEN_CPU_CAPABILITY``), and
+``--cpu-capability avx2`` reruns a run recorded without it at another level. ``--record FILE``
+appends one JSON line per rerun as it finishes (results/crossover/checks/ keeps the study's).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -99,11 +105,24 @@ def compare(old: dict, new: dict) -> tuple[bool, str]:
     return not diffs, "; ".join(diffs) or "equal"
 
 
-def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
+def capability_of(cpu: str) -> str | None:
+    """The vector-kernel level a recorded CPU names (``AMD EPYC (AVX512)``: ``AVX512``), or None
+    for a CPU recorded without it."""
+    m = re.fullmatch(r".*\(([A-Z0-9_]+)\)", cpu.strip())
+    return m[1] if m else None
+
+
+def rerun(run_dir: Path, scratch: Path, threads: int, capability: str | None = None) -> dict:
+    """Rerun one run; ``capability``: torch's vector-kernel level to rerun at (ATEN_CPU_CAPABILITY;
+    None: the run's recorded level, else this machine's own)."""
     overrides, commit, old = recorded(run_dir)
     out = scratch / Path(str(run_dir)).name
     cmd = commands.train_command([*overrides, f"out_dir={out}"])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    was = recorded_cpu(run_dir)
+    level = capability or capability_of(was)
+    if level:
+        env["ATEN_CPU_CAPABILITY"] = level.lower()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0 or not (out / "summary.json").is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
@@ -111,12 +130,15 @@ def rerun(run_dir: Path, scratch: Path, threads: int) -> dict:
                 "account": f"the rerun failed (exit {proc.returncode}): " + " | ".join(tail)}  # fmt: skip
     new = json.loads((out / "summary.json").read_text())
     equal, account = compare(old, new)
-    was = recorded_cpu(run_dir)
-    if not equal and was != runfiles.cpu_name():  # another CPU kind: other vector kernels
-        account += (f" (ran on {was or 'a CPU not recorded'}, rerun on {runfiles.cpu_name()}: "
-                    "another CPU kind need not agree to the last bit)")  # fmt: skip
+    here = f"{runfiles.cpu_name()} ({level.upper() if level else runfiles.cpu_capability()})"
+    if not equal and was != here:  # another CPU kind or kernel level: other vector kernels
+        account += (f" (ran on {was or 'a CPU not recorded'}, rerun on {here}: another CPU kind "
+                    "or vector-kernel level need not agree to the last bit"
+                    + ("; --cpu-capability avx2 reruns at AVX2" if not capability_of(was) else "")
+                    + ")")  # fmt: skip
     return {"run": str(run_dir), "commit": commit, "equal": equal, "account": account,
-            "val_loss": new.get("final_val_loss"), "cpu": was}  # fmt: skip
+            "old": old.get("final_val_loss"), "val_loss": new.get("final_val_loss"), "cpu": was,
+            "rerun_cpu": here, "threads": threads, "command": overrides}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="OMP_NUM_THREADS of each rerun (the study's --threads; default 1)")  # fmt: skip
     ap.add_argument("--keep", type=Path, default=None,
                     help="write the reruns here (default: a temporary folder, removed)")  # fmt: skip
+    ap.add_argument("--cpu-capability", default=None, choices=["avx512", "avx2", "default"],
+                    help="torch's vector-kernel level of the reruns (ATEN_CPU_CAPABILITY; "
+                         "default: each run's recorded level, else this machine's)")  # fmt: skip
+    ap.add_argument("--record", type=Path, default=None,
+                    help="append one JSON line per rerun here (the commits, CPUs, losses)")  # fmt: skip
     args = ap.parse_args(argv)
     try:
         for r in args.runs:
@@ -147,8 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         scratch.mkdir(parents=True, exist_ok=True)
         for r in args.runs:
-            row = rerun(r, scratch, args.threads)
+            row = rerun(r, scratch, args.threads, args.cpu_capability)
             rows.append(row)
+            if args.record is not None:  # as it is taken: a later run's failure keeps it
+                with open(args.record, "a") as f:
+                    f.write(json.dumps({"head": head, **row}) + "\n")
             print(f"{row['commit'][:7]} -> {head[:7]}  {'EQUAL' if row['equal'] else 'DIFFERS'}  "
                   f"{row['account']}  {row['run']}", flush=True)  # fmt: skip
     n = sum(r["equal"] for r in rows)

@@ -86,9 +86,14 @@ def _resumed(run_dir: Path) -> str:
 
 
 def _cpu(run_dir: Path) -> str:
-    """The CPU the run started on (meta.jsonl; empty for runs recorded before it was)."""
+    """The CPU the run started on and torch's vector-kernel level there, ``AMD EPYC (AVX512)``
+    (meta.jsonl; the level only for runs that recorded it, empty for runs recorded before
+    either was)."""
     metas = _sessions(run_dir)
-    return str(metas[0].get("cpu") or "") if metas else ""
+    if not metas:
+        return ""
+    cpu, level = str(metas[0].get("cpu") or ""), metas[0].get("cpu_capability")
+    return f"{cpu} ({level})" if cpu and level else cpu
 
 
 def ran_keys(cfg: dict, optimizer: str, keys: list[str]) -> dict[str, float]:

@@ -115,19 +115,50 @@ def test_a_multi_process_run_is_refused(tmp_path, capsys):
 
 
 def test_a_difference_on_another_cpu_kind_says_so(tmp_path, monkeypatch, capsys):
-    """Bit for bit holds on the run's own CPU kind: a run recorded on another one that differs
-    is reported with both CPUs; on the same kind, the difference stands alone."""
-    from runtime.runfiles import cpu_name
+    """Bit for bit holds on the run's own CPU kind and vector-kernel level: a run recorded on
+    another kind (or without its level) that differs is reported with both; on the same kind and
+    level the difference stands alone. A recorded level is the rerun's (ATEN_CPU_CAPABILITY),
+    and --record keeps one JSON line per rerun."""
+    from runtime.runfiles import cpu_capability, cpu_name
 
-    for where, named in (("Intel(R) Xeon(R) Processor", True), (cpu_name(), False)):
-        d = finished_run(tmp_path / where.replace(" ", "_"))
+    here = {"cpu": cpu_name(), "cpu_capability": cpu_capability()}
+    cases = (({"cpu": "Intel(R) Xeon(R) Processor"}, True), ({"cpu": cpu_name()}, True),
+             (here, False))  # fmt: skip
+    for i, (recorded, named) in enumerate(cases):
+        d = finished_run(tmp_path / str(i))
         meta = json.loads((d / "meta.jsonl").read_text())
-        (d / "meta.jsonl").write_text(json.dumps({**meta, "cpu": where}) + "\n")
+        (d / "meta.jsonl").write_text(json.dumps({**meta, **recorded}) + "\n")
+        record = tmp_path / f"record-{i}.jsonl"
         fake_train(monkeypatch, 1.8051457849932532)
-        assert rerun.main([str(d)]) == 1
+        from study import results
+
+        monkeypatch.setattr(rerun, "recorded_cpu", lambda r: results._cpu(r))
+        assert rerun.main([str(d), "--record", str(record)]) == 1
         out = capsys.readouterr().out
-        assert ("another CPU kind need not agree" in out) is named
+        assert ("need not agree to the last bit" in out) is named, out
         assert f"on {cpu_name()}" in out.splitlines()[0]
+        row = json.loads(record.read_text())
+        assert row["old"] == 1.805145784993253 and row["val_loss"] == 1.8051457849932532
+        assert row["equal"] is False and row["command"][0] == "experiment=study"
+    assert (
+        rerun.capability_of("AMD EPYC (AVX2)") == "AVX2" and rerun.capability_of("AMD EPYC") is None
+    )
+    d = finished_run(tmp_path / "avx2")
+    meta = json.loads((d / "meta.jsonl").read_text())
+    (d / "meta.jsonl").write_text(
+        json.dumps({**meta, "cpu": "AMD EPYC", "cpu_capability": "AVX2"}) + "\n"
+    )
+    fake_train(monkeypatch, 1.805145784993253)
+    inner, levels = rerun.subprocess.run, []
+
+    def spy(cmd, **kw):
+        if "train.py" in cmd:
+            levels.append(kw["env"].get("ATEN_CPU_CAPABILITY"))
+        return inner(cmd, **kw)
+
+    monkeypatch.setattr(rerun.subprocess, "run", spy)
+    assert rerun.main([str(d)]) == 0 and levels == ["avx2"]  # the recorded level, not this one's
+    capsys.readouterr()
 
 
 def test_runs_record_their_cpu(tmp_path):
@@ -136,4 +167,8 @@ def test_runs_record_their_cpu(tmp_path):
     from trainer.rundir import write_run_files
 
     write_run_files(tmp_path, {"seed": 1}, {})
-    assert runfiles.read_meta(tmp_path)[0]["cpu"] == cpu_name() != ""
+    meta = runfiles.read_meta(tmp_path)[0]
+    assert meta["cpu"] == cpu_name() != "" and meta["cpu_capability"] == runfiles.cpu_capability()
+    from study import results
+
+    assert results._cpu(tmp_path) == f"{cpu_name()} ({runfiles.cpu_capability()})"

@@ -247,6 +247,7 @@ def write_run_files(out_dir: Path, config: dict, extra_meta: dict[str, Any]) -> 
         "torch": torch.__version__,
         "host": platform.node(),
         "cpu": runfiles.cpu_name(),  # bit-for-bit reruns hold on the same CPU kind (study.rerun)
+        "cpu_capability": runfiles.cpu_capability(),  # and the same vector-kernel level
         **extra_meta,
     }
     runfiles.append_meta(out_dir, meta)  # one line per (re)start
