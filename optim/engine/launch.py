@@ -72,11 +72,12 @@ def columns(b, kind: Kind) -> dict[int, list]:
     cols = {L.C_P: b.params, L.C_G: b.gs, L.C_M: [s[b.momentum.key] for s in states]}
     if kind.reduce:
         cols[L.C_REF] = [s["last_grad"] for s in states]
-    if kind.direction in (L.ADAM, L.ADAM_LERP, L.ADEMAMIX, L.SOAP_ADAM):
+    held = L.STATE[kind.direction]  # the direction's state (p always: NS's update reads it)
+    if L.C_V in held:
         cols[L.C_V] = [s["exp_avg_sq"] for s in states]
     if kind.amsgrad:
         cols[L.C_X] = [s["max_exp_avg_sq"] for s in states]
-    if kind.direction == L.ADEMAMIX:
+    if L.C_X in held:  # AdEMAMix's slow EMA
         cols[L.C_X] = [s["exp_avg_slow"] for s in states]
     return cols
 

@@ -16,6 +16,22 @@ EMA, EMA_LERP, LION, HEAVY_BALL, HEAVY_NESTEROV, ONE_BUFFER = range(6)
 ADAM, ADAM_LERP, SIGN, ADEMAMIX, SOAP_ADAM, NS_OUT = range(6)
 # clip scopes (CLIP)
 CLIP_NONE, CLIP_TENSOR, CLIP_GLOBAL = range(3)
+# The state each direction's update reads and writes beside g, g_ref (the MARS correction's) and
+# the momentum, by column: the one table of the host's plan columns (optim/engine/launch.py
+# ``columns``) and of step_kernel's streams (optim/engine/kernels.py ``_ptrs``, ``_loads``).
+# NS_OUT writes its stack slice (C_OUT) only; amsgrad adds v_max (C_X); SOAP's first step
+# reads none (the kernel's FIRST).
+STATE = {
+    ADAM: (C_P, C_V),
+    ADAM_LERP: (C_P, C_V),
+    SIGN: (C_P,),
+    ADEMAMIX: (C_P, C_V, C_X),  # C_X: the slow EMA
+    SOAP_ADAM: (C_P, C_V),
+    NS_OUT: (),
+}
+# the table as one int the kernels read at compile time: direction d's columns at the bits
+# ``d * NCOLS + column``
+STATE_BITS = sum(1 << (d * NCOLS + c) for d, cols in STATE.items() for c in cols)
 
 
 def tile_rows(block: int) -> int:

@@ -2,10 +2,12 @@
 
 ``triton.jit`` decides at decoration time whether a kernel is compiled for the GPU or run by
 Triton's interpreter (``TRITON_INTERPRET=1``, read from the environment when the decorator runs,
-Triton 3.x). So the kernel module (optim/engine/kernels.py) is executed twice at most, as two
-module objects: ``kernels("jit")`` for CUDA tensors, and ``kernels("interpret")`` for CPU tensors,
-executed with ``TRITON_INTERPRET=1`` set for the moment of its decoration only (the process's
-other Triton users, inductor's kernels among them, are not switched to the interpreter). The
+Triton 3.x). So the kernel modules (optim/engine/kernel_ops.py, norm_kernels.py, kernels.py)
+are executed twice at most, as two sets of module objects: ``kernels("jit")`` for CUDA tensors,
+and ``kernels("interpret")`` for CPU tensors, executed with ``TRITON_INTERPRET=1`` set for the
+moment of their decoration only (the process's other Triton users, inductor's kernels among
+them, are not switched to the interpreter); each imports the ones before it by their own names,
+which point at its mode's modules while it is executed. The
 interpreter runs each program as numpy code on host memory: CPU tensors only, slow, exact
 (float64 is kept), which is what the tests need (tests/test_engine.py).
 """
@@ -21,7 +23,9 @@ from types import ModuleType
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels.py")
+HERE = Path(__file__).parent
+# the kernel modules, each after those it imports; the last holds every kernel
+SOURCES = ("kernel_ops", "norm_kernels", "kernels")
 
 
 @functools.cache
@@ -42,25 +46,47 @@ def mode_for(device_type: str) -> str | None:
 
 @functools.cache
 def kernels(mode: str) -> ModuleType:
-    """optim/engine/kernels.py executed as its own module in ``mode`` (``jit``/``interpret``)."""
+    """optim/engine/kernels.py executed as its own module in ``mode`` (``jit``/``interpret``),
+    with the modules it imports (``SOURCES``) executed in that mode too."""
     if mode not in ("jit", "interpret"):
         raise ValueError(f"unknown kernel mode {mode!r}; valid: jit, interpret")
-    name = f"optim.engine._kernels_{mode}"
-    spec = importlib.util.spec_from_file_location(name, SOURCE)
-    module = importlib.util.module_from_spec(spec)
     before = os.environ.get("TRITON_INTERPRET")
     if mode == "interpret":
         os.environ["TRITON_INTERPRET"] = "1"
+    modules: dict[str, ModuleType] = {}
     try:
-        sys.modules[name] = module  # the interpreter's rewriter reads the source by module
-        spec.loader.exec_module(module)
+        for stem in SOURCES:
+            modules[f"optim.engine.{stem}"] = _execute(stem, mode, modules)
     finally:
         if before is None:
             os.environ.pop("TRITON_INTERPRET", None)
         else:
             os.environ["TRITON_INTERPRET"] = before
+    module = modules[f"optim.engine.{SOURCES[-1]}"]
     if interpreted(module):
-        _inline_helpers(module)
+        for each in modules.values():
+            _inline_helpers(each)
+    return module
+
+
+def _execute(stem: str, mode: str, imports: dict[str, ModuleType]) -> ModuleType:
+    """optim/engine/``stem``.py executed as ``optim.engine._<stem>_<mode>``, the modules it
+    imports (``imports``: their own names -> this mode's modules) in place of their own names
+    while it runs."""
+    name = f"optim.engine._{stem}_{mode}"
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{stem}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the interpreter's rewriter reads the source by module
+    saved = {n: sys.modules.get(n) for n in imports}
+    sys.modules.update(imports)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
     return module
 
 
