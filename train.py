@@ -5,16 +5,16 @@
     torchrun --nproc_per_node=8 train.py model=gpt2-small data=openwebtext
     python train.py --multirun optimizer.lr=3e-4,6e-4,1e-3
 
-Here: the loop (``loop``: a step, then the log line, validation loss and checkpoint at their
-intervals), one run from its directory to its summary (``train``), and the command line (the only
-Hydra code of training). Elsewhere, in ``trainer/``: the Trainer and its step (``trainer.py``),
-the run directory and summary (``run.py``, ``rundir.py``), checkpoints (``checkpoint.py``), what
-each step reports (``meter.py``); everything lands in ``out_dir``.
+Here is the run: Ctrl-C outside the loop (``interrupted``), the loop (``loop``: a step, then the
+log line, validation loss and checkpoint at their intervals), one run from its directory to its
+summary (``train``). The command line that runs it (Hydra, the checks of the overrides) is
+``trainer/command_line.py``. Elsewhere, in ``trainer/``: the Trainer and its step
+(``trainer.py``), the run directory and summary (``run.py``, ``rundir.py``), checkpoints
+(``checkpoint.py``), what each step reports (``meter.py``); everything lands in ``out_dir``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -34,27 +34,6 @@ def interrupted(signum: int, frame) -> None:
     # there; every file of a run is written atomically, so nothing is left half written.
     os._exit(130)  # 128 + SIGINT, as a shell reports it
 
-
-if __name__ == "__main__":  # before the imports below, which take seconds
-    signal.signal(signal.SIGINT, interrupted)
-
-import hydra  # noqa: E402
-from hydra.core.config_store import ConfigStore  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from hydra.core.override_parser.overrides_parser import OverridesParser  # noqa: E402
-from hydra.errors import HydraException  # noqa: E402
-from hydra.types import RunMode  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
-
-from trainer.cli_checks import (  # noqa: E402
-    Override,
-    check_train_overrides,
-    from_parsed,
-    group_options,
-    override_args,
-    stray_words,
-)
 
 # The training code (torch and everything above it) is imported where it is used: a command
 # line with a misspelt key is refused before those seconds of imports (docs/input-checks.md).
@@ -128,16 +107,15 @@ def default_run_dir(cfg: TrainConfig) -> str:
     the sweep's parent (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
     ``runs/<name>[_<overrides>]``. No time stamp: the same command, the same directory, so
     running a stopped command again continues its run (docs/failures.md)."""
+    from trainer.command_line import hydra_job
     from trainer.rundir import run_dir_name
 
     name = cfg.name or cfg.optimizer.name
+    sweep_job_dir, overrides = hydra_job()
+    if sweep_job_dir is not None:
+        return sweep_job_dir
     try:
-        if not HydraConfig.initialized():
-            return run_dir_name(name, [])
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            return hc.runtime.output_dir
-        return run_dir_name(name, list(hc.overrides.task))
+        return run_dir_name(name, overrides)
     except ValueError as exc:  # a name that leaves runs/ (name=../../x)
         raise SystemExit(f"config error: {exc}") from None
 
@@ -231,181 +209,21 @@ def optim_routes(optimizer) -> dict:  # noqa: ANN001
     return taken(optimizer)
 
 
-def register_schemas() -> None:
-    """Typed schemas: the top level, and one per registered optimizer in group
-    ``schema/optimizer``, which configs/optimizer/*.yaml extend (``/schema/optimizer/<name>@_here_``);
-    kept out of group ``optimizer``, so that only real optimizers can be chosen there. Also the
-    resolvers of configs/config.yaml (sweep directories, the groups of ``--help``)."""
-    import optim
-    from trainer.config import TrainConfig
-    from trainer.sweeps import sweep_dir, sweep_job_dir
+def __getattr__(name: str):  # noqa: ANN202
+    """study/runner.py and study/vr_probe.py still call these by train.py's names: they live in
+    trainer/command_line.py now, and go from here once those callers name it."""
+    if name in ("check_command_line", "check_composition", "compose_typed"):
+        from trainer import command_line
 
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=TrainConfig)
-    for name in optim.available():
-        cs.store(group="schema/optimizer", name=name, node=optim.get_spec(name).config_cls)
-    OmegaConf.register_new_resolver("sweep_dir", sweep_dir, replace=True)
-    OmegaConf.register_new_resolver("sweep_job_dir", sweep_job_dir, replace=True)
-    OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
-
-
-def config_groups() -> str:
-    """The groups a user chooses from and their options, for ``--help``."""
-    from trainer.cli_checks import GROUPS
-
-    return "\n".join(f"{g}: {', '.join(group_options(g))}" for g in GROUPS)
-
-
-def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
-    """The composed config as dataclasses and as a plain dict (for saving), every value checked
-    (trainer/checks.py; docs/input-checks.md): a bad one exits with one line, before any file."""
-    import optim
-    from runtime.device import resolve_dtype
-    from runtime.distributed import pick_device
-    from trainer import checks
-    from trainer.config import TrainConfig
-
-    try:
-        values = OmegaConf.to_container(cfg, resolve=True)
-        name = cfg.optimizer.name
-        chosen = OmegaConf.get_type(cfg.optimizer)
-        schema = checks.optimizer_schema(chosen, name, optim.get_spec(name))
-        checks.check_known_keys(values, TrainConfig, {"optimizer": schema})
-        typed = OmegaConf.to_object(cfg)
-        checks.check_values(typed, values)
-        resolve_dtype(typed.dtype, pick_device(typed.device, 0))
-        checks.check_resume_source(typed.resume, values)
-    except (ValueError, FileNotFoundError, OmegaConfBaseException) as exc:
-        raise SystemExit(f"config error: {exc}") from None
-    return typed, checks.redact(values)
-
-
-def compose_typed(overrides: list[str]) -> tuple[TrainConfig, dict]:
-    """The config a ``python train.py OVERRIDES`` command line runs, composed without starting
-    Hydra's app (for tools that replay a recorded command: bench/vr_probe.py)."""
-    from hydra import compose, initialize_config_dir
-
-    register_schemas()
-    with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"),
-                               version_base=None):  # fmt: skip
-        return to_typed(compose(config_name="config", overrides=list(overrides)))
-
-
-def check_command_line(args: list[str]) -> list[Override]:
-    """The overrides of ``args``, each naming a real key, group and option; otherwise exit with
-    one line (``config error: unknown config key max_step (did you mean max_steps?)``). Made
-    before torch is imported, so that a typo is refused in about a second."""
-    if stray := stray_words(args):
-        raise SystemExit(f"config error: {stray}")
-    try:
-        overrides = from_parsed(OverridesParser.create().parse_overrides(override_args(args)))
-        check_train_overrides(overrides)
-    except (ValueError, HydraException) as exc:
-        raise SystemExit(f"config error: {str(exc).strip().splitlines()[0]}") from None
-    return overrides
-
-
-def check_composition(overrides: list[str]) -> None:
-    """Compose the config once as Hydra is about to, so that what Hydra would report in five lines
-    (a value of the wrong type: ``max_steps=many``) ends the command with one."""
-    from hydra import compose, initialize_config_dir
-
-    from trainer.cli_checks import replaced_key
-
-    ours = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
-    try:
-        with initialize_config_dir(config_dir=str(Path(__file__).parent / "configs"),
-                                   version_base=None):  # fmt: skip
-            compose(config_name="config", overrides=ours)
-    except (HydraException, OmegaConfBaseException) as exc:
-        cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
-        key = getattr(cause, "full_key", None)
-        line = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        if key and (replaced := replaced_key(key)):  # an earlier version's key in a YAML file
-            raise SystemExit(f"config error: {replaced}") from None
-        raise SystemExit(f"config error: {f'{key}: ' if key else ''}{line}") from None
-
-
-def remove_empty_job_dir(out_dir: str | None) -> None:
-    """A sweep job given its own ``out_dir`` leaves Hydra's job directory empty: remove it."""
-    if out_dir is None or not HydraConfig.initialized():
-        return
-    hc = HydraConfig.get()
-    job_dir = Path(hc.runtime.output_dir)
-    if hc.mode == RunMode.MULTIRUN and job_dir.resolve() != Path(out_dir).resolve():
-        with contextlib.suppress(OSError):  # not empty, or already removed by another rank
-            job_dir.rmdir()
-
-
-@hydra.main(
-    version_base=None, config_path=str(Path(__file__).parent / "configs"), config_name="config"
-)
-def main(cfg: DictConfig) -> None:
-    from trainer import checks
-    from trainer.preemption import Preempted
-
-    if HydraConfig.get().mode == RunMode.MULTIRUN:  # Hydra's record of the sweep's command line
-        checks.redact_file(Path(HydraConfig.get().sweep.dir) / "multirun.yaml")
-    typed, as_dict = to_typed(cfg)
-    try:
-        train(typed, as_dict)
-    except Preempted as stop:
-        if os.environ.get("RANK", "0") == "0":  # one line, for people and requeue scripts
-            log.warning("%s", stop)
-        raise
-    finally:
-        remove_empty_job_dir(typed.out_dir)
-
-
-def skip_hydras_group_listing() -> None:
-    """``--help``: configs/config.yaml's help template lists the groups a user chooses itself
-    (``${config_groups:}``), but Hydra builds its own listing of every group for the template's
-    ``$APP_CONFIG_GROUPS`` and ``$HYDRA_CONFIG_GROUPS`` first, used or not, walking the whole
-    config tree: about 10 s of CPU of the 11 that ``--help`` took. Our template uses neither, so
-    that listing is empty here (``--hydra-help`` keeps it). Left as it is where Hydra has no
-    such method."""
-    from hydra._internal.hydra import Hydra
-
-    if hasattr(Hydra, "format_config_groups"):
-        Hydra.format_config_groups = lambda self, predicate, compact=True: ""
-
-
-def cli() -> None:
-    """The command line. Under torchrun, one process group serves the whole process, so
-    ``--multirun`` runs every job of a sweep over it, in the same order on every rank."""
-    overrides = check_command_line(sys.argv[1:])
-    if not any(o.swept for o in overrides):
-        check_composition([a for a in sys.argv[1:] if "=" in a and not a.startswith("-")])
-    from runtime.distributed import destroy, init_for_sweep
-    from trainer.sweeps import record_swept_keys
-
-    # Jobs that Hydra's submitit launcher starts (Slurm or local) import this project by name,
-    # from whatever directory they start in.
-    root = str(Path(__file__).resolve().parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    )
-    record_swept_keys([o.key for o in overrides if o.swept])
-    if {"--help", "-h"} & set(sys.argv[1:]):
-        skip_hydras_group_listing()
-    owns_group = init_for_sweep()
-    try:
-        main()
-    finally:
-        if owns_group:
-            destroy(force=True)
+        return getattr(command_line, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":
-    from trainer.cli_checks import TRAIN_PATH_KEYS, quote_paths
+    signal.signal(signal.SIGINT, interrupted)  # before the imports, which take seconds
+    # Run the importable module's copy, so Hydra's submitit launcher can pickle the run by
+    # reference (a function of __main__ would be pickled with all its globals).
+    import train
+    from trainer.command_line import cli
 
-    # run dirs hold '=' and ','; out_dir may be swept with a comma
-    sys.argv[1:] = quote_paths(sys.argv[1:], TRAIN_PATH_KEYS, sweepable=("out_dir",))
-    check_command_line(sys.argv[1:])  # before the slow imports: a typo is refused at once
-    # Run the importable module's copy, so Hydra's submitit launcher can pickle the task
-    # function by reference (a function of __main__ would be pickled with all its globals).
-    import train as _train
-
-    _train.cli()
-else:
-    register_schemas()
+    cli(train.train)

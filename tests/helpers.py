@@ -30,18 +30,19 @@ FAST = [
 
 def compose_config(*overrides: str):
     """The composed DictConfig for ``overrides`` (as on the command line)."""
-    import train  # noqa: F401  (registers the typed schemas)
+    from trainer.command_line import register_schemas
 
+    register_schemas()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
         return compose(config_name="config", overrides=list(overrides))
 
 
 def fast_config(out_dir: Path, data_dir: Path, *overrides: str):
     """(typed config, plain dict) of a fast run writing to ``out_dir``."""
-    import train
+    from trainer import command_line
 
     cfg = compose_config(*FAST, f"out_dir={out_dir}", f"data.dir={data_dir}", *overrides)
-    return train.to_typed(cfg)
+    return command_line.to_typed(cfg)
 
 
 def rendezvous(directory: Path | str) -> str:

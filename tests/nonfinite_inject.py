@@ -52,4 +52,6 @@ trainer_mod.Trainer.clip_grads, trainer_mod.Trainer.train_step = clip, train_ste
 trainer_mod.forward_backward = forward_backward
 
 if __name__ == "__main__":
-    train.cli()
+    from trainer.command_line import cli
+
+    cli(train.train)

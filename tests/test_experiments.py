@@ -15,8 +15,8 @@ from typing import NamedTuple
 import pytest
 from omegaconf import OmegaConf
 
-import train
 from helpers import CONFIG_DIR, ROOT, compose_config
+from trainer import command_line
 
 EXPERIMENT_DIR = CONFIG_DIR / "experiment"
 DATASETS = {"owt": "openwebtext", "fineweb-edu": "fineweb-edu-100b"}  # folder -> data config
@@ -190,7 +190,7 @@ def test_the_published_runs_are_exactly_the_experiment_files():
 def test_experiment_pins_the_official_run(name):
     data, size, opt = expected(name)
     row = OFFICIAL[(size, opt)]
-    typed, plain = train.to_typed(compose_config(f"experiment={name}"))
+    typed, plain = command_line.to_typed(compose_config(f"experiment={name}"))
 
     assert typed.name == name == plain["name"]
     m = typed.model
@@ -266,7 +266,7 @@ def test_every_value_names_its_source(path, only_optimizer):
 
 @pytest.mark.parametrize("name", FOUND)
 def test_command_line_overrides_win(name):
-    typed, _ = train.to_typed(
+    typed, _ = command_line.to_typed(
         compose_config(f"experiment={name}", "micro_batch_size=4", "optimizer.lr=1e-3")
     )
     assert typed.micro_batch_size == 4
@@ -275,7 +275,7 @@ def test_command_line_overrides_win(name):
 
 @pytest.mark.parametrize("name", FOUND)
 def test_per_rank_batch_divides_the_global_batch(name):
-    typed, _ = train.to_typed(compose_config(f"experiment={name}"))
+    typed, _ = command_line.to_typed(compose_config(f"experiment={name}"))
     per_step = typed.micro_batch_size * typed.sequence_length * SCRIPT_GPUS
     assert typed.batch_tokens % per_step == 0
     assert typed.batch_tokens // per_step == typed.grad_scale  # the scripts' accumulation

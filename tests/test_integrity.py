@@ -15,12 +15,11 @@ import pytest
 import torch
 from test_bad_input import config_with, fake_checkpoint
 
-import train
 from scripts.convert_checkpoint import main as convert
 from scripts.export_hf import main as export_hf
 from scripts.sample import main as sample
 from trainer import checkpoint as ckpt
-from trainer import checksums
+from trainer import checksums, command_line
 from trainer.dcp_checkpoint import METADATA, TRAIN_STATE, DcpCheckpointer, load_dcp
 from trainer.safe_metadata import UnsafeMetadata, read_metadata
 
@@ -70,7 +69,7 @@ def plant(kind: str, run: Path, marker: Path) -> Path:
 
 PATHS = {
     "eval.py checkpoint=": lambda p, tmp: __import__("evals.loading").loading.load_model(p),
-    "resume=PATH": lambda p, tmp: train.to_typed(config_with(f"resume={p}")),
+    "resume=PATH": lambda p, tmp: command_line.to_typed(config_with(f"resume={p}")),
     "resume=auto": lambda p, tmp: ckpt.load_with_fallback(p, fall_back=True),
     "convert_checkpoint": lambda p, tmp: convert([str(p), "--out", str(tmp / "c.pt")]),
     "export_hf": lambda p, tmp: export_hf([str(p), str(tmp / "hf")]),

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-import train
 from helpers import CONFIG_DIR, compose_config
 from report.runs import flatten
 from scripts import launch
+from trainer import command_line
 
 OPTIMIZERS = ("adamw", "muon", "mars-adamw", "mars-m")
 # epfml/llm-optimizer-benchmark at fdecd5d, scripts/124m/*.sh
@@ -34,7 +34,7 @@ BOOKKEEPING = {"name", "wandb.group"}
 
 
 def composed(experiment: str) -> dict:
-    typed, plain = train.to_typed(compose_config(f"experiment={experiment}"))
+    typed, plain = command_line.to_typed(compose_config(f"experiment={experiment}"))
     assert typed.name == plain["name"] == experiment
     return flatten(plain)
 

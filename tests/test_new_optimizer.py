@@ -165,13 +165,12 @@ def test_its_yaml_composes_and_the_command_line_knows_its_keys(added):
     import test_cli
     from hydra import compose, initialize_config_dir
 
-    import train
-    from trainer import cli_checks
+    from trainer import cli_checks, command_line
 
-    train.register_schemas()
+    command_line.register_schemas()
     with initialize_config_dir(config_dir=str(added / "configs"), version_base=None):
         cfg = compose(config_name="config", overrides=[f"optimizer={NAME}", "optimizer.gamma=0.05"])
-    typed, _ = train.to_typed(cfg)
+    typed, _ = command_line.to_typed(cfg)
     assert type(typed.optimizer).__name__ == "MarsAdafactorConfig" and typed.optimizer.gamma == 0.05
     found = cli_checks.optimizer_fields()
     assert sorted(found) == optim.available()

@@ -15,6 +15,7 @@ import train
 import trainer.trainer as trainer_mod
 from helpers import FAST, ROOT, compose_config, fast_config
 from runtime.distributed import destroy, init_distributed
+from trainer import command_line
 from trainer.nonfinite import NonFiniteConfig
 
 OPTIMIZERS = ["adamw", "mars-adamw", "mars-adamw-exact", "muon", "mars-m"]
@@ -100,8 +101,8 @@ def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match=r"max_consecutive must be an integer >= 1.*got 0"):
         NonFiniteConfig(max_consecutive=0)
     with pytest.raises(SystemExit, match="config error: unknown nonfinite.policy"):
-        train.to_typed(compose_config("nonfinite.policy=never"))
-    typed, _ = train.to_typed(compose_config("nonfinite.policy=stop"))
+        command_line.to_typed(compose_config("nonfinite.policy=never"))
+    typed, _ = command_line.to_typed(compose_config("nonfinite.policy=stop"))
     assert typed.nonfinite == NonFiniteConfig(policy="stop", max_consecutive=5)
 
 

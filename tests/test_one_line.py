@@ -17,11 +17,11 @@ import pytest
 from test_bad_input import refused, snapshot
 from test_preemption import run
 
-import train
 from data.config import check_shards
 from data.shards import HEADER_BYTES, write_shard
 from runtime import runfiles
 from trainer import checkpoint as ckpt
+from trainer import command_line
 from trainer.cli_checks import quote_paths, stray_words
 from trainer.logs import MetricsLogger
 from trainer.rundir import check_run_dir
@@ -47,7 +47,7 @@ def test_a_path_split_by_the_shell_is_named_and_spaces_are_quoted():
     assert stray_words(["--cfg", "job", "max_steps=3", "-m"]) is None
     assert quote_paths(["out_dir=my runs/x"], ("out_dir",)) == ["out_dir='my runs/x'"]
     with pytest.raises(SystemExit, match=r"^config error: 'runs/x' is not key=value"):
-        train.check_command_line(["out_dir=my", "runs/x"])  # before Hydra's lexer sees it
+        command_line.check_command_line(["out_dir=my", "runs/x"])  # before Hydra's lexer sees it
 
 
 @pytest.mark.parametrize("text", ["a: [unclosed\n", "- a list\n- of things\n"])

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from test_optim_muon import BASE, compare
 
 import optim
-import train
 from helpers import CONFIG_DIR, compose_config
 from model import GPT, GPTConfig
 from optim import MARS_M, MARS_M_Efficient, Moonlight, Muon
+from trainer import command_line
 
 SMALL = dict(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=16)
 OPTIMIZER_YAMLS = sorted(p.stem for p in (CONFIG_DIR / "optimizer").glob("*.yaml"))
@@ -41,7 +41,7 @@ ALTERNATIVES = {
 
 @pytest.mark.parametrize("name", OPTIMIZER_YAMLS)
 def test_yaml_composes_and_sets_only_what_differs(name):
-    typed, _ = train.to_typed(compose_config(f"optimizer={name}"))
+    typed, _ = command_line.to_typed(compose_config(f"optimizer={name}"))
     cls = optim.get_spec(typed.optimizer.name).config_cls
     assert isinstance(typed.optimizer, cls)
     raw = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "optimizer" / f"{name}.yaml"))

@@ -198,7 +198,8 @@ def slow(self):  # about 0.15 s per step, so that a test can act mid-run
     return original(self)
 p.PreemptionGuard.stop_requested = slow
 import train
-train.cli()
+from trainer.command_line import cli
+cli(train.train)
 """
 OVERRIDES = [*COMMON[1:3], "max_steps=10", "schedule.decay_steps=10"]
 

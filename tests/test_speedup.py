@@ -157,12 +157,14 @@ TRUTH["mars-adamw"] = PowerLaw(4.0, 2.0e4 * 1.3**-0.35, 0.35)
 
 
 def test_every_study_experiment_composes_at_its_width():
-    import train
     from helpers import compose_config
+    from trainer import command_line
 
     for width in scaling_cpu.WIDTHS:
         for opt in scaling_cpu.OPTIMIZERS:
-            typed, plain = train.to_typed(compose_config(f"experiment=scaling-cpu/w{width}-{opt}"))
+            typed, plain = command_line.to_typed(
+                compose_config(f"experiment=scaling-cpu/w{width}-{opt}")
+            )
             assert plain["name"] == f"scaling-cpu/w{width}-{opt}"
             assert typed.model.name == f"tiny-{width}" and typed.model.n_embd == width
             assert typed.model.n_embd // typed.model.n_head == 32 and typed.model.n_layer == 4
@@ -209,14 +211,14 @@ def write_study_run(run: Path, config: dict, *, lr: float, seed: int, noise: flo
 def make_study(out: Path) -> None:
     """The study's directory tree (scripts/scaling_cpu.py) for STUDY_OPTIMIZERS: the sweep
     stage (seed 1337, three lrs), then the seed stage at the sweep's best lr."""
-    import train
     from helpers import compose_config
+    from trainer import command_line
 
     rng = np.random.default_rng(0)
     for width in scaling_cpu.WIDTHS:
         for opt in STUDY_OPTIMIZERS:
             name = f"w{width}-{opt}"
-            _, config = train.to_typed(compose_config(f"experiment=scaling-cpu/{name}"))
+            _, config = command_line.to_typed(compose_config(f"experiment=scaling-cpu/{name}"))
             for text in scaling_cpu.LRS[opt]:
                 run = out / "sweep" / name / f"optimizer.lr={text}"
                 write_study_run(run, config, lr=float(text), seed=1337, noise=rng.normal(0, 1e-3))

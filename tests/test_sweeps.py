@@ -8,25 +8,25 @@ import sys
 
 import pytest
 
-import train
 from helpers import FAST, ROOT, compose_config
+from trainer import command_line
 from trainer.rundir import override_tag, run_dir_name, sweep_job_dir_name
 
 # --- composition: a chosen group's values hold -------------------------------------------------
 
 
 def test_chosen_groups_hold_against_the_demo():
-    typed, _ = train.to_typed(compose_config("model=gpt2-small", "data=openwebtext",
+    typed, _ = command_line.to_typed(compose_config("model=gpt2-small", "data=openwebtext",
                                              "schedule=cosine"))  # fmt: skip
     assert typed.schedule.warmup_steps == 2000 and typed.schedule.min_lr == 3e-5
     assert typed.model.n_layer == 12 and typed.data.name == "openwebtext"
-    wsd, _ = train.to_typed(compose_config("schedule=wsd"))
+    wsd, _ = command_line.to_typed(compose_config("schedule=wsd"))
     assert wsd.schedule.name == "wsd" and wsd.schedule.warmup_steps == 2000
 
 
 @pytest.mark.parametrize("overrides", [(), ("experiment=demo",)])
 def test_the_demo_is_the_default_experiment(overrides):
-    typed, plain = train.to_typed(compose_config(*overrides))
+    typed, plain = command_line.to_typed(compose_config(*overrides))
     assert typed.model.name == "tiny" and typed.data.name == "sotu"
     assert typed.optimizer.name == "adamw" and typed.max_steps == 150
     assert typed.schedule.warmup_steps == 15 and typed.schedule.min_lr == 1e-4
@@ -35,7 +35,7 @@ def test_the_demo_is_the_default_experiment(overrides):
 
 
 def test_command_line_wins_over_the_demo():
-    typed, _ = train.to_typed(compose_config("max_steps=7", "schedule.warmup_steps=3"))
+    typed, _ = command_line.to_typed(compose_config("max_steps=7", "schedule.warmup_steps=3"))
     assert typed.max_steps == 7 and typed.schedule.warmup_steps == 3
 
 

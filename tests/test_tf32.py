@@ -43,7 +43,7 @@ def test_a_cpu_run_leaves_the_precision_alone(restore_flags):
 
 
 def test_study_runs_ask_for_true_float32():
-    from train import compose_typed
+    from trainer.command_line import compose_typed
 
     cfg, values = compose_typed(["experiment=study"])
     assert (cfg.dtype, cfg.tf32) == ("float32", False)

@@ -20,10 +20,11 @@ def test_the_inflation_formula_at_its_known_points() -> None:
 
 def test_a_finished_run_replays_to_the_last_bit_with_its_figures(tmp_path, sotu_dir) -> None:
     import train
+    from trainer import command_line
 
     out = tmp_path / "run"
     overrides = [*FAST, f"data.dir={sotu_dir}", "optimizer=mars-adamw", "max_steps=8", "seed=3"]
-    typed, as_dict = train.to_typed(compose_config(*overrides, f"out_dir={out}"))
+    typed, as_dict = command_line.to_typed(compose_config(*overrides, f"out_dir={out}"))
     train.train(typed, as_dict)
     meta = out / "meta.jsonl"  # the command as train.py's command line records it
     first = json.loads(meta.read_text().splitlines()[0])

@@ -4,7 +4,9 @@ life in its directory (``run``, ``rundir``), checkpoints in one file or as DCP d
 non-finite and preemption policies (``nonfinite``, ``preemption``), sweeps (``sweeps``),
 validation loss (``evaluation``), the memory model that plans a run's micro-batch
 (``memory_model``, ``memory_plan``), the checks of the command line before anything slow is
-imported (``cli_checks``) and of the composed config (``checks``). It imports ``data/``,
-``model/``, ``optim/`` and ``runtime/``; only the entry points and the tools (``bench/``,
-``scripts/``, ``evals/`` for checkpoint loading) import it. Nothing here imports Hydra: the entry points pass plain values down.
+imported (``cli_checks``) and of the composed config (``checks``), and train.py's command line
+(``command_line``: Hydra's app, running the run function train.py hands it). It imports
+``data/``, ``model/``, ``optim/`` and ``runtime/``; only the entry points and the tools
+(``bench/``, ``scripts/``, ``evals/`` for checkpoint loading) import it. Only ``command_line``
+imports Hydra: the rest takes plain values.
 """

@@ -6,9 +6,9 @@ keys are read from the dataclasses' source (``ast``, never run) and the groups' 
 ``configs/``. ``tests/test_cli.py`` checks that what is read here equals the real dataclasses.
 Hydra composes the config afterwards and ``trainer/checks.py`` checks every value.
 
-The entry points parse the overrides with Hydra's parser and pass plain ``Override`` tuples: this
-module imports neither Hydra nor torch (only the standard library and yaml: configs/ is read by
-runtime/config_files.py).
+train.py's command line (``trainer/command_line.py``) and eval.py parse the overrides with
+Hydra's parser and pass plain ``Override`` tuples: this module imports neither Hydra nor torch
+(only the standard library and yaml: configs/ is read by runtime/config_files.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The typed top-level config. Hydra (in train.py) composes YAML onto these dataclasses, so a
-misspelt key or a wrong type fails when the config is composed, before anything runs."""
+"""The typed top-level config. Hydra (trainer/command_line.py) composes YAML onto these
+dataclasses, so a misspelt key or a wrong type fails when the config is composed, before anything
+runs."""
 
 from __future__ import annotations
 

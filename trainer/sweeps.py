@@ -3,10 +3,11 @@
 values. No time stamp: the same sweep command names the same directories, so relaunching it
 continues its unfinished jobs and leaves its finished ones as they are.
 
-train.py registers these as OmegaConf resolvers for ``hydra.sweep.dir`` and ``hydra.sweep.subdir``
-(configs/config.yaml). Hydra resolves those again inside every job, with that job's values, and
-the submitit launcher's jobs run in other processes: so the launching process's layout (the
-swept keys, the parent directory) is kept in the environment, which those jobs inherit.
+trainer/command_line.py registers these as OmegaConf resolvers for ``hydra.sweep.dir`` and
+``hydra.sweep.subdir`` (configs/config.yaml). Hydra resolves those again inside every job, with
+that job's values, and the submitit launcher's jobs run in other processes: so the launching
+process's layout (the swept keys, the parent directory) is kept in the environment, which those
+jobs inherit.
 """
 
 from __future__ import annotations
