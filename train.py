@@ -209,16 +209,6 @@ def optim_routes(optimizer) -> dict:  # noqa: ANN001
     return taken(optimizer)
 
 
-def __getattr__(name: str):  # noqa: ANN202
-    """study/runner.py and study/vr_probe.py still call these by train.py's names: they live in
-    trainer/command_line.py now, and go from here once those callers name it."""
-    if name in ("check_command_line", "check_composition", "compose_typed"):
-        from trainer import command_line
-
-        return getattr(command_line, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, interrupted)  # before the imports, which take seconds
     # Run the importable module's copy, so Hydra's submitit launcher can pickle the run by

@@ -140,8 +140,8 @@ def by_signal(rc: int) -> bool:
 
 def check_overrides(overrides: list[str], *, dry_run: bool = False) -> None:
     """The checks train.py makes of its command line and its composed config (every key known,
-    every value of its type and range, the device and dtype: ``train.check_command_line``,
-    ``train.compose_typed``), made here before a study schedules anything: a ValueError of one
+    every value of its type and range, the device and dtype: ``trainer.command_line.check_command_line``,
+    ``compose_typed``), made here before a study schedules anything: a ValueError of one
     line (``config error: ...``) where train.py would refuse. ``out_dir`` is left out (a run's
     own); a dry run accepts ``device=cuda`` on a machine without CUDA (it plans a GPU node's
     commands) after checking the word."""
@@ -149,7 +149,7 @@ def check_overrides(overrides: list[str], *, dry_run: bool = False) -> None:
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    import train
+    from trainer import command_line
 
     ours = [o for o in overrides if not o.startswith("out_dir=")]
     devices = [o.split("=", 1)[1] for o in ours if o.startswith("device=")]
@@ -159,9 +159,9 @@ def check_overrides(overrides: list[str], *, dry_run: bool = False) -> None:
         if not torch.cuda.is_available():
             ours = [o for o in ours if not o.startswith("device=")] + ["device=cpu"]
     try:
-        train.check_command_line(ours)
-        train.check_composition(ours)  # a value of the wrong type: one line
-        train.compose_typed(ours)  # every value in range, the device, the dtype
+        command_line.check_command_line(ours)
+        command_line.check_composition(ours)  # a value of the wrong type: one line
+        command_line.compose_typed(ours)  # every value in range, the device, the dtype
     except SystemExit as exc:
         raise ValueError(
             str(exc.code).strip().splitlines()[0] if exc.code else "config error"

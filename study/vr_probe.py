@@ -108,12 +108,12 @@ def build(run_dir: Path):  # noqa: ANN201
 def build_from(overrides: list[str]):  # noqa: ANN201
     """(Trainer, typed config) of the run ``overrides`` describe (no out_dir: nothing is
     written), ready to step from its first step."""
-    import train
     from data import ensure_prepared
     from runtime.distributed import DistInfo
+    from trainer import command_line
     from trainer.trainer import Trainer
 
-    cfg, _ = train.compose_typed(overrides)
+    cfg, _ = command_line.compose_typed(overrides)
     ensure_prepared(cfg.data.name, cfg.data.dir, cfg.data.tokenizer, cfg.data.val_fraction)
     trainer = Trainer(cfg, DistInfo(0, 0, 1, torch.device("cpu")))
     trainer.wrap()
