@@ -264,3 +264,13 @@ def test_eval_val_tokens_has_one_meaning_for_the_whole_split():
     for bad in (0, -1, "most", True):
         with pytest.raises(ValueError, match="val_tokens=all evaluates the whole"):
             EvalConfig(val_tokens=bad)
+
+
+def test_training_ends_with_a_closing_line(tmp_path, sotu_dir, capsys):
+    """A finished run says so in its last line: steps, tokens, the final validation loss, the
+    session's seconds and where the run is."""
+    out = tmp_path / "run"
+    summary = run(out, sotu_dir, "max_steps=2", "eval_every=0")
+    last = capsys.readouterr().out.strip().splitlines()[-1]  # the log (stdout)
+    assert f"done: 2 steps, {summary['tokens']:,} tokens" in last
+    assert f"final val loss {summary['final_val_loss']:.4f}" in last and last.endswith(f": {out}")

@@ -193,4 +193,9 @@ def finish_run(
         summary["last_train_loss"] = state.last_train_loss
     if dist.is_main:
         runfiles.write_summary(out_dir, summary)
+        if not diverged:  # the closing line (a divergence says its own)
+            loss = state.last_val_loss
+            val = f"final val loss {loss:.4f}" if loss is not None else "no validation"
+            log.info("done: %d steps, %s tokens, %s, %.0f s this session: %s", state.step,
+                     f"{state.tokens or 0:,}", val, wall_seconds, out_dir)  # fmt: skip
     return summary
