@@ -59,21 +59,21 @@ def recorded(run_dir: Path) -> tuple[list[str], str, dict]:
             str(row.get("commit") or "?"),
             {"final_val_loss": row.get("final_val_loss")},
         )
-    meta, summary = run_dir / "meta.jsonl", run_dir / "summary.json"
-    for f in (meta, summary):
-        if not f.is_file():
-            raise SystemExit(f"study.rerun: {run_dir} has no {f.name}: give finished run "
-                             "directories (they hold meta.jsonl and summary.json)")  # fmt: skip
-    lines = [json.loads(line) for line in meta.read_text().splitlines() if line.strip()]
-    first = lines[0]
+    meta, summary = runfiles.read_meta(run_dir), runfiles.read_summary(run_dir)
+    for name, got in ((runfiles.META, meta), (runfiles.SUMMARY, summary)):
+        if not got:
+            raise SystemExit(f"study.rerun: {run_dir} has no {name}: give finished run "
+                             f"directories (they hold {runfiles.META} and {runfiles.SUMMARY})")  # fmt: skip
+    first = meta[0]
     argv = first.get("argv") or []
     if not argv or not argv[0].endswith("train.py"):
-        raise SystemExit(f"study.rerun: {meta} does not record a train.py command")
+        raise SystemExit(f"study.rerun: {run_dir / runfiles.META} does not record a train.py "
+                         "command")  # fmt: skip
     if int(first.get("world_size") or 1) != 1:
         raise SystemExit(f"study.rerun: {run_dir} ran on {first['world_size']} processes; it "
                          "reruns one-process runs only (rerun that one under torchrun by hand)")  # fmt: skip
     overrides = [a for a in argv[1:] if not a.startswith("out_dir=")]
-    return overrides, str(first.get("git_commit", "?")), json.loads(summary.read_text())
+    return overrides, str(first.get("git_commit", "?")), summary
 
 
 def recorded_cpu(run_dir: Path) -> str:
@@ -124,11 +124,11 @@ def rerun(run_dir: Path, scratch: Path, threads: int, capability: str | None = N
     if level:
         env["ATEN_CPU_CAPABILITY"] = level.lower()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0 or not (out / "summary.json").is_file():
+    new = runfiles.read_summary(out)
+    if proc.returncode != 0 or new is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         return {"run": str(run_dir), "commit": commit, "equal": False,
                 "account": f"the rerun failed (exit {proc.returncode}): " + " | ".join(tail)}  # fmt: skip
-    new = json.loads((out / "summary.json").read_text())
     equal, account = compare(old, new)
     here = f"{runfiles.cpu_name()} ({level.upper() if level else runfiles.cpu_capability()})"
     if not equal and was != here:  # another CPU kind or kernel level: other vector kernels
