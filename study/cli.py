@@ -24,6 +24,7 @@ interrupted study; it refuses a working tree with uncommitted changes (--allow-d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import signal
@@ -33,7 +34,8 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from study.knobs import DEFAULT_KNOBS, KNOBS
+from study import definition
+from study.knobs import KNOBS
 from study.plan import Plan
 from study.runner import (
     LAUNCHERS,
@@ -48,7 +50,9 @@ from study.runner import (
 from study.state import Study, mark_failed
 
 log = logging.getLogger("study")
-OPTIMIZERS = ["adamw", "mars-adamw", "muon", "mars-m", "moonlight"]
+# Every default of the command is its Plan field's (study/plan.py): stated once, there.
+DEFAULTS = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING
+            else f.default for f in dataclasses.fields(Plan) if f.init}  # fmt: skip
 
 
 # Flags renamed so that each word has one meaning (``reference``: MARS's reference gradient;
@@ -68,88 +72,68 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     refuse_renamed(argv)
+    D = {k: list(v) if isinstance(v, list) else v for k, v in DEFAULTS.items()}  # fresh lists
     ap = argparse.ArgumentParser(prog="python -m study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("--out", type=Path, default=Path("runs/study"))
-    ap.add_argument("--optimizers", nargs="+", default=OPTIMIZERS)
-    ap.add_argument("--models", nargs="+", default=["proxy-100k"])
-    ap.add_argument("--budgets", nargs="+", type=float, default=[1.0],
+    ap.add_argument("--out", type=Path, default=D["out"])
+    ap.add_argument("--optimizers", nargs="+", default=D["optimizers"])
+    ap.add_argument("--models", nargs="+", default=D["models"])
+    ap.add_argument("--budgets", nargs="+", type=float, default=D["budgets"],
                     help="tokens per block parameter / 20 (1 = Chinchilla)")  # fmt: skip
-    ap.add_argument("--baseline-budgets", nargs="*", type=float, default=[2.0, 4.0],
+    ap.add_argument("--baseline-budgets", nargs="*", type=float, default=D["baseline_budgets"],
                     help="multiples of each budget at which the baseline (AdamW) also runs, its "
                     "lrs tuned: its loss curve turns gaps into speedups (none: no speedups)")  # fmt: skip
-    ap.add_argument("--eval-seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
-    ap.add_argument("--select-seeds", nargs="+", type=int, default=[0, 6, 7],
+    ap.add_argument("--eval-seeds", nargs="+", type=int, default=D["eval_seeds"])
+    ap.add_argument("--select-seeds", nargs="+", type=int, default=D["select_seeds"],
                     help="seeds that choose (by the mean over them); disjoint from --eval-seeds")  # fmt: skip
-    ap.add_argument("--knobs", nargs="+", default=list(DEFAULT_KNOBS), choices=list(KNOBS),
+    ap.add_argument("--knobs", nargs="+", default=D["knobs"], choices=list(KNOBS),
                     help="the knobs tuned for every optimizer (study/knobs.py)")  # fmt: skip
     ap.add_argument("--center", action="append", default=[], metavar="OPT:KNOB=VALUE",
                     help="where a tuned knob's search starts for an optimizer, or an untuned "
                     "knob's fixed value, e.g. adamw:lr=0.016 (repeatable)")  # fmt: skip
-    ap.add_argument("--center-from", type=Path, default=None, metavar="CSV",
+    ap.add_argument("--center-from", type=Path, default=D["center_from"], metavar="CSV",
                     help="start (or fix) every optimizer's knobs at the values another study "
                     "chose (its results.csv); --center wins")  # fmt: skip
-    ap.add_argument("--center-cell", default=None, metavar="MODEL:BUDGET",
+    ap.add_argument("--center-cell", default=D["center_cell"], metavar="MODEL:BUDGET",
                     help="the cell of --center-from to read (default: the file's only one)")  # fmt: skip
-    ap.add_argument("--finalists", type=int, default=3, help="values per line on every seed")
-    ap.add_argument("--max-passes", type=int, default=3, help="coordinate-descent passes")
+    ap.add_argument(
+        "--finalists", type=int, default=D["finalists"], help="values per line on every seed"
+    )
+    ap.add_argument(
+        "--max-passes", type=int, default=D["max_passes"], help="coordinate-descent passes"
+    )
     ap.add_argument("--no-swap", action="store_true",
                     help="skip the lr finalists on the evaluation seeds (selection error)")  # fmt: skip
-    ap.add_argument("--evals", type=int, default=2, help="validation evaluations per run")
-    ap.add_argument("--collapse-floor", type=float, default=None,
+    ap.add_argument("--evals", type=int, default=D["evals"], help="validation evaluations per run")
+    ap.add_argument("--collapse-floor", type=float, default=D["collapse_floor"],
                     help="a final loss at or above it is a collapse (default: the validation "
                     "split's bigram loss)")  # fmt: skip
     ap.add_argument("--allow-dirty", action="store_true",
                     help="run from a working tree with uncommitted changes (rows are marked)")  # fmt: skip
-    ap.add_argument("--device", default=None,
+    ap.add_argument("--device", default=D["device"],
                     help="train.py's device for every run (cuda: --jobs runs share the GPU)")  # fmt: skip
-    ap.add_argument("--batch-tokens", type=int, default=2048)
-    ap.add_argument("--jobs", type=int, default=1, help="commands at a time on this machine")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads per command")
-    ap.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun, GPUs)")
-    ap.add_argument("--launcher", choices=LAUNCHERS, default="local")
+    ap.add_argument("--batch-tokens", type=int, default=D["batch_tokens"])
+    ap.add_argument(
+        "--jobs", type=int, default=D["jobs"], help="commands at a time on this machine"
+    )
+    ap.add_argument("--threads", type=int, default=D["threads"], help="CPU threads per command")
+    ap.add_argument(
+        "--nproc", type=int, default=D["nproc"], help="processes per run (torchrun, GPUs)"
+    )
+    ap.add_argument("--launcher", choices=LAUNCHERS, default=D["launcher"])
     ap.add_argument("--report-only", action="store_true", help="results.csv and report only")
     ap.add_argument("--dry-run", action="store_true", help="print the first round's commands")
-    ap.add_argument("--untuned", nargs="+", default=[], metavar="OPT",
+    ap.add_argument("--untuned", nargs="+", default=D["untuned"], metavar="OPT",
                     help="optimizers (e.g. the ablation mars-soap:gamma=0) run at their --center "
                     "values on the evaluation seeds, without tuning")  # fmt: skip
-    ap.add_argument("--merge", nargs="+", type=Path, default=[], metavar="CSV",
+    ap.add_argument("--merge", nargs="+", type=Path, default=D["merge"], metavar="CSV",
                     help="other studies' results.csv: their cells this study lacks join its "
                     "results and report (the same proxy, seeds and protocol)")  # fmt: skip
-    ap.add_argument("--merge-only", nargs="+", default=None, metavar="OPT",
+    ap.add_argument("--merge-only", nargs="+", default=D["merge_only"], metavar="OPT",
                     help="merge only these optimizers' cells (e.g. adamw: its other budgets "
                     "for the speedup curve)")  # fmt: skip
     ap.add_argument("--bootstrap", action="store_true", help="bootstrap intervals over pairs")
     return ap.parse_args(argv), extra
-
-
-def check_args(args: argparse.Namespace) -> None:
-    """Refuse, in one line before anything is written, a value the study cannot run with."""
-    positive = {"--budgets": args.budgets, "--baseline-budgets": args.baseline_budgets}
-    for name, values in positive.items():
-        bad = [v for v in values if not (math.isfinite(v) and v > 0)]
-        if bad:
-            raise ValueError(f"{name} {bad[0]:g}: budgets are positive numbers of x Chinchilla "
-                             "(1 = 20 tokens per block parameter)")  # fmt: skip
-    for name, value in (("--jobs", args.jobs), ("--threads", args.threads), ("--nproc",
-                        args.nproc), ("--batch-tokens", args.batch_tokens), ("--finalists",
-                        args.finalists), ("--max-passes", args.max_passes), ("--evals",
-                        args.evals)):  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{name} {value}: at least 1")
-    if args.collapse_floor is not None and not math.isfinite(args.collapse_floor):
-        raise ValueError(f"--collapse-floor {args.collapse_floor}: a finite loss")
-    if args.out.exists() and not args.out.is_dir():
-        raise ValueError(f"--out {args.out}: a file is there; give a folder (new or a study's)")
-    for path in args.merge:
-        head = path.read_text(errors="replace").split("\n", 1)[0] if path.is_file() else ""
-        if not path.is_file() or "optimizer" not in head.split(","):
-            raise ValueError(f"--merge {path}: not a study's results.csv (no such file, or no "
-                             "optimizer column)")  # fmt: skip
-    from study.plan import model_config
-
-    for model in args.models:
-        model_config(model)  # an unknown model: one line naming the known ones
 
 
 def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
@@ -169,51 +153,74 @@ def parse_centers(items: list[str]) -> dict[str, dict[str, float]]:
     return centers
 
 
-def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
-    """``{optimizer: {knob: value}}`` of the chosen evaluation runs in another study's
-    results.csv (one cell: ``cell`` as MODEL:BUDGET, or the file's only one). A variant
-    (``mars-adamw:gamma=0``) takes its base optimizer's values when the file lacks it."""
-    from study.knobs import KNOBS
-    from study.results import read_csv
-    from study.variant import Variant
-
-    if not path.is_file():
-        raise ValueError(f"--center-from {path}: no such file (a study's results.csv)")
-    rows = [r for r in read_csv(path) if r["role"] == "eval" and r.get("chosen") == 1.0]
-    cells = sorted({(r["model"], r["budget"]) for r in rows})
-    if cell is not None:
-        model, _, budget = cell.partition(":")
-        cells = [c for c in cells if c == (model, float(budget.rstrip("x") or "nan"))]
-    if len(cells) != 1:
-        raise ValueError(f"--center-from {path}: say which cell with --center-cell MODEL:BUDGET "
-                         f"(it has {', '.join(f'{m}:{b:g}' for m, b in cells) or 'none'})")  # fmt: skip
-    out = {}
-    for opt in optimizers:
-        for name in (opt, Variant.parse(opt).base):
-            hit = [
-                r for r in rows if (r["model"], r["budget"]) == cells[0] and r["optimizer"] == name
-            ]
-            if hit:
-                out[opt] = {k: hit[0][k] for k in KNOBS if isinstance(hit[0].get(k), float)}
-                break
-    return out
+# The flags that say what a part says (study/definition.py PART_KEYS, the same names), and those
+# that set the Plan's other fields (how it runs and reports; center_from and merge are files here)
+PART_FLAGS = ("optimizers", "untuned", "models", "budgets", "baseline_budgets", "select_seeds",
+              "eval_seeds", "batch_tokens", "knobs")  # fmt: skip
+OPTION_FLAGS = ("center_from", "center_cell", "merge", "merge_only", "finalists", "max_passes",
+                "evals", "collapse_floor", "bootstrap", "jobs", "threads", "nproc", "device",
+                "launcher", "report_only", "dry_run", "allow_dirty")  # fmt: skip
 
 
 def plan_of(args: argparse.Namespace, extra: list[str]) -> Plan:
-    out = args.out if args.out.is_absolute() else Path.cwd() / args.out
-    if args.device:
-        extra = [f"device={args.device}", *extra]
-    centers = {}
-    if args.center_from is not None:
-        centers = centers_from(args.center_from, args.center_cell, args.optimizers)
-    for opt, given in parse_centers(args.center).items():
-        centers.setdefault(opt, {}).update({k.rsplit(".", 1)[-1]: v for k, v in given.items()})
-    return Plan(out=out, optimizers=args.optimizers, models=args.models, budgets=args.budgets,
-                baseline_budgets=args.baseline_budgets, select_seeds=args.select_seeds,
-                eval_seeds=args.eval_seeds, batch_tokens=args.batch_tokens, knobs=args.knobs,
-                extra=extra, centers=centers, untuned=args.untuned,
-                finalists=args.finalists, max_passes=args.max_passes, swap=not args.no_swap,
-                evals=args.evals)  # fmt: skip
+    """The flag command's Plan: a one-part definition (its run tree ``--out``) through
+    study/definition.py's ``plan_of``, as every part of a study. Raises ValueError."""
+    values = {k: getattr(args, k) for k in PART_FLAGS}
+    values |= {"centers": parse_centers(args.center), "swap": not args.no_swap, "overrides": extra}
+    part = definition.Part("", args.out.name, values, runs=args.out, results=args.out)
+    return definition.plan_of(part, {}, {k: getattr(args, k) for k in OPTION_FLAGS})
+
+
+def _number(value: float) -> str:
+    """A budget as the command line writes it: ``4.0`` -> ``4``, ``0.25`` -> ``0.25``."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def command_line(plan: Plan, shown: tuple[str, ...] | set[str] = ()) -> list[str]:
+    """The flags of ``python -m study`` that build ``plan`` (its fields that differ from the
+    defaults, and those named in ``shown``), in the order the help lists them; ``--out``
+    from the working folder where it is inside it."""
+    out = plan.out.relative_to(Path.cwd()) if plan.out.is_relative_to(Path.cwd()) else plan.out
+    argv = ["--out", str(out)]
+
+    def said(name: str) -> bool:
+        return name in shown or getattr(plan, name) != DEFAULTS[name]
+
+    for name in ("optimizers", "untuned", "models", "budgets", "baseline_budgets",
+                 "select_seeds", "eval_seeds", "batch_tokens", "knobs"):  # fmt: skip
+        value = getattr(plan, name)
+        if said(name) and (value or name == "baseline_budgets"):
+            items = value if isinstance(value, list) else [value]
+            number = name.endswith("budgets")
+            argv += [f"--{name.replace('_', '-')}", *(_number(x) if number else str(x)
+                                                     for x in items)]  # fmt: skip
+    for opt, knobs in plan.centers.items():
+        argv += [a for k, x in knobs.items() for a in ("--center", f"{opt}:{k}={x!r}")]
+    for name in ("center_from", "center_cell", "merge", "merge_only"):
+        value = getattr(plan, name)
+        if value is not None and value != []:
+            argv += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list)
+                                                          else [value])]  # fmt: skip
+    argv += [] if plan.swap else ["--no-swap"]
+    for name in ("finalists", "max_passes", "evals", "collapse_floor", "nproc", "launcher"):
+        if said(name):
+            argv += [f"--{name.replace('_', '-')}", str(getattr(plan, name))]
+    argv += ["--bootstrap"] if plan.bootstrap else []
+    return argv + run_flags(plan)
+
+
+def run_flags(plan: Plan) -> list[str]:
+    """The flags of how ``plan`` runs (``--report-only``, or ``--jobs`` and the rest), then
+    ``--`` and its train.py overrides."""
+    argv = []
+    if plan.report_only:
+        argv.append("--report-only")
+    else:
+        argv += ["--jobs", str(plan.jobs), "--threads", str(plan.threads)]
+        argv += ["--device", plan.device] if plan.device else []
+        argv += ["--dry-run"] if plan.dry_run else []
+        argv += ["--allow-dirty"] if plan.allow_dirty else []
+    return argv + (["--", *plan.extra] if plan.extra else [])
 
 
 def next_runs(study: Study, in_flight: set) -> list:
@@ -243,7 +250,7 @@ def next_runs(study: Study, in_flight: set) -> list:
     return ahead
 
 
-def schedule(study: Study, args: argparse.Namespace) -> None:
+def schedule(study: Study, args: Plan | argparse.Namespace) -> None:
     """Keep ``--jobs`` commands running until every cell is done (or a dry run's first batch)."""
     study.warned = set()
     study.failures = {}  # out_dir -> the reasons its commands failed, in order
@@ -342,14 +349,20 @@ def dirty_files(root: Path = ROOT) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    """The flag command: its Plan (``plan_of``), run."""
     args, extra = parse(list(sys.argv[1:] if argv is None else argv))
     try:
-        check_args(args)
         plan = plan_of(args, extra)
     except ValueError as exc:
         raise SystemExit(f"study: {exc}") from None
-    if not (args.report_only or args.dry_run or args.allow_dirty):
+    return run(plan, argv)
+
+
+def run(plan: Plan, argv: list[str] | None = None) -> int:
+    """Run ``plan`` (a study part's or the flag command's): every cell, then its results.csv
+    and report; ``argv``: the command a stop names to continue (None: this process's)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if not (plan.report_only or plan.dry_run or plan.allow_dirty):
         dirty = dirty_files()
         if dirty:
             raise SystemExit(
@@ -360,36 +373,36 @@ def main(argv: list[str] | None = None) -> int:
                 "--allow-dirty (those rows are marked +dirty in results.csv)"
             )
     study = Study(plan)
-    if not args.report_only:
+    if not plan.report_only:
         try:
-            preflight(study, dry_run=args.dry_run)
+            preflight(study, dry_run=plan.dry_run)
         except ValueError as exc:
             raise SystemExit(f"study: {exc}") from None
-    if not args.dry_run:  # a dry run writes nothing
+    if not plan.dry_run:  # a dry run writes nothing
         plan.out.mkdir(parents=True, exist_ok=True)
     started = plan.out / "started.txt"  # the study's wall time counts from its first start
-    if not started.is_file() and not args.report_only and not args.dry_run:
+    if not started.is_file() and not plan.report_only and not plan.dry_run:
         started.write_text(f"{time.time():.0f}\n")
     t0 = time.perf_counter()
-    if not args.report_only:
+    if not plan.report_only:
         # a scheduler's stop: as Ctrl-C, one line; the caller's handler back afterwards (main may
         # run inside another program, a test runner, whose later forks would inherit this one)
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            schedule(study, args)
+            schedule(study, plan)
         except KeyboardInterrupt:
             raise SystemExit(stopped_line(study, argv)) from None
         finally:
             if previous is not None:  # None: set outside Python, which cannot be put back
                 signal.signal(signal.SIGTERM, previous)
-    if args.dry_run:
+    if plan.dry_run:
         return 0
     from study.report import write_report
 
     for cell in plan.cells():
         study.update(cell)
-    write_report(study, bootstrap=args.bootstrap, merge=args.merge, merge_only=args.merge_only,
-                 collapse_floor=args.collapse_floor)  # fmt: skip
+    write_report(study, bootstrap=plan.bootstrap, merge=plan.merge,
+                 merge_only=plan.merge_only, collapse_floor=plan.collapse_floor)  # fmt: skip
     unfinished = [c.name for c, s in study.states.items() if not s.done]
     if unfinished:
         log.info("study report written, PARTIAL: %d cells unfinished (%s); the same command "

@@ -1,7 +1,8 @@
 """A study defined as data (study/studies/<study>.yaml): its parts, what each runs, which part
 starts from which, and where each part's files go. ``python -m study run <study>`` runs it
-(study/parts.py); this module reads a definition and turns each part into the arguments of the
-existing commands (``python -m study ...``, ``python -m study.factorial ...``).
+(study/parts.py); this module reads a definition and turns each part into the Plan it runs
+(``plan_of``; study/plan.py), which the flag command (``python -m study --out ...``, a
+one-part definition) builds the same way.
 
 A definition file:
 
@@ -26,6 +27,7 @@ ledger, results/<study>/<PART>/results.csv, at that cell; ``STUDY/PART@...`` ano
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,28 +35,27 @@ from typing import Any
 
 import yaml
 
+from study.plan import OPTIMIZERS, Plan
+
 STUDIES = Path(__file__).resolve().parent / "studies"  # the committed definitions
 KINDS = ("study", "factorial")
 # a definition names these; study/parts.py's TABLE_WRITERS writes each (tests keep the two equal)
 TABLES = ("crossover", "correction", "family", "readmes")
-# What a part may say, and the ``python -m study`` flag each becomes (None: said otherwise).
-PART_KEYS = {
-    "kind": None, "description": None, "runs": None, "results": None, "from": None,
-    "optimizers": "--optimizers", "untuned": "--untuned", "models": "--models",
-    "budgets": "--budgets", "baseline_budgets": "--baseline-budgets",
-    "select_seeds": "--select-seeds", "eval_seeds": "--eval-seeds",
-    "batch_tokens": "--batch-tokens", "knobs": "--knobs", "centers": None,
-    "center_from": None, "merge": None, "merge_only": "--merge-only", "swap": None,
-    "overrides": None,
-}  # fmt: skip
+# What a part may say: its own keys, then the Plan fields it sets (study/plan.py, the same
+# names; ``center_from`` and ``merge`` name published ledgers, ``overrides`` is the Plan's
+# ``extra``). A new part key: a Plan field and its name here.
+OWN_KEYS = ("kind", "description", "runs", "results", "from")
+PART_KEYS = (*OWN_KEYS, "optimizers", "untuned", "models", "budgets", "baseline_budgets",
+             "select_seeds", "eval_seeds", "batch_tokens", "knobs", "centers", "center_from",
+             "merge", "merge_only", "swap", "overrides")  # fmt: skip
+PLAN_FIELDS = {f.name: f for f in dataclasses.fields(Plan) if f.init}
 # Keys renamed so that each word has one meaning: the old spelling refused with the new one.
 RENAMED_KEYS = {"reference_budgets": "baseline_budgets"}
-# The keys that are lists, and what they hold.
-LISTS = {
-    "optimizers": (str,), "untuned": (str,), "models": (str,), "knobs": (str,),
-    "merge": (str,), "merge_only": (str,), "overrides": (str,), "budgets": (int, float),
-    "baseline_budgets": (int, float), "select_seeds": (int,), "eval_seeds": (int,),
-}  # fmt: skip
+# The keys that are lists, and what they hold: the Plan's list fields' items, and two of refs
+_ITEMS = {"str": (str,), "float": (int, float), "int": (int,)}
+LISTS = {key: _ITEMS[m[1]] for key in PART_KEYS if key in PLAN_FIELDS
+         and (m := re.match(r"list\[(\w+)\]", str(PLAN_FIELDS[key].type))) and m[1] in _ITEMS}  # fmt: skip
+LISTS |= {"merge": (str,), "overrides": (str,)}  # fmt: skip
 EXAMPLES = {"budgets": "[0.25]", "baseline_budgets": "[2, 4]", "select_seeds": "[0, 6, 7]",
             "eval_seeds": "[1, 2, 3, 4, 5]", "models": "[proxy-100k]",
             "overrides": "[model.init_std=0.098]", "merge": "[ladder]"}  # fmt: skip
@@ -294,59 +295,68 @@ def ordered(definition: Definition, wanted: list[str]) -> list[tuple[str, bool]]
     return [(name, False) for name in definition.parts if name in wanted]
 
 
-def _text(value: object) -> str:
-    """A number as the command line writes it: ``1`` -> ``1``, ``0.25`` -> ``0.25``."""
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def _list(values: object) -> list[str]:
-    """A value or a list of them, as command-line words."""
-    return [_text(v) for v in (values if isinstance(values, list) else [values])]
-
-
-def part_args(part: Part, parts: dict[str, Part], *, main_only: bool = False) -> list[str]:
-    """The part's own arguments (before the run options and the ``--`` overrides)."""
-    v = part.values
-    if part.kind == "factorial":
-        return ["--from", str(parts[v["from"]].runs / "results.csv"), "--out", str(part.runs)]
-    argv = ["--out", str(part.runs)]
-    for key in ("optimizers", "untuned", "models", "budgets", "baseline_budgets",
-                "select_seeds", "eval_seeds", "batch_tokens", "knobs"):  # fmt: skip
-        if key == "baseline_budgets" and main_only:
-            argv.append("--baseline-budgets")
-        elif key in v:
-            argv += [PART_KEYS[key], *_list(v[key])]
-    for opt, knobs in (v.get("centers") or {}).items():
-        argv += [a for k, x in knobs.items() for a in ("--center", f"{opt}:{k}={_text(x)}")]
+def plan_of(part: Part, parts: dict[str, Part], options: dict | None = None, *,
+            main_only: bool = False, cells: dict | None = None) -> Plan:  # fmt: skip
+    """The Plan the part runs: its values as the Plan's fields (``center_from`` and ``merge``
+    read as the published ledgers they name in ``parts``), its run tree as ``out``, ``options``
+    (Plan fields: how it runs, e.g. ``jobs``; ``overrides``: train.py overrides after the part's
+    own, how a run is computed, never a value the study compares) over them; ``main_only``: its
+    main budgets alone; ``cells``: Plan fields in place of the part's own (a factorial's, from
+    the ledger of the part it starts from: study/factorial.py ``fields``). Raises ValueError (one
+    line) for a value the study cannot run with."""
+    v, options = part.values, dict(options or {})
+    if cells is not None:
+        fields = dict(cells)
+    elif part.kind == "factorial":
+        raise ValueError(f"part {part.name}: a factorial's cells come from study/factorial.py")
+    else:
+        fields = {k: v[k] for k in PART_KEYS if k in v and k in PLAN_FIELDS}
     if "center_from" in v:
         ref = parse_ref(v["center_from"], part.study)
-        argv += ["--center-from", str(ref.ledger(parts))] + (
-            ["--center-cell", ref.cell] if ref.cell else []
-        )
-    if v.get("merge"):
-        argv += ["--merge", *(str(parse_ref(m, part.study).ledger(parts)) for m in v["merge"])]
-    if "merge_only" in v:
-        argv += ["--merge-only", *_list(v["merge_only"])]
-    return argv + ([] if v.get("swap", True) else ["--no-swap"])
+        fields.update(center_from=ref.ledger(parts), center_cell=ref.cell)
+    if "merge" in v:
+        fields["merge"] = [parse_ref(m, part.study).ledger(parts) for m in v["merge"]]
+    if main_only:
+        fields["baseline_budgets"] = []
+    extra = [*map(str, v.get("overrides") or []), *map(str, options.pop("overrides", []))]
+    out = part.runs if part.runs.is_absolute() else Path.cwd() / part.runs
+    fields = {**fields, **options, "out": out, "extra": extra}
+    if fields.get("center_from") is not None:
+        fields["carried"] = centers_from(fields["center_from"], fields.get("center_cell"),
+                                         fields.get("optimizers", OPTIMIZERS))  # fmt: skip
+    plan = Plan(**fields)
+    plan.check_files()
+    return plan
 
 
-def command_args(
-    part: Part, parts: dict[str, Part], options: dict, *, main_only: bool = False
-) -> list[str]:
-    """Every argument of the part's command: its own, the run options (``report_only``;
-    or ``jobs``, ``threads``, ``device``, ``dry_run``, ``allow_dirty``), then ``--`` and its
-    train.py overrides (the part's, then the command line's ``overrides``: how a run is computed,
-    e.g. a GPU's micro-batch, never a value the study compares)."""
-    argv = part_args(part, parts, main_only=main_only)
-    if options.get("report_only"):
-        argv.append("--report-only")
-    else:
-        argv += ["--jobs", str(options.get("jobs", 2)), "--threads", str(options.get("threads", 1))]
-        argv += ["--device", options["device"]] if options.get("device") else []
-        argv += ["--dry-run"] if options.get("dry_run") else []
-        argv += ["--allow-dirty"] if options.get("allow_dirty") else []
-    overrides = [*(part.values.get("overrides") or []), *options.get("overrides", [])]
-    return argv + (["--", *map(str, overrides)] if overrides else [])
+def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
+    """``{optimizer: {knob: value}}`` of the chosen evaluation runs in another study's
+    results.csv (one cell: ``cell`` as MODEL:BUDGET, or the file's only one). A variant
+    (``mars-adamw:gamma=0``) takes its base optimizer's values when the file lacks it."""
+    from study.knobs import KNOBS
+    from study.ledger import read_csv
+    from study.variant import Variant
+
+    if not path.is_file():
+        raise ValueError(f"--center-from {path}: no such file (a study's results.csv)")
+    rows = [r for r in read_csv(path) if r["role"] == "eval" and r.get("chosen") == 1.0]
+    cells = sorted({(r["model"], r["budget"]) for r in rows})
+    if cell is not None:
+        model, _, budget = cell.partition(":")
+        cells = [c for c in cells if c == (model, float(budget.rstrip("x") or "nan"))]
+    if len(cells) != 1:
+        raise ValueError(f"--center-from {path}: say which cell with --center-cell MODEL:BUDGET "
+                         f"(it has {', '.join(f'{m}:{b:g}' for m, b in cells) or 'none'})")  # fmt: skip
+    out = {}
+    for opt in optimizers:
+        for name in (opt, Variant.parse(opt).base):
+            hit = [
+                r for r in rows if (r["model"], r["budget"]) == cells[0] and r["optimizer"] == name
+            ]
+            if hit:
+                out[opt] = {k: hit[0][k] for k in KNOBS if isinstance(hit[0].get(k), float)}
+                break
+    return out
 
 
 def compare_args(definition: Definition, name: str) -> list[str]:

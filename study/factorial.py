@@ -74,9 +74,43 @@ def variants(chosen: dict, adamw_beta2: float) -> list[str]:
                   f"{BASE}:gamma={held!r},betas={adamw_betas},weight_decay_1d=0.1"]  # fmt: skip
 
 
+def fields(source: Path, cell: str | None = None) -> dict:
+    """The factorial's Plan fields (study/plan.py) at the values ``source`` (a study's
+    results.csv) chose for MARS-AdamW: its cells untuned at those values, that file's AdamW and
+    MARS-AdamW cells merged. Raises ValueError (one line)."""
+    from study.results import read_csv
+
+    if not source.is_file():
+        raise ValueError(f"--from {source}: no such file")
+    picked = chosen_pair(read_csv(source))
+    if picked is None:
+        raise ValueError(f"{source} has no chosen {BASE} or adamw cell yet")
+    base, adamw = picked
+    cells = variants(base, _beta2(adamw))
+    model, budget = base["model"], base["budget"]
+    return {"optimizers": cells, "untuned": cells, "models": [model], "budgets": [budget],
+            "baseline_budgets": [], "center_from": source,
+            "center_cell": cell or f"{model}:{budget:g}", "merge": [source],
+            "merge_only": ["adamw", BASE]}  # fmt: skip
+
+
+def finish(plan, code: int) -> int:  # noqa: ANN001 - a study.plan.Plan
+    """After the factorial's study: its factorial.md beside the report."""
+    results = plan.out / "results.csv"
+    if code == 0 and results.is_file() and not plan.dry_run:
+        from study.results import read_csv
+
+        (plan.out / "factorial.md").write_text(
+            "# MARS-AdamW's loss taken apart (python -m study.factorial)\n\n"
+            "Effects on the final validation loss over the evaluation seeds (a positive effect:"
+            " MARS-AdamW's setting costs that much; study/factorial.py says how each is "
+            "computed).\n\n" + markdown(read_csv(results))
+        )
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     from study import cli
-    from study.results import read_csv
 
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(prog="python -m study.factorial", description=__doc__,
@@ -85,28 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/referee-factorial"))
     ap.add_argument("--center-cell", default=None, metavar="MODEL:BUDGET")
     args, rest = ap.parse_known_args(argv)
-    if not args.source.is_file():
-        raise SystemExit(f"study.factorial: --from {args.source}: no such file")
-    picked = chosen_pair(read_csv(args.source))
-    if picked is None:
-        raise SystemExit(f"study.factorial: {args.source} has no chosen {BASE} or adamw cell yet")
-    base, adamw = picked
-    cells = variants(base, _beta2(adamw))
-    model, budget = base["model"], base["budget"]
-    study_args = ["--out", str(args.out), "--optimizers", *cells, "--untuned", *cells,
-                  "--models", model, "--budgets", f"{budget:g}", "--baseline-budgets",
-                  "--center-from", str(args.source), "--center-cell", f"{model}:{budget:g}",
-                  "--merge", str(args.source), "--merge-only", "adamw", BASE, *rest]  # fmt: skip
-    code = cli.main(study_args)
-    results = args.out / "results.csv"
-    if code == 0 and results.is_file() and "--dry-run" not in rest:
-        (args.out / "factorial.md").write_text(
-            "# MARS-AdamW's loss taken apart (python -m study.factorial)\n\n"
-            "Effects on the final validation loss over the evaluation seeds (a positive effect:"
-            " MARS-AdamW's setting costs that much; study/factorial.py says how each is "
-            "computed).\n\n" + markdown(read_csv(results))
-        )
-    return code
+    try:
+        factorial = fields(args.source, args.center_cell)
+        args_, extra = cli.parse(rest)
+        for key, value in factorial.items():
+            setattr(args_, key, value)
+        args_.out = args.out
+        plan = cli.plan_of(args_, extra)
+    except ValueError as exc:
+        raise SystemExit(f"study.factorial: {exc}") from None
+    return finish(plan, cli.run(plan, cli.command_line(plan)))
 
 
 FACTORS = ("gamma", "betas", "gains' weight decay")

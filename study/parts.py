@@ -9,8 +9,8 @@
 ``run`` restores every part's committed ledger (results.csv, curves.csv.gz, started.txt from its
 published folder) into its run tree where the tree lacks them, so a fresh clone continues from
 the ledgers (study/ledger.py); then runs each part (the parts named, in the definition's order;
-none named: its ``order``) through ``python -m study`` (or ``python -m study.factorial``) and
-publishes it. ``--report-only`` rewrites the reports of the parts that have run (none named:
+none named: its ``order``) as its Plan (study/definition.py ``plan_of``, run by study/cli.py)
+and publishes it. ``--report-only`` rewrites the reports of the parts that have run (none named:
 every part, each once), publishing nothing; ``publish`` does that, then copies each part's files into its published folder.
 After each part, the definition's own ``tables`` are rewritten from the published files (the
 crossover's: study/crossover_report.py). ``compare`` writes the definition's comparisons from
@@ -50,8 +50,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("command", choices=COMMANDS)
     ap.add_argument("study", help="a study of study/studies/ (referee, crossover) or a .yaml")
     ap.add_argument("--part", nargs="+", default=[], metavar="P", help="these parts alone")
-    ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    ap.add_argument("--jobs", type=int, default=cli.DEFAULTS["jobs"], help="runs at a time")
+    ap.add_argument("--threads", type=int, default=cli.DEFAULTS["threads"],
+                    help="CPU threads per run")  # fmt: skip
     ap.add_argument("--device", default=None, help="train.py's device (cuda: --jobs share it)")
     ap.add_argument("--runs", type=Path, default=None, metavar="DIR",
                     help="the folder of the run trees (default runs/: runs/X becomes DIR/X)")  # fmt: skip
@@ -124,12 +125,26 @@ def ran(part: Part) -> bool:
 
 
 def run_part(part: Part, definition: Definition, options: dict, main_only: bool) -> int:
-    """One part through the existing command (study.cli or study.factorial)."""
-    argv = defs.command_args(part, definition.parts, options, main_only=main_only)
-    log.info("study %s, part %s: python -m %s %s", definition.name, part.name,
-             "study.factorial" if part.kind == "factorial" else "study", " ".join(argv))  # fmt: skip
+    """One part: its Plan (study/definition.py ``plan_of``) run by study.cli (a factorial's
+    also writes its factorial.md); ``options``: the Plan's run fields, the ``overrides`` of
+    ``--set``, and ``again`` (the command that continues it)."""
+    fields = {k: v for k, v in options.items() if k != "again"}
+    source = None  # a factorial's: the run-tree ledger of the part it takes apart
+    if part.kind == "factorial":
+        source = definition.parts[part.values["from"]].runs / "results.csv"
     try:
-        return factorial.main(argv) if part.kind == "factorial" else cli.main(argv)
+        cells = factorial.fields(source) if source else None
+        plan = defs.plan_of(part, definition.parts, fields, main_only=main_only, cells=cells)
+    except ValueError as exc:
+        raise SystemExit(f"study: {exc}") from None
+    argv = said = cli.command_line(plan, shown=set(part.values))
+    if source:  # said as its own command: its cells come from the ledger
+        said = ["--from", str(source), "--out", argv[1], *cli.run_flags(plan)]
+    log.info("study %s, part %s: python -m %s %s", definition.name, part.name,
+             "study.factorial" if part.kind == "factorial" else "study", " ".join(said))  # fmt: skip
+    try:
+        code = cli.run(plan, argv)
+        return factorial.finish(plan, code) if source else code
     except SystemExit as exc:  # a stop (Ctrl-C, SIGTERM): name this command, which continues
         if str(exc.code).startswith("study: run "):  # a failed run (study.cli.RunFailed)
             raise SystemExit(f"study: part {part.name}: {str(exc.code)[7:]}") from None
@@ -155,9 +170,13 @@ def publish(part: Part) -> None:
 def run(definition: Definition, args: argparse.Namespace) -> int:
     """``run`` and ``publish``: restore, then each part in turn; stop at the first that fails."""
     report_only = args.report_only or args.command == "publish"
-    options = {"again": shlex.join(["python", "-m", "study", *args.argv]), "jobs": args.jobs, "threads": args.threads, "device": args.device,
-               "dry_run": args.dry_run, "allow_dirty": args.allow_dirty,
-               "report_only": report_only, "overrides": args.overrides}  # fmt: skip
+    # the Plan's run fields (a report: none but report_only, as the flags' --report-only)
+    options: dict = {"report_only": report_only}
+    if not report_only:
+        options |= {"jobs": args.jobs, "threads": args.threads, "device": args.device,
+                    "dry_run": args.dry_run, "allow_dirty": args.allow_dirty}  # fmt: skip
+    options |= {"overrides": args.overrides,
+                "again": shlex.join(["python", "-m", "study", *args.argv])}  # fmt: skip
     check_parts(definition, args)  # every part's overrides, before anything runs or is copied
     restore(definition, dry_run=args.dry_run)
     # a report or publish without --part: every part once, whole (the order's staging is for runs)

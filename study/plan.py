@@ -17,6 +17,7 @@ from study.knobs import DEFAULT_KNOBS, KNOBS, default
 from study.variant import Variant
 
 CHINCHILLA = 20  # tokens per parameter at 1x
+OPTIMIZERS = ["adamw", "mars-adamw", "muon", "mars-m", "moonlight"]  # a study's by default
 # Where each optimizer's lr search starts (the other knobs start at the optimizer's own defaults,
 # study/knobs.py ``default``); the search moves as far as it must.
 CENTERS = {
@@ -101,10 +102,14 @@ class Cell:
 
 @dataclass
 class Plan:
-    out: Path
-    optimizers: list[str]
-    models: list[str]
-    budgets: list[float]
+    """A study: what it runs and how. A part of a study's definition builds it
+    (study/definition.py ``plan_of``), and so does the flag command (study/cli.py, a one-part
+    definition); each field's default here is the command's default."""
+
+    out: Path = Path("runs/study")
+    optimizers: list[str] = field(default_factory=lambda: list(OPTIMIZERS))
+    models: list[str] = field(default_factory=lambda: ["proxy-100k"])
+    budgets: list[float] = field(default_factory=lambda: [1.0])  # x Chinchilla
     baseline: str = "adamw"
     baseline_budgets: list[float] = field(default_factory=lambda: [2.0, 4.0])  # x each budget
     # seeds that choose (by the mean over them) and seeds that evaluate: disjoint, and the same
@@ -127,9 +132,40 @@ class Plan:
     evals: int = 2  # validation evaluations per run (the last at the end)
     # knobs the baseline's extra budgets tune; the rest carried from its main budget
     baseline_knobs: tuple[str, ...] = ("lr", "aux_lr")
+    # every optimizer's knobs start at (or are fixed to) the values another study chose: its
+    # results.csv, at the cell MODEL:BUDGET (None: the file's only one), read into ``carried``
+    # (study/definition.py plan_of); ``centers`` win over them
+    center_from: Path | None = None
+    center_cell: str | None = None
+    carried: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the report: other studies' results.csv, whose cells this study lacks join its results
+    # (only ``merge_only``'s optimizers' where given); a final loss at or above
+    # ``collapse_floor`` is a collapse (None: the validation split's bigram loss)
+    merge: list[Path] = field(default_factory=list)
+    merge_only: list[str] | None = None
+    collapse_floor: float | None = None
+    bootstrap: bool = False  # bootstrap intervals over pairs
+    # how it runs, not what: no run id or value depends on these
+    jobs: int = 2  # commands at a time on this machine
+    threads: int = 1  # CPU threads per command
+    nproc: int = 1  # processes per run (torchrun, GPUs)
+    device: str | None = None  # train.py's device for every run (before ``extra``)
+    launcher: str = "local"
+    report_only: bool = False
+    dry_run: bool = False
+    allow_dirty: bool = False
+    # the starting (or fixed) values in use: ``center_from``'s, ``centers`` over them
+    start_values: dict[str, dict[str, float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.centers = {o: {short(k): v for k, v in c.items()} for o, c in self.centers.items()}
+        self.budgets = [float(b) for b in self.budgets]
+        self.baseline_budgets = [float(b) for b in self.baseline_budgets]
+        self.centers = {o: {short(k): float(v) for k, v in c.items()}
+                        for o, c in self.centers.items()}  # fmt: skip
+        self._check_numbers()
+        self.start_values = {o: dict(c) for o, c in self.carried.items()}
+        for opt, given in self.centers.items():
+            self.start_values.setdefault(opt, {}).update(given)
         both = sorted(set(self.select_seeds) & set(self.eval_seeds))
         if both:
             raise ValueError(
@@ -147,11 +183,11 @@ class Plan:
             if opt not in self.optimizers:
                 raise ValueError(f"--untuned {opt}: not among --optimizers {self.optimizers}")
             missing = [k for k in ("lr", *Variant.parse(opt).tuned)
-                       if k not in self.centers.get(opt, {})]  # fmt: skip
+                       if k not in self.start_values.get(opt, {})]  # fmt: skip
             if missing:
                 raise ValueError(f"--untuned {opt}: give its values with --center "
                                  + " ".join(f"{opt}:{k}=VALUE" for k in missing))  # fmt: skip
-        for opt, given in self.centers.items():
+        for opt, given in self.start_values.items():
             allowed = set(KNOBS) | set(Variant.parse(opt).tuned)
             unknown = set(given) - allowed
             if opt not in self.optimizers or unknown:
@@ -162,6 +198,39 @@ class Plan:
                 )
         if len(self.eval_seeds) < 2:
             raise ValueError("at least 2 evaluation seeds are needed for an interval (5 advised)")
+
+    def _check_numbers(self) -> None:
+        """A value the study cannot run with, refused in one line before anything is written."""
+        for name, values in (("--budgets", self.budgets),
+                             ("--baseline-budgets", self.baseline_budgets)):  # fmt: skip
+            bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+            if bad:
+                raise ValueError(f"{name} {bad[0]:g}: budgets are positive numbers of x "
+                                 "Chinchilla (1 = 20 tokens per block parameter)")  # fmt: skip
+        for name in ("jobs", "threads", "nproc", "batch_tokens", "finalists", "max_passes",
+                     "evals"):  # fmt: skip
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)}: at least 1")
+        if self.collapse_floor is not None and not math.isfinite(self.collapse_floor):
+            raise ValueError(f"--collapse-floor {self.collapse_floor}: a finite loss")
+
+    def check_files(self) -> None:
+        """The folder, the merged ledgers and the models it names exist (one line each)."""
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"--out {self.out}: a file is there; give a folder (new or a "
+                             "study's)")  # fmt: skip
+        for path in self.merge:
+            head = path.read_text(errors="replace").split("\n", 1)[0] if path.is_file() else ""
+            if not path.is_file() or "optimizer" not in head.split(","):
+                raise ValueError(f"--merge {path}: not a study's results.csv (no such file, or "
+                                 "no optimizer column)")  # fmt: skip
+        for model in self.models:
+            model_config(model)  # an unknown model: one line naming the known ones
+
+    @property
+    def train_overrides(self) -> list[str]:
+        """The train.py overrides every run gets: the device, then ``extra``."""
+        return [f"device={self.device}"] * (self.device is not None) + list(self.extra)
 
     def cells(self) -> list[Cell]:
         """Every cell, the main budgets first (all optimizers), then the baseline's extra
@@ -184,7 +253,7 @@ class Plan:
 
     def _keys(self, cell: Cell) -> list[str]:
         if cell.optimizer in self.untuned:
-            own = list(self.centers.get(cell.optimizer, {}))
+            own = list(self.start_values.get(cell.optimizer, {}))
             return [k for k in KNOBS if k in own] + [k for k in own if k not in KNOBS]
         knobs = self.knobs if self.is_main(cell) else [
             k for k in self.knobs if k in self.baseline_knobs]  # fmt: skip
@@ -197,7 +266,7 @@ class Plan:
 
     def center(self, cell: Cell, key: str) -> float:
         """Where ``key``'s search starts for ``cell`` (or its fixed value)."""
-        given = self.centers.get(cell.optimizer, {})
+        given = self.start_values.get(cell.optimizer, {})
         if key in given:
             return given[key]
         base = Variant.parse(cell.optimizer).base
@@ -211,7 +280,7 @@ class Plan:
 
     def fixed_knobs(self, cell: Cell) -> dict[str, float]:
         """Knobs not tuned in ``cell`` that --center sets (the rest keep their defaults)."""
-        given = self.centers.get(cell.optimizer, {})
+        given = self.start_values.get(cell.optimizer, {})
         fixed = Variant.parse(cell.optimizer).override_keys
         return {k: v for k, v in given.items() if k not in self.keys(cell)
                 and not fixed & set(KNOB_FIELDS.get(k, ()))}  # fmt: skip

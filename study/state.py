@@ -105,7 +105,7 @@ class Study:
         )
         tail = (
             f"max_steps={steps}", f"batch_tokens={self.batch_tokens(cell)}",
-            f"eval_every={every}", *knob_args, f"seed={seed}", *plan.extra,
+            f"eval_every={every}", *knob_args, f"seed={seed}", *plan.train_overrides,
         )  # fmt: skip
         later = {a.split("=", 1)[0]: a for a in tail if a.split("=", 1)[0] in set_by_variant}
         mine = {

@@ -147,10 +147,10 @@ def test_every_batch_of_the_sweep_runs_the_headlines_steps():
 
 def test_the_sweep_tunes_only_the_lr_and_checkpoints():
     d = defs.load("crossover")
-    argv = defs.command_args(d.parts["b32768"], d.parts, {})
-    assert argv[argv.index("--knobs") + 1 : argv.index("--center-from")] == ["lr"]
-    assert argv[argv.index("--budgets") + 1] == "16"
-    assert "mars-adamw:gamma=0" in argv and argv[-2:] == ["ckpt_every=100", "dtype=float32"]
+    plan = defs.plan_of(d.parts["b32768"], d.parts)
+    assert plan.knobs == ["lr"] and plan.budgets == [16.0]
+    assert "mars-adamw:gamma=0" in plan.optimizers
+    assert plan.extra == ["ckpt_every=100", "dtype=float32"]
     assert d.tables == ["crossover", "correction", "family", "readmes"]
 
 
@@ -160,11 +160,10 @@ def test_the_float32_check_reruns_the_131072_cells_choices_untuned(tmp_path, mon
     from study import crossover_report, parts
 
     d = defs.load("crossover")
-    argv = defs.command_args(d.parts["b131072-fp32"], d.parts, {})
-    untuned = argv[argv.index("--untuned") + 1 : argv.index("--models")]
-    assert untuned == ["adamw", "mars-adamw", "mars-adamw:gamma=0"]
-    assert argv[argv.index("--center-from") + 1].endswith("crossover/b131072/results.csv")
-    assert argv[-2:] == ["ckpt_every=100", "dtype=float32"]
+    plan = defs.plan_of(d.parts["b131072-fp32"], d.parts)
+    assert plan.untuned == ["adamw", "mars-adamw", "mars-adamw:gamma=0"]
+    assert str(plan.center_from).endswith("crossover/b131072/results.csv")
+    assert plan.extra == ["ckpt_every=100", "dtype=float32"]
     seen = []
     monkeypatch.setattr(crossover_report, "write", lambda folder, b: seen.append(b) or folder)
     parts.write_tables(d)
@@ -256,14 +255,15 @@ def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_pat
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes((parts.ROOT / rel).read_bytes())
     seen = []
-    monkeypatch.setattr(study.cli, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(study.cli, "run", lambda plan, argv=None: seen.append((plan, argv)) or 0)
     pages = [parts.ROOT / "README.md", parts.ROOT / "docs" / "study.md"]
     before = [p.read_text() for p in pages]
     assert parts.main(["publish", "crossover", "--part", "b8192"], root=root) == 0
     # a study published elsewhere (here, another checkout) leaves this repository's pages alone
     assert [p.read_text() for p in pages] == before
     assert (root / "results" / "crossover" / "correction.md").is_file()
-    argv = seen[0]
+    plan, argv = seen[0]  # the Plan, and the command that builds it
+    assert plan.report_only and plan.extra == ["ckpt_every=100"]
     assert argv.index("--report-only") < argv.index("--") and argv[-1] == "ckpt_every=100"
     assert (root / "results" / "crossover" / "report.md").is_file()
     assert (root / "results" / "crossover" / "crossover.png").is_file()

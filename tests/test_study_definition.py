@@ -1,9 +1,10 @@
-"""A study defined as data (study/definition.py, study/parts.py, study/studies/*.yaml): the
-referee's definition gives the very commands scripts/study_referee.sh ran (so every run id and
-published number stays the same), the crossover's gives the commands its sweep ran, bad definitions
-are refused in one line, and `run`/`publish` restore, order and publish as the script did."""
+"""A study defined as data (study/definition.py, study/parts.py, study/studies/*.yaml): each
+referee part builds the Plan of the very command scripts/study_referee.sh ran (so every run id and
+published number stays the same), the crossover's the Plan of the flag command its sweep ran, bad
+definitions are refused in one line, and `run`/`publish` restore, order and publish as the
+script did."""
 
-import argparse
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -64,27 +65,68 @@ def referee():
     return defs.load("referee")
 
 
-@pytest.mark.parametrize("name", list(SCRIPT))
-def test_each_part_runs_the_scripts_very_command(referee, name):
+@pytest.fixture(autouse=True)
+def _from_the_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the definitions and the commands name their files from there
+
+
+def flags(argv):
+    """The Plan the flag command ``python -m study ARGV`` builds."""
+    return cli.plan_of(*cli.parse(argv))
+
+
+@pytest.mark.parametrize("name", [n for n in SCRIPT if n != "factorial"])
+def test_each_part_builds_the_plan_of_the_scripts_very_command(referee, name):
     part = referee.parts[name]
     tail = TAIL.get(name, [])
-    assert defs.command_args(part, referee.parts, {}) == SCRIPT[name] + RUN + tail
-    assert defs.command_args(part, referee.parts, {"report_only": True}) == (
-        SCRIPT[name] + ["--report-only"] + tail
+    plan = defs.plan_of(part, referee.parts, {"jobs": 2, "threads": 1})
+    assert plan == flags(SCRIPT[name] + RUN + tail)
+    assert defs.plan_of(part, referee.parts, {"report_only": True}) == (
+        flags(SCRIPT[name] + ["--report-only"] + tail)
     )
+    # the command it logs builds it again
+    assert flags(cli.command_line(plan, set(part.values))) == plan
+    assert cli.command_line(plan, set(part.values)) == SCRIPT[name] + RUN + tail
+
+
+def test_the_factorial_part_reads_the_headlines_run_tree(referee, monkeypatch):
+    from study import factorial
+
+    seen = []
+
+    def fields(source):
+        seen.append(source)
+        return {"optimizers": ["adamw"], "budgets": [1.0], "baseline_budgets": []}
+
+    monkeypatch.setattr(factorial, "fields", fields)
+    monkeypatch.setattr(cli, "run", lambda plan, argv=None: seen.append(plan) or 0)
+    assert parts.run_part(referee.parts["factorial"], referee, {"jobs": 2}, False) == 0
+    assert seen[0] == Path(SCRIPT["factorial"][1])
+    assert seen[1].out == ROOT / SCRIPT["factorial"][3] and seen[1].optimizers == ["adamw"]
+    with pytest.raises(ValueError, match="a factorial's cells come from study/factorial.py"):
+        defs.plan_of(referee.parts["factorial"], referee.parts)
+
+
+def test_the_flag_commands_defaults_are_the_plans():
+    """Each default stated once (study/plan.py): the flag command's and `run`'s --jobs (2)."""
+    bare = flags([])
+    fields = {f.name for f in dataclasses.fields(bare) if f.init} - {"out", "start_values"}
+    assert {k: getattr(bare, k) for k in fields} == {k: cli.DEFAULTS[k] for k in fields}
+    assert bare.jobs == 2 == parts.parse(["run", "referee"]).jobs
+    assert bare.out == ROOT / "runs" / "study"
 
 
 def test_run_without_parts_is_the_scripts_all(referee):
     """The script's `all`: headline, ladder, widthinit, ladder-up's comparison cells (its
-    baseline budgets emptied), batch, then ladder-up whole: the same studies, parsed."""
-    got = [(n, defs.command_args(referee.parts[n], referee.parts, {}, main_only=m))
+    baseline budgets emptied), batch, then ladder-up whole: the same studies."""
+    got = [(n, defs.plan_of(referee.parts[n], referee.parts, {"jobs": 2}, main_only=m))
            for n, m in defs.ordered(referee, [])]  # fmt: skip
     assert [n for n, _ in got] == ["headline", "ladder", "widthinit", "ladder-up", "batch",
                                    "ladder-up"]  # fmt: skip
     want = [SCRIPT[n] + RUN + TAIL.get(n, []) for n, _ in got]
     want[3] = SCRIPT["ladder-up"] + RUN + ["--baseline-budgets"]  # as the script wrote it
-    assert [cli.parse(a) for _, a in got] == [cli.parse(a) for a in want]
-    assert got[3][1] != want[3] and cli.parse(got[3][1])[0].baseline_budgets == []
+    assert [p for _, p in got] == [flags(a) for a in want]
+    assert got[3][1].baseline_budgets == [] and got[5][1].baseline_budgets == [2.0, 4.0]
 
 
 def test_the_comparisons_are_the_scripts(referee):
@@ -98,10 +140,10 @@ def test_named_parts_run_in_the_definitions_order(referee):
         defs.ordered(referee, ["nope"])
 
 
-def test_the_crossover_definition_gives_the_commands_the_sweep_ran():
+def test_the_crossover_definition_gives_the_plans_the_sweep_ran():
     """Each batch part runs the study that `python -m study.crossover run` ran before the
-    crossover became a definition (its argv captured from that command for 8,192 bytes; its
-    files in runs/crossover/b<B> and results/crossover/b<B>/)."""
+    crossover became a definition (its command captured for 8,192 bytes; its files in
+    runs/crossover/b<B> and results/crossover/b<B>/): the b8192 part's Plan is that command's."""
     d = defs.load("crossover")
     assert list(d.parts) == ["b8192", "b2048", "b32768", "b131072", "b524288", "b131072-fp32",
                              "m423k-b8192", "m423k-b131072", "corr-b2048", "chain-b2048",
@@ -112,9 +154,12 @@ def test_the_crossover_definition_gives_the_commands_the_sweep_ran():
            "--baseline-budgets", "--batch-tokens", "8192", "--knobs", "lr", "--center-from",
            "results/referee/batch/results.csv", "--center-cell", "proxy-100k:1", "--no-swap",
            "--jobs", "2", "--threads", "1", "--", "ckpt_every=100"]  # fmt: skip
-    assert defs.command_args(d.parts["b8192"], d.parts, {}) == ran
-    gpu = defs.command_args(d.parts["b8192"], d.parts, {"overrides": ["micro_batch_size=2048"]})
-    assert gpu == [*ran, "micro_batch_size=2048"]  # `run --set`: after the part's own
+    plan = defs.plan_of(d.parts["b8192"], d.parts, {"jobs": 2, "threads": 1})
+    assert plan == flags(ran)
+    assert plan.out == ROOT / "runs" / "crossover" / "b8192"
+    assert plan.start_values["mars-adamw:gamma=0"] == plan.start_values["mars-adamw"]
+    gpu = defs.plan_of(d.parts["b8192"], d.parts, {"overrides": ["micro_batch_size=2048"]})
+    assert gpu.extra == ["ckpt_every=100", "micro_batch_size=2048"]  # `run --set`: after
     for b in (8192, 2048, 32768, 131072):
         part = d.parts[f"b{b}"]
         assert part.runs == Path(f"runs/crossover/b{b}")
@@ -248,30 +293,40 @@ def test_a_dry_run_of_the_referees_batch_part_on_a_scratch_copy(tmp_path, capsys
     assert sorted(p.name for p in (tmp_path / "results" / "referee" / "batch").iterdir()) == before
 
 
-def test_the_options_reach_the_command():
+def test_the_options_reach_the_plan():
     part = defs.load("crossover").parts["b2048"]
     opts = {"jobs": 4, "threads": 2, "device": "cuda", "dry_run": True, "allow_dirty": True}
-    argv = defs.command_args(part, {"b2048": part}, opts)
-    ns, extra = cli.parse(argv)
-    assert (ns.jobs, ns.threads, ns.device, ns.dry_run, ns.allow_dirty) == (
+    plan = defs.plan_of(part, {"b2048": part}, opts)
+    assert (plan.jobs, plan.threads, plan.device, plan.dry_run, plan.allow_dirty) == (
         4,
         2,
         "cuda",
         True,
         True,
     )
-    assert extra == ["ckpt_every=100"]
-    assert isinstance(ns, argparse.Namespace)
+    assert plan.extra == ["ckpt_every=100"]
+    assert plan.train_overrides == ["device=cuda", "ckpt_every=100"]
+    with pytest.raises(ValueError, match="--jobs 0: at least 1"):
+        defs.plan_of(part, {"b2048": part}, {"jobs": 0})
+
+
+def test_a_new_part_key_is_a_plan_field():
+    """Every part key but a part's own is a Plan field of the same name (``overrides``: its
+    ``extra``), and the lists are checked by the Plan's types."""
+    plan_keys = set(defs.PART_KEYS) - set(defs.OWN_KEYS) - {"overrides"}
+    assert plan_keys <= set(defs.PLAN_FIELDS)
+    assert defs.LISTS["budgets"] == (int, float) and defs.LISTS["select_seeds"] == (int,)
+    assert defs.LISTS["merge_only"] == defs.LISTS["optimizers"] == (str,)
 
 
 def test_a_stop_names_the_study_command_that_continues(tmp_path, monkeypatch):
     _tree(tmp_path)
 
-    def stopped(argv):
+    def stopped(plan, argv=None):
         raise SystemExit("study: stopped; 1 of 2 cells complete, 1 run(s) in flight asked to "
                          "checkpoint and stop; the same command continues: python -m study --out x")  # fmt: skip
 
-    monkeypatch.setattr(cli, "main", stopped)
+    monkeypatch.setattr(cli, "run", stopped)
     yaml_file = write(tmp_path, TWO)
     with pytest.raises(SystemExit) as exc:
         parts.main(["run", yaml_file, "--jobs", "3"], root=tmp_path)

@@ -357,7 +357,7 @@ def test_a_capped_search_reruns_its_lr_finalists_at_the_final_knobs(tmp_path: Pa
 def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     """--center-from reads another study's chosen values; the factorial's variants run untuned
     at MARS-AdamW's, a variant that fixes betas leaves the beta2 knob out of its runs."""
-    from study.cli import centers_from
+    from study.definition import centers_from
     from study.factorial import variants
     from study.plan import Cell, Plan
     from study.results import write_csv

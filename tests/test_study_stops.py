@@ -101,7 +101,7 @@ def test_a_run_that_fails_with_a_config_error_stops_the_study_at_once(tmp_path, 
 
 
 def test_a_part_names_itself_in_the_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "main", lambda argv: (_ for _ in ()).throw(
+    monkeypatch.setattr(cli, "run", lambda plan, argv=None: (_ for _ in ()).throw(
         cli.RunFailed("study: run runs/x failed (exit 1): data error: short")))  # fmt: skip
     part = parts.Part("t", "p", {}, tmp_path / "r", tmp_path / "res")
     d = parts.Definition("t", {"p": part}, ["p"], {}, [])
