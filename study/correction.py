@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.stats import LEVEL, paired_interval, paired_p_value
+from study.correction_tables import N_SEEDS, diff_text, figure, lr_text, markdown
 from study.results import read_csv
 from study.tables import eval_losses
 
 ROOT = Path(__file__).resolve().parent.parent
 ADAMW, MARS, OFF = "adamw", "mars-adamw", "mars-adamw:gamma=0"
-N_SEEDS = 5  # evaluation seeds a step needs to be a test
 BATCHES = (2048, 8192, 32768, 131072)  # the crossover's proxy-100k cells a corr part may have
 README_MARK = re.compile(r"(<!-- correction: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
 # The repetition control (study/studies/crossover.yaml, rep-b8192): the pairs of the 8,192-byte
@@ -164,85 +164,6 @@ def family_tests(results: Path) -> list[dict]:
             for r in measure(results) if "mean" in r and r["step"].family]  # fmt: skip
 
 
-def _diff(r: dict) -> str:
-    if "mean" not in r:
-        return f"running ({r['n']} of {N_SEEDS} pairs)"
-    return f"{r['mean']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}]"
-
-
-def _lr(x: float | None) -> str:
-    return "-" if x is None else f"{x:g}"
-
-
-def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
-    pct = f"{LEVEL:.0%}"
-    lines = ["# The correction on AdamW's configuration, MARS-AdamW's defaults taken apart "
-             "(`python -m study.correction`)", "",
-             "proxy-100k, 966 steps, float32 on a CPU, sotu-bytes; each arm's lr tuned on its own "
-             "line (selection seeds 0, 6, 7), evaluation seeds 1-5; each step is the second arm "
-             "minus the first, paired per seed, with its "
-             f"{pct} t-interval and its uncorrected p (each finished step is a test of the "
-             "study's one family, with its Holm p in results/referee/family.md). Below 0: the "
-             "switch helps.", ""]  # fmt: skip
-    for group in ("correction", "chain", "parts of the correction"):
-        rs = [r for r in rows if r["step"].group == group]
-        if not rs:
-            continue
-        lines += [f"## {group[0].upper()}{group[1:]}", "",
-                  f"| step | difference [{pct}] | p | a test of the family | lrs (before, after) |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for r in rs:
-            s = r["step"]
-            p = f"{r['p']:.2g}" if "p" in r else "-"
-            h = "as the crossover's pair" if not s.family else "yes" if "p" in r else "-"
-            lines.append(f"| {s.label} | {_diff(r)} | {p} | {h} | {_lr(r['lr_before'])}, "
-                         f"{_lr(r['lr_after'])} |")  # fmt: skip
-        lines.append("")
-    if score:
-        lines += ["## The prediction, scored", "",
-                  "Delta_corr at each batch measured against each prediction record's AdamW run at "
-                  "its last phase (study/crossover_report.py's `scored`).", "",
-                  "| batch | record (run, step) | predicted | measured | hit |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for r in score:
-            lines.append(f"| {r['batch']:,} | {r['file']} ({r['label']}, {r['step']}/"
-                         f"{r['steps']}) | {r['predicted']} | {r['measured']} | "
-                         f"{'hit' if r['hit'] else 'miss'} |")  # fmt: skip
-        lines.append("")
-    return "\n".join(lines)
-
-
-def figure(rows: list[dict], path: Path) -> None:
-    """The chain as a waterfall: each step's paired mean and interval, from AdamW to MARS-AdamW."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chain = [r for r in rows if r["step"].group == "chain" and r["step"].batch == 2048
-             and "second moment" not in r["step"].label]  # fmt: skip
-    fig, ax = plt.subplots(figsize=(7, 4))
-    level = 0.0
-    for i, r in enumerate(chain):
-        if "mean" not in r:
-            ax.text(i, level, "running", ha="center", fontsize=8, rotation=90)
-            continue
-        colour = "tab:green" if r["mean"] < 0 else "tab:red"
-        ax.bar(i, r["mean"], bottom=level, color=colour, width=0.6)
-        ax.errorbar(i, level + r["mean"], yerr=[[r["mean"] - r["lo"]], [r["hi"] - r["mean"]]],
-                    color="black", capsize=3)  # fmt: skip
-        level += r["mean"]
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xticks(range(len(chain)))
-    ax.set_xticklabels([r["step"].label.split(":")[0].split(" = ")[0][:14] for r in chain],
-                       fontsize=7, rotation=20)  # fmt: skip
-    ax.set_ylabel("loss minus AdamW's (cumulative)")
-    ax.set_title("AdamW -> MARS-AdamW at 2,048 B, one value at a time (paired, 90%)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
               score: list[dict] | None = None) -> str:  # fmt: skip
     """The README's sentences, from the measured steps, the crossover's rows (its ``effects``)
@@ -260,7 +181,7 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
                          for r in rs) or "not measured yet"  # fmt: skip
 
     corr = [r for r in rows if r["step"].group == "correction"]
-    said = "; ".join(f"{kb(r['step'].batch)} {_diff(r)}" for r in corr) or "not run"
+    said = "; ".join(f"{kb(r['step'].batch)} {diff_text(r)}" for r in corr) or "not run"
     chain = [r for r in rows if r["step"].group == "chain" and "mean" in r
              and r["step"].batch == 2048 and "second moment" not in r["step"].label]  # fmt: skip
     if len(chain) > 1:
@@ -363,7 +284,7 @@ def reading(results: Path, holm: dict[str, float], p_text=str) -> str:  # noqa: 
         h = holm.get(test)
         tail = (f"Holm p {p_text(h)}, {'holds' if h <= alpha else 'does not hold'}"
                 if h is not None else "the crossover's pair")  # fmt: skip
-        lr = f"lrs {_lr(r['lr_before'])}, {_lr(r['lr_after'])}"
+        lr = f"lrs {lr_text(r['lr_before'])}, {lr_text(r['lr_after'])}"
         return (f"{r['step'].label}: {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}] "
                 f"({tail}; {lr})")  # fmt: skip
 
