@@ -146,7 +146,7 @@ def run_part(part: Part, definition: Definition, options: dict, main_only: bool)
         code = cli.run(plan, argv)
         return factorial.finish(plan, code) if source else code
     except SystemExit as exc:  # a stop (Ctrl-C, SIGTERM): name this command, which continues
-        if str(exc.code).startswith("study: run "):  # a failed run (study.cli.RunFailed)
+        if str(exc.code).startswith("study: run "):  # a failed run (study.scheduler.RunFailed)
             raise SystemExit(f"study: part {part.name}: {str(exc.code)[7:]}") from None
         head, sep, _ = str(exc.code).partition("; the same command continues: ")
         if not (sep and head.startswith("study: stopped")):

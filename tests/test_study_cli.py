@@ -70,7 +70,7 @@ def test_a_stop_during_scheduling_counts_the_runs_it_asked_to_checkpoint(monkeyp
     the closing line is written none is live: it still says how many were asked."""
     import argparse
 
-    from study import cli
+    from study import scheduler
     from study.cli import parse, plan_of, stopped_line
     from study.state import Study
 
@@ -80,12 +80,12 @@ def test_a_stop_during_scheduling_counts_the_runs_it_asked_to_checkpoint(monkeyp
         runner.LIVE.add(proc)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_keep_running", interrupted)
+    monkeypatch.setattr(scheduler, "_keep_running", interrupted)
     argv = ["--out", "/nonexistent/s", "--optimizers", "adamw", "--budgets", "0.25"]
     study = Study(plan_of(*parse(argv)))
     try:
         with pytest.raises(KeyboardInterrupt):
-            cli.schedule(study, argparse.Namespace(jobs=2))
+            scheduler.schedule(study, argparse.Namespace(jobs=2))
         assert proc.wait(timeout=10) != 0  # it was sent SIGTERM
         runner.LIVE.discard(proc)  # as execute does when its process ends
         assert "1 run(s) in flight asked to checkpoint" in stopped_line(study, argv)

@@ -548,12 +548,12 @@ def _bowl(v: dict) -> float:
 
 
 def _schedule(study, monkeypatch, pool, flight: list, loss) -> None:  # noqa: ANN001
-    """study.cli's scheduler with two slots, run to the end: ``pool.submit`` starts a run (it
+    """study/scheduler.py with two slots, run to the end: ``pool.submit`` starts a run (it
     appends ``(future, run)`` to ``flight``); the oldest run in flight ends first, at
     ``loss(its values)``."""
     import argparse
 
-    from study import cli
+    from study import scheduler
 
     def wait(running, return_when):  # noqa: ANN001, ANN202
         fut, run = flight.pop(0)
@@ -561,10 +561,10 @@ def _schedule(study, monkeypatch, pool, flight: list, loss) -> None:  # noqa: AN
         fut.set_result((0, ""))
         return {fut}, set(running) - {fut}
 
-    monkeypatch.setattr(cli, "wait", wait)
+    monkeypatch.setattr(scheduler, "wait", wait)
     args = argparse.Namespace(jobs=2, launcher="local", nproc=1, threads=1, dry_run=False)
     study.warned = set()
-    cli._keep_running(study, args, pool, {})
+    scheduler._keep_running(study, args, pool, {})
 
 
 def test_the_scheduler_starts_the_earliest_cell_that_a_finished_run_unblocked(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from study import cli, parts, runner
+from study import cli, parts, runner, scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--optimizers", "adamw", "--budgets", "0.25", "--baseline-budgets", "--knobs", "lr",
@@ -27,7 +27,7 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
 
 def _no_launch(monkeypatch: pytest.MonkeyPatch) -> list:
     launched: list = []
-    monkeypatch.setattr(cli, "launch_each", lambda *a, **k: launched.append(a) or (0, ""))
+    monkeypatch.setattr(scheduler, "launch_each", lambda *a, **k: launched.append(a) or (0, ""))
     return launched
 
 
@@ -88,7 +88,7 @@ def test_a_run_that_fails_with_a_config_error_stops_the_study_at_once(tmp_path, 
         calls.append(cmds[0])
         return 1, "12:00:00 composing\nconfig error: data.dir /nope: no such folder\n"
 
-    monkeypatch.setattr(cli, "launch_each", fails)
+    monkeypatch.setattr(scheduler, "launch_each", fails)
     out = tmp_path / "s"
     with pytest.raises(SystemExit) as exc:
         cli.main(["--out", str(out), *SMALL])
@@ -102,7 +102,7 @@ def test_a_run_that_fails_with_a_config_error_stops_the_study_at_once(tmp_path, 
 
 def test_a_part_names_itself_in_the_line(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "run", lambda plan, argv=None: (_ for _ in ()).throw(
-        cli.RunFailed("study: run runs/x failed (exit 1): data error: short")))  # fmt: skip
+        scheduler.RunFailed("study: run runs/x failed (exit 1): data error: short")))  # fmt: skip
     part = parts.Part("t", "p", {}, tmp_path / "r", tmp_path / "res")
     d = parts.Definition("t", {"p": part}, ["p"], {}, [])
     with pytest.raises(SystemExit, match=r"^study: part p: run runs/x failed \(exit 1\)"):
@@ -118,7 +118,7 @@ def test_a_run_that_fails_twice_the_same_way_is_not_launched_a_third_time(tmp_pa
         calls.append(cmds[0])
         return -9, ""
 
-    monkeypatch.setattr(cli, "launch_each", killed)
+    monkeypatch.setattr(scheduler, "launch_each", killed)
     with pytest.raises(SystemExit) as exc:
         cli.main(["--out", str(tmp_path / "s"), *SMALL])
     text = _one_line(exc)
@@ -138,7 +138,7 @@ def test_a_diverged_run_counts_as_diverged_and_the_study_goes_on(tmp_path, monke
         calls.append(out_dir)
         return 1, "non-finite loss 3 steps in a row: diverged"
 
-    monkeypatch.setattr(cli, "launch_each", diverges)
+    monkeypatch.setattr(scheduler, "launch_each", diverges)
     monkeypatch.setattr(cli, "write_report", lambda *a, **k: None, raising=False)
     import study.report
 
