@@ -78,9 +78,9 @@ def test_gpu_check_dry_run_packs_every_step_into_parts_within_the_budget():
 
 
 def test_gpu_check_parts_fit_the_budget_and_limits_are_overridable():
-    from bench import gpu_check
+    from bench import gpu_check, gpu_steps
 
-    every = gpu_check.steps(80.0)
+    every = gpu_steps.steps(80.0)
     for budget in (570, 400):
         packed = gpu_check.parts(every, budget)
         assert [s for p in packed for s in p] == every  # the order kept, nothing dropped
@@ -95,21 +95,21 @@ def test_gpu_check_parts_fit_the_budget_and_limits_are_overridable():
 
 
 def test_xl_micro_batch_is_the_launchers():
-    from bench import gpu_check
+    from bench import gpu_steps
     from scripts.launch import choose_micro_batch
     from scripts.paper_runs import TableRun
 
     args = argparse.Namespace(micro_batch=None, gpu_mem=79.0, gpus=8, nodes=1)
     want = choose_micro_batch([TableRun("fineweb-edu/xl-mars-adamw")], 60, args)[0]
-    assert gpu_check.xl_micro_batch(79.0) == want == 12  # not 10: no phantom gradient copy
+    assert gpu_steps.xl_micro_batch(79.0) == want == 12  # not 10: no phantom gradient copy
 
 
 def test_gpu_check_measures_the_engine_and_nanogpt_side_by_side(tmp_path):
     """The engine per family with its kernels per step, always; nanoGPT beside GPT-2 small at
     micro-batch 12 and 32 with --nanogpt PATH only."""
-    from bench import gpu_check
+    from bench import gpu_check, gpu_steps
 
-    every = {s.name: s for s in gpu_check.steps(80.0, nanogpt=tmp_path)}
+    every = {s.name: s for s in gpu_steps.steps(80.0, nanogpt=tmp_path)}
     engine = every["optim-engine"].argv
     assert "--kernels" in engine and engine[engine.index("--paths") + 1 :][:2] == ["foreach",
                                                                               "engine"]  # fmt: skip
@@ -118,7 +118,7 @@ def test_gpu_check_measures_the_engine_and_nanogpt_side_by_side(tmp_path):
         argv = every[f"nanogpt-{mb}"].argv
         assert argv[argv.index("--nanogpt") + 1] == str(tmp_path)
         assert argv[argv.index("--micro-batch") + 1] == mb
-    assert "nanogpt-12" not in {s.name for s in gpu_check.steps(80.0)}
+    assert "nanogpt-12" not in {s.name for s in gpu_steps.steps(80.0)}
     assert gpu_check.parse_args(["--nanogpt", str(tmp_path)]).nanogpt == tmp_path
 
 
@@ -137,13 +137,13 @@ def test_bench_train_sdpa_backend_is_trainings(monkeypatch):
 
 
 def test_gpu_check_records_failures_and_goes_on(tmp_path):
-    from bench import gpu_check
+    from bench import gpu_check, gpu_steps
 
     steps = [
-        gpu_check.Step("fails", "exit 3", [sys.executable, "-c", "import sys; sys.exit(3)"], 30),
-        gpu_check.Step("slow", "prints, then sleeps", [sys.executable, "-c",
+        gpu_steps.Step("fails", "exit 3", [sys.executable, "-c", "import sys; sys.exit(3)"], 30),
+        gpu_steps.Step("slow", "prints, then sleeps", [sys.executable, "-c",
                        "import time; print('row 1', flush=True); time.sleep(30)"], 3),
-        gpu_check.Step("fine", "prints", [sys.executable, "-c", "print('tokens/s 1')"], 30),
+        gpu_steps.Step("fine", "prints", [sys.executable, "-c", "print('tokens/s 1')"], 30),
     ]  # fmt: skip
     results = [gpu_check.run_step(s, s.limit_s, tmp_path / f"{s.name}.log") for s in steps]
     assert [r["status"] for r in results] == ["failed", "timed out after 3 s", "ok"]

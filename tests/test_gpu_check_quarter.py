@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import gpu_check, tables
+from bench import gpu_check, gpu_steps, tables
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_quarter_plan_fits_its_calls_in_order(tmp_path):
-    every = gpu_check.quarter_steps(80.0, tmp_path)
+    every = gpu_steps.quarter_steps(80.0, tmp_path)
     names = [s.name for s in every]
     assert names == ["host-sync", "gpu-tests", "optim-4096", "optim-2048", "optim-1024", "llama",
                      "crossover-b131072-fp32"]  # fmt: skip
@@ -21,12 +21,12 @@ def test_the_quarter_plan_fits_its_calls_in_order(tmp_path):
     assert len(packed) == 2
     assert all(sum(s.limit_s for s in p) + gpu_check.STARTUP_S <= 540 for p in packed)
     assert sum(s.limit_s for s in every) + 2 * gpu_check.STARTUP_S <= 15 * 60 - 60
-    assert gpu_check.HOST_SYNC in every[0].argv
-    assert gpu_check.HOST_SYNC in every[1].argv[every[1].argv.index("--deselect") + 1]
+    assert gpu_steps.HOST_SYNC in every[0].argv
+    assert gpu_steps.HOST_SYNC in every[1].argv[every[1].argv.index("--deselect") + 1]
 
 
 def test_the_llama_step_is_the_experiments_batch_and_routing(tmp_path):
-    step = {s.name: s for s in gpu_check.quarter_steps(80.0, tmp_path)}["llama"]
+    step = {s.name: s for s in gpu_steps.quarter_steps(80.0, tmp_path)}["llama"]
     argv = step.argv
     mb, accum = int(argv[argv.index("--micro-batch") + 1]), int(argv[argv.index("--accum") + 1])
     assert mb * accum * 512 == 131072  # configs/shared/llama-124m.yaml: 64 x 4 x 512
@@ -35,7 +35,7 @@ def test_the_llama_step_is_the_experiments_batch_and_routing(tmp_path):
 
 
 def test_the_optimizer_steps_time_three_blocks_in_three_processes(tmp_path):
-    steps = {s.name: s for s in gpu_check.quarter_steps(80.0, tmp_path)}
+    steps = {s.name: s for s in gpu_steps.quarter_steps(80.0, tmp_path)}
     for block in (4096, 2048, 1024):
         argv = steps[f"optim-{block}"].argv
         assert argv[argv.index("--block") + 1] == str(block)
@@ -46,7 +46,7 @@ def test_the_optimizer_steps_time_three_blocks_in_three_processes(tmp_path):
 def test_the_crossover_cell_runs_in_true_float32(tmp_path):
     import yaml
 
-    step = {s.name: s for s in gpu_check.quarter_steps(80.0, tmp_path)}["crossover-b131072-fp32"]
+    step = {s.name: s for s in gpu_steps.quarter_steps(80.0, tmp_path)}["crossover-b131072-fp32"]
     assert "b131072-fp32" in step.argv
     study = yaml.safe_load((ROOT / "configs/experiment/study.yaml").read_text())
     assert (study["dtype"], study["tf32"]) == ("float32", False)
@@ -78,7 +78,7 @@ def test_junit_outcomes_become_the_gpu_tests_record(tmp_path):
         ("tests.test_b::test_skip", "skipped")]  # fmt: skip
     assert lines[1]["message"].startswith("RuntimeError")
     assert gpu_check.junit_lines(tmp_path / "absent.xml") == []
-    step = gpu_check.Step("gpu-tests", "w", ["pytest"], 10, xml)
+    step = gpu_steps.Step("gpu-tests", "w", ["pytest"], 10, xml)
     gpu_check.keep_step(tmp_path, step, {"status": "failed", "rc": 1, "seconds": 2.0}, set())
     rec = [json.loads(x) for x in (tmp_path / "gpu-tests.jsonl").read_text().splitlines()]
     assert [r["event"] for r in rec] == ["about", "device", "gpu-tests", "test", "test", "test"]
