@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.stats import LEVEL, paired_interval, paired_p_value
+from study import prediction_score
 from study.correction_tables import N_SEEDS, diff_text, figure, lr_text, markdown
 from study.results import read_csv
 from study.tables import eval_losses
@@ -150,7 +151,7 @@ def measure(results: Path) -> list[dict]:
 
 
 def corr_measured(rows: list[dict]) -> list[dict]:
-    """Delta_corr at each batch it has finished, as ``crossover_report.scored`` reads it."""
+    """Delta_corr at each batch it has finished, as ``prediction_score.scored`` reads it."""
     return [{"comparison": "Delta_corr: AdamW + correction - AdamW",
              "batch": int(r["step"].after.part.rsplit("-b", 1)[1]), "lo": r["lo"], "hi": r["hi"]}
             for r in rows if r["step"].group == "correction" and "mean" in r]  # fmt: skip
@@ -235,7 +236,9 @@ def readme_block(results: Path, rows: list[dict] | None = None) -> str:
     cross = cr.effects(cr.batch_losses(results, cells), void=cr.void_cells(results, cells))
     mine = [r for r in cross if r["model"] == "proxy-100k"]
     epochs = cr.epochs_of(results, sorted({r["batch"] for r in mine}))
-    score = cr.scored(cr.predictions(results), mine + corr_measured(rows))
+    score = prediction_score.scored(
+        prediction_score.predictions(results), mine + corr_measured(rows)
+    )
     return sentences(rows, epochs, cross, score)
 
 
@@ -329,9 +332,8 @@ def reading(results: Path, holm: dict[str, float], p_text=str) -> str:  # noqa: 
 
 def write(results: Path, readme: Path | None = None) -> Path:
     rows = measure(results)
-    from study import crossover_report as cr
 
-    score = cr.scored(cr.predictions(results), corr_measured(rows))
+    score = prediction_score.scored(prediction_score.predictions(results), corr_measured(rows))
     (results / "correction.md").write_text(markdown(rows, score))
     figure(rows, results / "correction.png")
     if readme is not None:

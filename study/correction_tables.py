@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from analysis.stats import LEVEL
+from study.prediction_score import scored_lines
 
 N_SEEDS = 5  # evaluation seeds a step needs to be a test
 
@@ -47,14 +48,7 @@ def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
     if score:
         lines += ["## The prediction, scored", "",
                   "Delta_corr at each batch measured against each prediction record's AdamW run at "
-                  "its last phase (study/crossover_report.py's `scored`).", "",
-                  "| batch | record (run, step) | predicted | measured | hit |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for r in score:
-            lines.append(f"| {r['batch']:,} | {r['file']} ({r['label']}, {r['step']}/"
-                         f"{r['steps']}) | {r['predicted']} | {r['measured']} | "
-                         f"{'hit' if r['hit'] else 'miss'} |")  # fmt: skip
-        lines.append("")
+                  "its last phase (study/prediction_score.py).", "", *scored_lines(score), ""]  # fmt: skip
     return "\n".join(lines)
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
+from study.figures import crossover_figure
+from study.prediction_score import predicted_lines, predictions, scored, scored_lines
 from study.results import read_csv
 from study.tables import eval_losses
 
@@ -258,57 +260,6 @@ def effects(losses: dict, n_seeds: int = 5, void: dict | None = None) -> list[di
     return rows
 
 
-def predictions(results: Path) -> list[dict]:
-    """``[{label, step, crossover, snr_passes_1, cosine_positive_from, b_simple}]`` of every
-    prediction record in ``results``."""
-    out = []
-    for path in sorted(results.glob("predict*.json")):
-        rec = json.loads(path.read_text())
-        for run in rec.get("runs", []):
-            for ph in run.get("phases", []):
-                out.append({"file": path.name, "label": run.get("label") or run.get("run", ""),
-                            "step": ph["step"], "steps": run["steps"],
-                            "b_simple": ph["b_simple"], **ph["prediction"]})  # fmt: skip
-    return out
-
-
-# which comparison a prediction run speaks for: the correction acts in MARS-AdamW's trajectory
-# (Delta_gamma) and, added to AdamW's configuration, in AdamW's (Delta_corr, study/correction.py)
-SCORED = {"Delta_gamma: MARS-AdamW - (gamma = 0)": "mars-adamw",
-          "Delta_corr: AdamW + correction - AdamW": "adamw"}  # fmt: skip
-
-
-def _sign(lo: float, hi: float) -> str:
-    return "helps" if hi < 0 else "hurts" if lo > 0 else "no difference"
-
-
-def scored(preds: list[dict], measured: list[dict]) -> list[dict]:
-    """Each measured cell of each scored comparison against each prediction record's run of
-    the matching optimizer at its last phase: the correction predicted to help where the batch
-    is at or past the predicted crossover; measured to help where the interval lies below 0;
-    a hit where both say help or both say it does not (``measured``: rows with ``comparison``,
-    ``batch``, ``lo``, ``hi``)."""
-    out = []
-    for comparison, label in SCORED.items():
-        runs = {}
-        for p in preds:
-            if p["label"] == label and p["step"] >= runs.get(p["file"], {"step": -1})["step"]:
-                runs[p["file"]] = p
-        for m in (m for m in measured if m["comparison"] == comparison):
-            for p in runs.values():
-                helps = math.isfinite(p["crossover"]) and m["batch"] >= p["crossover"]
-                sign = _sign(m["lo"], m["hi"])
-                out.append({"comparison": comparison, "batch": m["batch"], "file": p["file"],
-                            "label": label, "step": p["step"], "steps": p["steps"],
-                            "predicted": "helps" if helps else "no help", "measured": sign,
-                            "hit": helps == (sign == "helps")})  # fmt: skip
-    return out
-
-
-def _b(x: float) -> str:
-    return "> ladder" if x == math.inf else "-" if math.isnan(x) else f"{x:,.0f}"
-
-
 def markdown(
     losses: dict,
     rows: list[dict],
@@ -405,17 +356,7 @@ def markdown(
                     a = arms[arm]
                     lines.append(f"| {b.label} | {arm} | {a['lr']:g} | {a['mean']:.4f} | {a['lrs']} "
                                  f"| {a['device']} |")  # fmt: skip
-    lines += ["", "## Predicted (python -m study.predict)", ""]
-    if not preds:
-        lines.append("No prediction record yet (`python -m study.predict RUN_DIR --json "
-                     "results/crossover/predict-NAME.json`).")  # fmt: skip
-    else:
-        lines += ["| record | run | step | B_simple (tokens) | SNR passes 1 | cosine clearly "
-                  "positive from | predicted crossover |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for p in preds:
-            lines.append(f"| {p['file']} | {p['label']} | {p['step']}/{p['steps']} | "
-                         f"{p['b_simple']:,.0f} | {_b(p['snr_passes_1'])} | "
-                         f"{_b(p['cosine_positive_from'])} | {_b(p['crossover'])} |")  # fmt: skip
+    lines += ["", "## Predicted (python -m study.predict)", "", *predicted_lines(preds)]
     if score:
         hits = sum(r["hit"] for r in score)
         lines += ["", "## The prediction, scored", "",
@@ -425,49 +366,8 @@ def markdown(
                   f"where the {pct} interval lies below 0. {hits} of {len(score)} hit. The "
                   "records so far probed the headline's runs, not the crossover's arms (their "
                   "knobs and lrs differ): the predictor is an instrument here, not a claim.", "",
-                  "| comparison | batch | record (run, step) | predicted | measured | hit |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for r in score:
-            lines.append(f"| {r['comparison']} | {r['batch']:,} | {r['file']} ({r['label']}, "
-                         f"{r['step']}/{r['steps']}) | {r['predicted']} | {r['measured']} | "
-                         f"{'hit' if r['hit'] else 'miss'} |")  # fmt: skip
+                  *scored_lines(score)]  # fmt: skip
     return "\n".join(lines) + "\n"
-
-
-def figure(rows: list[dict], preds: list[dict], path: Path) -> None:
-    """The measured effects against the batch, with the predicted crossovers marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    from study.figures import colour_of
-
-    models = sorted({r["model"] for r in rows}, key=lambda m: (m != HEADLINE_MODEL, m))
-    for (name, _base, _other), colour in zip(COMPARISONS, (colour_of(OFF), colour_of(ADAMW))):
-        for model, marker in zip(models, "osD^v"):
-            rs = [r for r in rows if r["comparison"] == name and r["model"] == model]
-            if rs:
-                xs = [r["batch"] for r in rs]
-                label = name if model == HEADLINE_MODEL else f"{name} ({model})"
-                ax.errorbar(xs, [r["mean"] for r in rs], marker=marker, color=colour, label=label,
-                            ls="-" if model == HEADLINE_MODEL else "--",
-                            yerr=[[r["mean"] - r["lo"] for r in rs],
-                                  [r["hi"] - r["mean"] for r in rs]])  # fmt: skip
-    finite = [p["crossover"] for p in preds if math.isfinite(p["crossover"])]
-    for x in sorted(set(finite)):
-        ax.axvline(x, color="grey", ls=":", lw=0.8)
-    ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch (bytes), 966 steps at each")
-    ax.set_ylabel("final validation loss difference")
-    ax.set_title("below 0: the first arm is better (dotted: predicted crossovers)", fontsize=9)
-    if rows:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write(results: Path, batches: list) -> Path:
@@ -483,5 +383,5 @@ def write(results: Path, batches: list) -> Path:
     (results / "report.md").write_text(
         markdown(losses, rows, preds, batches, picked, collapsed, checks, void, epochs, score)
     )
-    figure(rows, preds, results / "crossover.png")
+    crossover_figure(rows, preds, results / "crossover.png", COMPARISONS, HEADLINE_MODEL)
     return results / "report.md"

@@ -137,3 +137,40 @@ def study_figure(rows: list[dict], floors: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def crossover_figure(rows: list[dict], preds: list[dict], path: Path, comparisons: list,
+                     headline: str) -> None:  # fmt: skip
+    """The crossover's measured effects against the batch (``comparisons``: study/crossover_report.py's
+    ``(name, colour arm, ...)``; ``headline``: the model drawn solid), with the predicted
+    crossovers marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    models = sorted({r["model"] for r in rows}, key=lambda m: (m != headline, m))
+    for (name, _base, _other), colour in zip(comparisons, (colour_of(c[1]) for c in comparisons)):
+        for model, marker in zip(models, "osD^v"):
+            rs = [r for r in rows if r["comparison"] == name and r["model"] == model]
+            if rs:
+                xs = [r["batch"] for r in rs]
+                label = name if model == headline else f"{name} ({model})"
+                ax.errorbar(xs, [r["mean"] for r in rs], marker=marker, color=colour, label=label,
+                            ls="-" if model == headline else "--",
+                            yerr=[[r["mean"] - r["lo"] for r in rs],
+                                  [r["hi"] - r["mean"] for r in rs]])  # fmt: skip
+    finite = [p["crossover"] for p in preds if math.isfinite(p["crossover"])]
+    for x in sorted(set(finite)):
+        ax.axvline(x, color="grey", ls=":", lw=0.8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch (bytes), 966 steps at each")
+    ax.set_ylabel("final validation loss difference")
+    ax.set_title("below 0: the first arm is better (dotted: predicted crossovers)", fontsize=9)
+    if rows:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

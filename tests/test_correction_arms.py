@@ -190,7 +190,7 @@ def test_the_docs_conclusions_are_the_familys():
 def test_a_prediction_is_scored_against_the_measured_sign():
     """Crossover predicted at 8,192: helps from there. Measured: helps at 2,048 (interval below
     0), nothing at 8,192, hurts at 32,768: three misses, and a record at its last phase only."""
-    from study import crossover_report as cr
+    from study import prediction_score
 
     preds = [{"file": "p.json", "label": "mars-adamw", "step": s, "steps": 966, "crossover": c}
              for s, c in ((483, float("inf")), (966, 8192.0))]  # fmt: skip
@@ -198,13 +198,13 @@ def test_a_prediction_is_scored_against_the_measured_sign():
     measured = [{"comparison": name, "batch": b, "lo": lo, "hi": hi}
                 for b, lo, hi in ((2048, -0.07, -0.02), (8192, -0.08, 0.06), (32768, 0.01, 0.03),
                                   (4096, -0.2, -0.1))]  # fmt: skip
-    got = cr.scored(preds, measured)
+    got = prediction_score.scored(preds, measured)
     assert [(r["batch"], r["predicted"], r["measured"], r["hit"]) for r in got] == [
         (2048, "no help", "helps", False), (8192, "helps", "no difference", False),
         (32768, "helps", "hurts", False), (4096, "no help", "helps", False)]  # fmt: skip
     assert {r["step"] for r in got} == {966}
     preds[1]["crossover"] = 2048.0
-    assert cr.scored(preds, measured[:1])[0]["hit"]
+    assert prediction_score.scored(preds, measured[:1])[0]["hit"]
 
 
 def test_the_docs_anatomy_reading_is_the_ledgers():
