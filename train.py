@@ -102,24 +102,6 @@ def check_final_state(trainer: Trainer) -> None:
         raise Diverged(f"{trainer.out_dir} did not finish: {why}", state.step)
 
 
-def default_run_dir(cfg: TrainConfig) -> str:
-    """Where a run without ``out_dir`` goes: in a ``--multirun`` sweep the job's directory under
-    the sweep's parent (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
-    ``runs/<name>[_<overrides>]``. No time stamp: the same command, the same directory, so
-    running a stopped command again continues its run (docs/failures.md)."""
-    from trainer.command_line import hydra_job
-    from trainer.rundir import run_dir_name
-
-    name = cfg.name or cfg.optimizer.name
-    sweep_job_dir, overrides = hydra_job()
-    if sweep_job_dir is not None:
-        return sweep_job_dir
-    try:
-        return run_dir_name(name, overrides)
-    except ValueError as exc:  # a name that leaves runs/ (name=../../x)
-        raise SystemExit(f"config error: {exc}") from None
-
-
 def train(cfg: TrainConfig, config_dict: dict) -> dict:
     """Run training as configured; returns the summary (also written to summary.json)."""
     from tqdm.contrib.logging import logging_redirect_tqdm
@@ -147,6 +129,8 @@ def _train(cfg: TrainConfig, config_dict: dict, dist: DistInfo) -> dict:
     on_main(dist, ensure_prepared, data.name, data.dir, data.tokenizer, data.val_fraction)
     barrier()
     on_main(dist, check_data, cfg)
+    from trainer.command_line import default_run_dir
+
     name = cfg.out_dir if cfg.out_dir is not None else default_run_dir(cfg)
     out_dir, resume_path, lock = prepare_out_dir(name, cfg.resume, config_dict, dist)
     try:  # one process per run directory, until the run ends (trainer/runlock.py)
@@ -191,7 +175,7 @@ def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
         trainer.record_divergence(stop)
         finish_run(cfg, dist, trainer.state, out_dir, parameters=trainer.raw_model.num_params(),
                    wall_seconds=time.perf_counter() - start, elapsed_s=trainer.elapsed(),
-                   routes=optim_routes(trainer.optimizer))  # fmt: skip
+                   optimizer=trainer.optimizer)  # fmt: skip
         raise
     finally:
         trainer.logger.close()
@@ -199,14 +183,7 @@ def _run(cfg: TrainConfig, config_dict: dict, dist: DistInfo, out_dir: Path,
         raise Preempted(trainer.stopped_by, trainer.state.step, str(out_dir), resume_command())
     params, wall_s = trainer.raw_model.num_params(), time.perf_counter() - start
     return finish_run(cfg, dist, trainer.state, out_dir, parameters=params, wall_seconds=wall_s,
-                      elapsed_s=trainer.elapsed(), routes=optim_routes(trainer.optimizer))  # fmt: skip
-
-
-def optim_routes(optimizer) -> dict:  # noqa: ANN001
-    """The routes the optimizer's buckets took in its last step (optim/routes.py)."""
-    from optim.routes import taken
-
-    return taken(optimizer)
+                      elapsed_s=trainer.elapsed(), optimizer=trainer.optimizer)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -44,14 +44,14 @@ def test_sigterm_keeps_the_tasks_done_as_partial(tiny_run, task_dir, tmp_path, m
 def test_a_run_name_cannot_leave_runs(name):
     from types import SimpleNamespace
 
-    import train
+    from trainer.command_line import default_run_dir
     from trainer.rundir import run_dir_name
 
     with pytest.raises(ValueError, match="a run's name is a path inside runs/"):
         run_dir_name(name, [])
     cfg = SimpleNamespace(name=name, optimizer=SimpleNamespace(name="adamw"))
     with pytest.raises(SystemExit) as info:
-        train.default_run_dir(cfg)
+        default_run_dir(cfg)
     assert str(info.value.code).startswith(f"config error: name={name}: ")
     assert "\n" not in str(info.value.code)
     assert run_dir_name("owt/small-adamw", []) == "runs/owt/small-adamw"  # a folder inside: fine

@@ -152,8 +152,25 @@ def check_composition(overrides: list[str]) -> None:
         raise SystemExit(f"config error: {f'{key}: ' if key else ''}{line}") from None
 
 
+def default_run_dir(cfg: TrainConfig) -> str:
+    """Where a run without ``out_dir`` goes: in a ``--multirun`` sweep the job's directory under
+    the sweep's parent (``hydra.sweep.dir``/``subdir`` in configs/config.yaml); otherwise
+    ``runs/<name>[_<overrides>]``. No time stamp: the same command, the same directory, so
+    running a stopped command again continues its run (docs/failures.md)."""
+    from trainer.rundir import run_dir_name
+
+    name = cfg.name or cfg.optimizer.name
+    sweep_job_dir, overrides = hydra_job()
+    if sweep_job_dir is not None:
+        return sweep_job_dir
+    try:
+        return run_dir_name(name, overrides)
+    except ValueError as exc:  # a name that leaves runs/ (name=../../x)
+        raise SystemExit(f"config error: {exc}") from None
+
+
 def hydra_job() -> tuple[str | None, list[str]]:
-    """What Hydra's app says of the job, for a run without ``out_dir`` (train.default_run_dir):
+    """What Hydra's app says of the job, for a run without ``out_dir`` (``default_run_dir``):
     the job's directory in a ``--multirun`` sweep (else None) and the command line's overrides
     (none outside Hydra's app)."""
     if not HydraConfig.initialized():

@@ -161,10 +161,14 @@ def record_routes(optimizer: Any, dist: DistInfo, out_dir: Path | None) -> bool:
 
 def finish_run(
     cfg: TrainConfig, dist: DistInfo, state: RunState, out_dir: Path, *, parameters: int,
-    wall_seconds: float, elapsed_s: float, routes: dict | None = None,
+    wall_seconds: float, elapsed_s: float, optimizer: torch.optim.Optimizer | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The run's summary, written by rank 0 to ``summary.json``; ``wall_seconds`` is this
-    session's, ``elapsed_s`` the run's over all its sessions."""
+    session's, ``elapsed_s`` the run's over all its sessions; the routes ``optimizer``'s buckets
+    took in its last step (optim/routes.py)."""
+    from optim.routes import taken
+
+    routes = taken(optimizer) if optimizer is not None else {}
     diverged = state.stopped == DIVERGED
     summary = {
         "steps": state.step,
