@@ -13,9 +13,8 @@ A DCP checkpoint is the directory ``<out_dir>/checkpoints/step_<N>/`` holding
   and the *skeleton* of the model and optimizer state dicts (their structure, non-tensor values
   such as param groups and int keys, and for each tensor the DCP key it is stored under).
 
-It is written under ``.step_<N>.partial/`` and renamed to ``step_<N>/`` by rank 0 once every rank
-has written its share, so a kill during the write never leaves a directory that resume picks
-(``trainer.checkpoint.list_checkpoints`` also requires both files above).
+Written under ``.step_<N>.partial/``, renamed to ``step_<N>/`` by rank 0 once every rank has
+written its share: a kill mid-write leaves no directory that resume picks (``list_checkpoints``).
 
 With ``async_checkpoint=true`` the tensors are copied to CPU memory (the only stall of the loop),
 then written and committed by a background thread while training continues; the next save and
