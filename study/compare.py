@@ -1,10 +1,10 @@
-"""Does a ranking hold across cells? ``python -m study.compare`` reads the results.csv of finished
+"""Does a ranking hold across cells? ``python -m study cells`` reads the results.csv of finished
 studies (or parts of one) and puts their comparison cells side by side: sizes of the ladder,
 default against width-aware initialisation, one budget against another.
 
-    python -m study.compare default=runs/referee-ladder/results.csv \\
+    python -m study cells default=runs/referee-ladder/results.csv \\
         width-aware=runs/referee-widthinit/results.csv --out compare.md --figure compare.png
-    python -m study.compare ladder=runs/referee-ladder-up/results.csv   # every size of one file
+    python -m study cells ladder=runs/referee-ladder-up/results.csv     # every size of one file
 
 A source is ``LABEL=PATH`` (every comparison cell of the file: a (model, budget) where two
 optimizers or more have evaluation runs at their chosen values) or ``LABEL=PATH@MODEL:BUDGET``
@@ -288,7 +288,7 @@ def render(cells: list[Cell], sources: list[str]) -> str:
     change, notes = gap_changes(cells)
     out = [
         "# Across cells: does the ranking hold?", "",
-        f"Made by `python -m study.compare {' '.join(sources)}` from the results.csv files alone "
+        f"Made by `python -m study cells {' '.join(sources)}` from the results.csv files alone "
         f"(study/compare.py). Every figure is over the evaluation seeds at each optimizer's chosen "
         f"values; intervals are paired {pct} t-intervals; Holm's correction runs over every pair of "
         f"every cell below (one family of {len(tests)}); a difference holds at Holm p <= {ALPHA:.2f}.", "",
@@ -340,7 +340,7 @@ def figure(cells: list[Cell], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.compare", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m study cells", description=__doc__.split("\n")[0])
     ap.add_argument("sources", nargs="+", metavar="LABEL=PATH[@MODEL:BUDGET]")
     ap.add_argument("--out", type=Path, default=None, help="markdown file (default: stdout)")
     ap.add_argument("--figure", type=Path, default=None, help="PNG of the gaps per cell")
@@ -370,7 +370,3 @@ def main(argv: list[str] | None = None) -> int:
         figure(cells, args.figure)
         print(f"wrote {args.figure}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,13 +1,13 @@
 """The correction on AdamW's own configuration, and MARS-AdamW's defaults taken apart (docs/study.md,
 "The correction on AdamW's configuration"), from the committed ledgers alone:
 
-    python -m study.correction [--results results/crossover] [--readme README.md]
+    python -m study correction [--results results/crossover] [--readme README.md]
 
 writes RESULTS/correction.md (the table) and RESULTS/correction.png (the waterfall); with
 ``--readme`` it also rewrites the README's block between ``<!-- correction: ... -->`` and
 ``<!-- end -->`` (the three sentences of the answer), so no number there is typed by hand.
 docs/study.md's reading of the steps (``reading``, with their Holm p) is written by
-``python -m study.family --docs``, which holds the family.
+``python -m study family --docs``, which holds the family.
 
 The arms are the crossover definition's (study/studies/crossover.yaml): ``corr-b<B>`` holds
 MARS-AdamW with every value AdamW's and gamma 0.0528 (kappa 0.475 at beta1 0.9), so its rows minus
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -212,7 +211,7 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
         "steps of 491,520 tokens, about 5.5 epochs of OpenWebText's 9B tokens "
         "(docs/reproduction.md, docs/data.md)."
         + (
-            f" The gradient-statistics predictor (python -m study.predict) hit {sum(r['hit'] for r in score)} "
+            f" The gradient-statistics predictor (python -m study predict) hit {sum(r['hit'] for r in score)} "
             f"of {len(score)} measured cells (results/crossover/report.md): an instrument, not a "
             "claim."
             if score
@@ -273,7 +272,7 @@ def _iv(i) -> str:  # noqa: ANN001 - an Interval
 
 def reading(results: Path, holm: dict[str, float], p_text=str) -> str:  # noqa: ANN001
     """docs/study.md's reading of the anatomy (its block between ``<!-- anatomy: ... -->`` and
-    ``<!-- end -->``, written by ``python -m study.family --docs``, which holds the family):
+    ``<!-- end -->``, written by ``python -m study family --docs``, which holds the family):
     what each finished step says, with its interval and its Holm p in the one family (``holm``:
     test name -> Holm p; ``p_text`` prints one), and the repetition control; every number from
     the ledgers."""
@@ -293,7 +292,7 @@ def reading(results: Path, holm: dict[str, float], p_text=str) -> str:  # noqa: 
 
     pct = f"{LEVEL:.0%}"
     out = [f"Measured (paired over evaluation seeds 1-5, {pct} t-intervals, Holm p over the one "
-           "family; rendered by `python -m study.family --docs docs/study.md`):", ""]  # fmt: skip
+           "family; rendered by `python -m study family --docs docs/study.md`):", ""]  # fmt: skip
     for group in ("correction", "chain", "parts of the correction"):
         for r in (r for r in rows if r["step"].group == group):
             out.append(f"- {said(r)}")
@@ -348,14 +347,10 @@ def write(results: Path, readme: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.correction", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study correction", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "crossover")
     ap.add_argument("--readme", type=Path, default=None)
     args = ap.parse_args(argv)
     print(write(args.results, args.readme))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,7 +24,7 @@ def lr_text(x: float | None) -> str:
 def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
     pct = f"{LEVEL:.0%}"
     lines = ["# The correction on AdamW's configuration, MARS-AdamW's defaults taken apart "
-             "(`python -m study.correction`)", "",
+             "(`python -m study correction`)", "",
              "proxy-100k, 966 steps, float32 on a CPU, sotu-bytes; each arm's lr tuned on its own "
              "line (selection seeds 0, 6, 7), evaluation seeds 1-5; each step is the second arm "
              "minus the first, paired per seed, with its "

@@ -1,7 +1,7 @@
 """The batch crossover's table and figure from its published files (docs/study.md, "The batch
 crossover"):
 
-    python -m study.crossover report [--results results/crossover] [--batches 8192 2048 ...]
+    python -m study crossover report [--results results/crossover] [--batches 8192 2048 ...]
 
 The crossover is a study defined as data (study/studies/crossover.yaml): proxy-100k for the
 headline's 966 steps at every batch (the budget grows with the batch, 1x Chinchilla at 2,048
@@ -15,7 +15,7 @@ part. It runs, and continues after a stop, with
 
 which rewrites this table after each part (study/parts.py). ``report`` rewrites it alone, from
 whatever the ledgers hold. ``corpus`` measures the training corpus once from its prepared shards
-(``python -m study.crossover corpus``: RESULTS/corpus.json, the tokens one epoch of proxy-100k's
+(``python -m study crossover corpus``: RESULTS/corpus.json, the tokens one epoch of proxy-100k's
 windows holds), so the report gives each cell's epochs over its corpus from a record.
 """
 
@@ -50,7 +50,7 @@ def batches() -> list:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m study.crossover", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study crossover", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("command", help="report | corpus")
     ap.add_argument("--batches", nargs="+", type=int, default=None, metavar="BYTES",
@@ -100,7 +100,3 @@ def main(argv: list[str] | None = None) -> int:
 
     print(write(args.results, args.batches))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

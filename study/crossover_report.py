@@ -4,7 +4,7 @@ the mean over the evaluation seeds of the paired per-seed differences with its 9
 Holm-adjusted over the batches measured (one family per comparison), beside the crossover that
 the gradient statistics predict (study/predict.py's records, ``predict*.json``).
 
-    python -m study.crossover report      # RESULTS/report.md and RESULTS/crossover.png
+    python -m study crossover report      # RESULTS/report.md and RESULTS/crossover.png
 
 Reads only the published files: each batch's ledger (``RESULTS/b<B>/results.csv`` for
 proxy-100k, ``RESULTS/m<SIZE>-b<B>/`` for another proxy, e.g. ``m423k-b8192``: the chosen
@@ -186,7 +186,7 @@ STEPS = 966  # every cell's steps (the headline's)
 
 def epochs_of(results: Path, cells: list) -> dict:
     """``{cell: epochs}``: the tokens a run of the cell trains on (966 steps of its batch) over
-    the tokens one epoch of the corpus holds (RESULTS/corpus.json, ``python -m study.crossover
+    the tokens one epoch of the corpus holds (RESULTS/corpus.json, ``python -m study crossover
     corpus``); empty without that record. Keyed as given (a Cell or a bare batch)."""
     path = results / "corpus.json"
     if not path.is_file():
@@ -356,7 +356,7 @@ def markdown(
                     a = arms[arm]
                     lines.append(f"| {b.label} | {arm} | {a['lr']:g} | {a['mean']:.4f} | {a['lrs']} "
                                  f"| {a['device']} |")  # fmt: skip
-    lines += ["", "## Predicted (python -m study.predict)", "", *predicted_lines(preds)]
+    lines += ["", "## Predicted (python -m study predict)", "", *predicted_lines(preds)]
     if score:
         hits = sum(r["hit"] for r in score)
         lines += ["", "## The prediction, scored", "",

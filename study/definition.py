@@ -13,7 +13,7 @@ A definition file:
     order: [NAME, ...]             # what `run` runs without --part (default: every part);
                                    # an entry {part: NAME, main_only: true} runs its main
                                    # budgets alone (no baseline budgets) at that point
-    compare:                       # python -m study.compare over the published parts
+    compare:                       # python -m study cells over the published parts
       NAME: [LABEL=PART[@MODEL:BUDGET], ...]
     tables: [NAME, ...]            # the study's own tables over its parts (TABLES), rewritten
                                    # after each part: crossover (study/crossover_report.py),
@@ -96,7 +96,7 @@ class Part:
 
     @property
     def kind(self) -> str:
-        """``study`` (python -m study) or ``factorial`` (python -m study.factorial)."""
+        """``study`` (python -m study) or ``factorial`` (python -m study factorial)."""
         return self.values.get("kind", "study")
 
     def starts_from(self) -> list[str]:
@@ -360,7 +360,7 @@ def centers_from(path: Path, cell: str | None, optimizers: list[str]) -> dict:
 
 
 def compare_args(definition: Definition, name: str) -> list[str]:
-    """``python -m study.compare`` arguments of one comparison, into results/<study>/compare/."""
+    """``python -m study cells`` arguments of one comparison, into results/<study>/compare/."""
     sources = []
     for entry in definition.compare[name]:
         label, _, text = str(entry).partition("=")

@@ -10,7 +10,7 @@ chose for MARS-AdamW (its results.csv), on the evaluation seeds, without tuning:
   weight kappa = gamma beta1 / (1 - beta1) stays MARS-AdamW's (0.475 at gamma 0.025, beta1
   0.95: gamma 0.0528 at beta1 0.9), since the plain betas switch also halves kappa.
 
-    python -m study.factorial --from runs/referee/results.csv [--out runs/referee-factorial]
+    python -m study factorial --from runs/referee/results.csv [--out runs/referee-factorial]
                               [study options, e.g. --jobs 2] [-- train.py overrides]
 
 It is ``python -m study`` with these cells, ``--untuned`` at ``--center-from`` the given file,
@@ -101,7 +101,7 @@ def finish(plan, code: int) -> int:  # noqa: ANN001 - a study.plan.Plan
         from study.results import read_csv
 
         (plan.out / "factorial.md").write_text(
-            "# MARS-AdamW's loss taken apart (python -m study.factorial)\n\n"
+            "# MARS-AdamW's loss taken apart (python -m study factorial)\n\n"
             "Effects on the final validation loss over the evaluation seeds (a positive effect:"
             " MARS-AdamW's setting costs that much; study/factorial.py says how each is "
             "computed).\n\n" + markdown(read_csv(results))
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from study import cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    ap = argparse.ArgumentParser(prog="python -m study.factorial", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study factorial", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--from", dest="source", type=Path, required=True, metavar="CSV")
     ap.add_argument("--out", type=Path, default=Path("runs/referee-factorial"))
@@ -245,7 +245,3 @@ def markdown(rows: list[dict], level: float = 0.9) -> str:
         share = "" if name.startswith("gap") or gap == 0 else f"{iv.mean / gap:+.0%}"
         lines.append(f"| {name} | {iv.mean:+.4f} [{iv.lo:+.4f}, {iv.hi:+.4f}] | {iv.n} | {share} |")
     return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

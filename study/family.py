@@ -19,7 +19,7 @@ every test of the study is counted. This gathers, from the committed ledgers alo
 
 and adjusts all of their p-values together (Holm, family-wise level 0.10, the intervals' level).
 
-    python -m study.family [--results results/referee] [--crossover results/crossover]
+    python -m study family [--results results/referee] [--crossover results/crossover]
                            [--out results/referee/family.md] [--docs docs/study.md]
 
 ``--docs`` also rewrites the conclusions table of docs/study.md (between
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from itertools import combinations
 from pathlib import Path
 
@@ -254,7 +253,7 @@ def markdown(tests: list[dict]) -> str:
     alpha = 1 - LEVEL
     held = sum(t["holm_p"] <= alpha for t in tests)
     lines = [
-        "# One family: every test of the study, one Holm correction (python -m study.family)",
+        "# One family: every test of the study, one Holm correction (python -m study family)",
         "",
         f"{len(tests)} tests ({sum(t['kind'] == 'pair' for t in tests)} pairs within cells, "
         f"{sum(t['test'].startswith('crossover') for t in tests)} of them the batch crossover's; "
@@ -277,7 +276,7 @@ def markdown(tests: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.family", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study family", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "referee")
     ap.add_argument("--crossover", type=Path, default=ROOT / "results" / "crossover",
@@ -304,7 +303,3 @@ def main(argv: list[str] | None = None) -> int:
         args.docs.write_text(page)
     print(text.split("\n\n")[1])
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

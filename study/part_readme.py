@@ -3,7 +3,7 @@ the part's ledger, the definition (its ``description``: the part's question) and
 family (its claims with their Holm p), so the numbers a reader meets beside the data are never
 typed by hand (tests/test_part_readme.py keeps every committed one equal to its rendering).
 
-    python -m study.part_readme [--study referee crossover] [--part NAME ...]
+    python -m study readmes [--study referee crossover] [--part NAME ...]
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from pathlib import Path
 
 from analysis.stats import LEVEL
@@ -81,7 +80,7 @@ def render(study: str, part: defs.Part, tests: list[dict], root: Path = ROOT) ->
         f"(no description: add one to study/studies/{study}.yaml's part {part.name})"
     )
     roles = {role: sum(r.get("role") == role for r in rows) for role in ("select", "eval")}
-    lines = [f"# {study}/{part.name} (rendered by `python -m study.part_readme`)", "",
+    lines = [f"# {study}/{part.name} (rendered by `python -m study readmes`)", "",
              " ".join(str(question).split()), "",
              f"Ledger: [results.csv](results.csv), {len(rows)} runs ({roles['select']} "
              f"selection, {roles['eval']} evaluation); its report: [report.md](report.md). "
@@ -120,7 +119,7 @@ def parts_of(study: str, wanted: list[str] | None = None) -> list[defs.Part]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.part_readme", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study readmes", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--study", nargs="+", default=list(STUDIES), choices=STUDIES)
     ap.add_argument("--part", nargs="+", default=None)
@@ -132,7 +131,3 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(render(study, part, tests))
             print(path.relative_to(ROOT))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

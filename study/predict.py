@@ -1,11 +1,11 @@
 """The batch crossover predicted from a run's gradient statistics (docs/study.md, "The batch
 crossover"; the estimators: study/gradstats.py).
 
-    python -m study.predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
+    python -m study predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
                             [--warm N] [--pairs 5] [--noise-k 16 --noise-rounds 4] [--common 0]
                             [--kappa K] [--threads 1] [--json FILE] [--figure FILE]
-    python -m study.predict LEDGER.csv:RUN_ID    # a run of a ledger (its recorded command)
-    python -m study.predict -- OVERRIDES...      # a run given by its train.py overrides
+    python -m study predict LEDGER.csv:RUN_ID    # a run of a ledger (its recorded command)
+    python -m study predict -- OVERRIDES...      # a run given by its train.py overrides
 
 The run (a finished one-process run of train.py: its recorded command, or the overrides of a
 ledger row) is replayed on the CPU; at each fraction ``--at`` of its steps, from the weights and
@@ -235,7 +235,7 @@ def draw(record: dict, path: Path) -> None:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    ap = argparse.ArgumentParser(prog="python -m study.predict", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study predict", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("runs", nargs="*", type=Path, metavar="RUN_DIR|LEDGER.csv:RUN_ID")
     ap.add_argument("--at", nargs="+", type=float, default=[0.25, 0.5, 0.75, 1.0])
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parse(list(sys.argv[1:] if argv is None else argv))
     torch.set_num_threads(args.threads)
     print(device_line("cpu"))
-    record = {"device": device_line("cpu"), "command": ["python", "-m", "study.predict",
+    record = {"device": device_line("cpu"), "command": ["python", "-m", "study", "predict",
               *map(_relative, sys.argv[1:] if argv is None else argv)], "runs": []}  # fmt: skip
     from study import ledger
 
@@ -293,7 +293,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.figure:
         draw(record, args.figure)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -64,7 +64,7 @@ def _b(x: float) -> str:
 def predicted_lines(preds: list[dict]) -> list[str]:
     """The report's table of every prediction record's phases (or how to make one)."""
     if not preds:
-        return ["No prediction record yet (`python -m study.predict RUN_DIR --json "
+        return ["No prediction record yet (`python -m study predict RUN_DIR --json "
                 "results/crossover/predict-NAME.json`)."]  # fmt: skip
     lines = ["| record | run | step | B_simple (tokens) | SNR passes 1 | cosine clearly "
              "positive from | predicted crossover |", "|---|---|---|---|---|---|---|"]  # fmt: skip

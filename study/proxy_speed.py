@@ -2,8 +2,8 @@
 "The proxy's speed"). A study instrument, not a benchmark: it says which micro-batch and thread
 count the study runs with (configs/experiment/study.yaml).
 
-    python -m study.proxy_speed [--models proxy-100k proxy-200k] [--micro-batch 8 16 32]
-                                [--optimizers adamw muon] [--threads 1 2]
+    python -m study speed [--models proxy-100k proxy-200k] [--micro-batch 8 16 32]
+                          [--optimizers adamw muon] [--threads 1 2]
 
 Per (model, micro-batch, optimizer, threads) it times train.py's ``Trainer.train_step`` (on
 random byte tokens) and prints tokens/s and the achieved GFLOP/s (model FLOPs 6N + 12LHQT per
@@ -87,7 +87,7 @@ def device_line() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m study.proxy_speed", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study speed", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--models", nargs="+", default=["proxy-100k", "proxy-200k"])
     ap.add_argument("--micro-batch", nargs="+", type=int, default=[8, 16, 32])
@@ -107,7 +107,3 @@ def main(argv: list[str] | None = None) -> None:
                     tok, gf = case(model, micro, opt, args.steps)
                     print(f"  {model:11s} micro {micro:3d} {opt:10s} {tok:10,.0f} tokens/s "
                           f"{gf:6.2f} GFLOP/s ({100 * gf / peak:4.1f}% of matmul)")  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""``python -m study.rerun RUN_DIR ...``: does this checkout reproduce committed runs?
+"""``python -m study rerun RUN_DIR ...``: does this checkout reproduce committed runs?
 
 A study continued across commits mixes its rows' commits (the report names them). Whether a
 later commit changed what a run computes is a question with a direct answer: run the same
@@ -8,8 +8,8 @@ scratch folder (the run's own files are never touched), with the thread count of
 (``--threads``, the study's ``OMP_NUM_THREADS``), and compares the final validation and training
 losses to the last bit::
 
-    python -m study.rerun runs/referee/runs/proxy-100k/1x/adamw/eval/*_seed-1 --threads 1
-    python -m study.rerun results/referee/batch/results.csv:runs/proxy-100k/1x/adamw/eval/\
+    python -m study rerun runs/referee/runs/proxy-100k/1x/adamw/eval/*_seed-1 --threads 1
+    python -m study rerun results/referee/batch/results.csv:runs/proxy-100k/1x/adamw/eval/\
 lr-0.008_aux_lr-0.512_wd-0.3162_beta2-0.95_warmup-0.4_seed-1
 
 (a run directory, or a ledger's row ``LEDGER.csv:RUN_ID``: its recorded command, compared on the
@@ -142,7 +142,7 @@ def rerun(run_dir: Path, scratch: Path, threads: int, capability: str | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.rerun", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m study rerun", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "runs", nargs="+", type=Path, help="finished run directories, or LEDGER.csv:RUN_ID"
     )
@@ -184,7 +184,3 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(r["equal"] for r in rows)
     print(f"{n} of {len(rows)} reproduced bit for bit at {head[:7]}")
     return 0 if n == len(rows) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

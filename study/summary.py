@@ -2,7 +2,7 @@
 every cell (proxy, budget, batch), AdamW's loss, every optimizer's gap to AdamW with its paired
 90% t-interval, and the Muon family's data-equivalent speedups (docs/study.md, "Statistics").
 
-    python -m study.summary [--results results] [--readme README.md]
+    python -m study summary [--results results] [--readme README.md]
 
 Writes RESULTS/summary.md and RESULTS/summary.png, and with ``--readme`` puts the table into the
 README between its ``<!-- results table -->`` marks (a test checks that the README's table is
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from study.tables import BASELINE, eval_losses
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZERS = ["mars-adamw", "muon", "mars-m", "moonlight"]  # the columns, beside AdamW's loss
 MUON_FAMILY = {"muon", "mars-m", "moonlight"}
-BEGIN, END = "<!-- results table: python -m study.summary --readme README.md -->", "<!-- end -->"
+BEGIN, END = "<!-- results table: python -m study summary --readme README.md -->", "<!-- end -->"
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ def put_in_readme(readme: Path, table: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.summary", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study summary", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--results", type=Path, default=ROOT / "results")
     ap.add_argument("--readme", type=Path, default=None)
@@ -173,7 +172,3 @@ def main(argv: list[str] | None = None) -> int:
         put_in_readme(args.readme, table)
     print(table, end="")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

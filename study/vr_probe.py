@@ -1,7 +1,7 @@
 """How much MARS's approximate correction inflates the gradient it preconditions, by batch size.
 
-    python -m study.vr_probe RUN_DIR [RUN_DIR ...] [--fixed 2048 8192 32768 131072]
-                             [--kappa K] [--threads 1] [--json FILE]
+    python -m study probe RUN_DIR [RUN_DIR ...] [--fixed 2048 8192 32768 131072]
+                          [--kappa K] [--threads 1] [--json FILE]
 
 The approximate correction (official MARS, ``mode: approx``) preconditions ``c_t = g_t + kappa
 (g_t - g_{t-1})``, ``kappa = gamma beta1 / (1 - beta1)`` (0.475 at gamma 0.025, beta1 0.95),
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -214,7 +213,7 @@ def fixed_weights(trainer, sizes: list[int], kappa: float) -> list[dict]:  # noq
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m study.vr_probe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m study probe", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
     ap.add_argument("--fixed", nargs="*", type=int, default=[2048, 8192, 32768, 131072],
@@ -250,7 +249,3 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"device": device_line(torch.device("cpu")),
                                          "runs": results}, indent=1) + "\n")  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -173,7 +173,7 @@ def test_the_readmes_correction_sentences_are_generated_from_the_ledgers():
     block = correction.README_MARK.search(readme)
     assert block, "README.md lacks its '<!-- correction: ... -->' block"
     want = correction.readme_block(ROOT / "results" / "crossover")
-    assert block[2] == want, "run: python -m study.correction --readme README.md"
+    assert block[2] == want, "run: python -m study correction --readme README.md"
 
 
 def test_the_docs_conclusions_are_the_familys():
@@ -184,7 +184,7 @@ def test_the_docs_conclusions_are_the_familys():
     block = family.DOCS_MARK.search(page)
     assert block, "docs/study.md lacks its '<!-- conclusions: ... -->' block"
     tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
-    assert block[2] == family.conclusions(tests), "run: python -m study.family --docs docs/study.md"
+    assert block[2] == family.conclusions(tests), "run: python -m study family --docs docs/study.md"
 
 
 def test_a_prediction_is_scored_against_the_measured_sign():
@@ -216,7 +216,7 @@ def test_the_docs_anatomy_reading_is_the_ledgers():
     assert block, "docs/study.md lacks its '<!-- anatomy: ... -->' block"
     tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
     want = family.anatomy(ROOT / "results" / "crossover", tests)
-    assert block[2] == want, "run: python -m study.family --docs docs/study.md"
+    assert block[2] == want, "run: python -m study family --docs docs/study.md"
 
 
 def test_the_repetition_control_flags_a_pair_that_moves(tmp_path):

@@ -245,7 +245,7 @@ def test_delta_gamma_on_a_fake_cell_is_the_paired_mean_with_holm_over_batches(tm
 def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_path, monkeypatch):
     """`python -m study publish crossover`: --report-only goes before the "--" that starts
     train.py's overrides (it is a study flag), and the crossover's table is rewritten after the
-    part. The old `python -m study.crossover run` is refused with the command that replaced it."""
+    part. The old `python -m study crossover run` is refused with the command that replaced it."""
     import study.cli
     from study import crossover, parts
 

@@ -18,9 +18,9 @@ def test_every_published_parts_readme_is_rendered_from_its_files(study, tests):
     assert parts, f"{study}: no published part"
     for part in parts:
         path = ROOT / part.results / "README.md"
-        assert path.is_file(), f"{path}: missing; run python -m study.part_readme"
+        assert path.is_file(), f"{path}: missing; run python -m study readmes"
         assert path.read_text() == part_readme.render(study, part, tests), (
-            f"{path}: stale; run python -m study.part_readme"
+            f"{path}: stale; run python -m study readmes"
         )
 
 

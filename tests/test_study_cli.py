@@ -125,3 +125,45 @@ def test_main_in_another_program_gives_back_its_sigterm_handler(tmp_path):
     assert main(["--out", str(tmp_path / "s"), "--optimizers", "adamw", "--budgets", "0.25",
                  "--baseline-budgets", "--dry-run", "--allow-dirty"]) == 0  # fmt: skip
     assert signal.getsignal(signal.SIGTERM) is mine
+
+
+def test_one_door_every_subcommand_a_main_and_no_module_its_own_entry(capsys):
+    """``python -m study <subcommand>`` is the one door (study/__main__.py's SUBCOMMANDS): each
+    row names a module with a ``main(argv)``; no other study module keeps its own
+    ``if __name__ == "__main__":``; ``help`` lists every name and an unknown one gets one line
+    naming the valid ones; no page or test spells the old door (the module after a dot)."""
+    import importlib
+    from pathlib import Path
+
+    from study.__main__ import SUBCOMMANDS
+    from study.__main__ import main as door
+
+    root = Path(__file__).resolve().parent.parent
+    for name, (module, text) in SUBCOMMANDS.items():
+        assert callable(importlib.import_module(module).main), name
+        assert text and "\n" not in text, name
+    own = [p.name for p in (root / "study").glob("*.py")
+           if p.name != "__main__.py" and 'if __name__ == "__main__"' in p.read_text()]  # fmt: skip
+    assert own == [], f"{own}: a second door; add a row to study/__main__.py's SUBCOMMANDS"
+    assert door(["help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"  {name} " in listed for name in SUBCOMMANDS)
+    assert door(["nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and all(name in err[0] for name in SUBCOMMANDS), err
+    old = "python -m study" + "."  # the old spelling, not written whole so this file passes
+    texts = [root / "README.md", *(root / "docs").rglob("*.md"), *(root / "study").rglob("*.py"),
+             *(root / "study").rglob("*.yaml"), *(root / "tests").glob("*.py"),
+             *(root / "scripts").rglob("*.py"), *(root / "results").rglob("*.md")]  # fmt: skip
+    stale = [str(p.relative_to(root)) for p in texts if old in p.read_text()]
+    assert stale == [], f"{stale}: the old door's spelling; use python -m study <subcommand>"
+
+
+def test_the_door_spawns_a_subcommand_and_the_flag_command():
+    """The door as a reader types it: a subcommand's own --help, and the flag command's."""
+    out = subprocess.run([sys.executable, "-m", "study", "family", "--help"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "python -m study family" in out.stdout, out.stderr
+    out = subprocess.run([sys.executable, "-m", "study", "--out", "x", "--help"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0 and "--optimizers" in out.stdout, out.stderr

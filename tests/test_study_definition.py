@@ -141,7 +141,7 @@ def test_named_parts_run_in_the_definitions_order(referee):
 
 
 def test_the_crossover_definition_gives_the_plans_the_sweep_ran():
-    """Each batch part runs the study that `python -m study.crossover run` ran before the
+    """Each batch part runs the study that `python -m study crossover run` ran before the
     crossover became a definition (its command captured for 8,192 bytes; its files in
     runs/crossover/b<B> and results/crossover/b<B>/): the b8192 part's Plan is that command's."""
     d = defs.load("crossover")

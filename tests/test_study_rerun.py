@@ -101,7 +101,7 @@ def test_compare(old, new, equal):
 
 
 def test_module_runs_as_a_command():
-    out = subprocess.run([sys.executable, "-m", "study.rerun", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "study", "rerun", "--help"], capture_output=True,
                          text=True, cwd=rerun.ROOT)  # fmt: skip
     assert out.returncode == 0 and "--threads" in out.stdout
 

@@ -1,4 +1,4 @@
-"""The README's results table is python -m study.summary's output from the committed ledgers
+"""The README's results table is python -m study summary's output from the committed ledgers
 (it cannot be typed by hand or go stale), and the summary reads a fixture ledger right."""
 
 import csv
@@ -12,7 +12,7 @@ def test_the_readmes_table_is_generated_from_the_ledgers():
     table = summary.markdown(summary.all_cells(ROOT / "results"))
     readme = (ROOT / "README.md").read_text()
     block = readme.split(summary.BEGIN, 1)[1].split(summary.END, 1)[0]
-    assert block.strip() == table.strip(), "run: python -m study.summary --readme README.md"
+    assert block.strip() == table.strip(), "run: python -m study summary --readme README.md"
 
 
 def test_a_fixture_ledger_gives_its_gap_and_speedup(tmp_path):
@@ -69,7 +69,7 @@ def test_one_family_counts_every_test_and_adjusts_them_together():
     narrowing = [t for t in tests if t["test"].startswith("batch 2,048 -> 8,192: mars-adamw")]
     assert len(narrowing) == 1 and narrowing[0]["p"] < 0.05 < 0.1 < narrowing[0]["holm_p"]
     text = (ROOT / "results" / "referee" / "family.md").read_text()
-    assert text == family.markdown(tests), "run: python -m study.family"
+    assert text == family.markdown(tests), "run: python -m study family"
 
 
 def test_the_family_takes_only_the_crossovers_finished_batches(tmp_path):
