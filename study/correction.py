@@ -212,8 +212,8 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
         "(docs/reproduction.md, docs/data.md)."
         + (
             f" The gradient-statistics predictor (python -m study predict) hit {sum(r['hit'] for r in score)} "
-            f"of {len(score)} measured cells (results/crossover/report.md): an instrument, not a "
-            "claim."
+            f"of {len(score)} scorings (each prediction record against each measured cell, "
+            "results/crossover/report.md): an instrument, not a claim."
             if score
             else ""
         )

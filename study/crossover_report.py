@@ -363,9 +363,10 @@ def markdown(
                   "Each measured cell against each record's run of the optimizer whose trajectory "
                   "the correction acts in (MARS-AdamW for Delta_gamma; AdamW for Delta_corr, in "
                   "results/crossover/correction.md), at its last phase: predicted to help at or past its crossover; measured to help "
-                  f"where the {pct} interval lies below 0. {hits} of {len(score)} hit. The "
-                  "records so far probed the headline's runs, not the crossover's arms (their "
-                  "knobs and lrs differ): the predictor is an instrument here, not a claim.", "",
+                  f"where the {pct} interval lies below 0. {hits} of {len(score)} hit. "
+                  "predict-headline.json probed the headline's runs (other knobs and lrs than "
+                  "the crossover's arms), predict-crossover-*.json the crossover's own arms at "
+                  "their chosen lrs: the predictor is an instrument here, not a claim.", "",
                   *scored_lines(score)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
