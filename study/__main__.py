@@ -6,7 +6,8 @@
     python -m study help                         # every subcommand, one line each
 
 Each subcommand is a module's ``main(argv)``, given the words after its name; the table below is
-the registry (a new instrument: its module with a ``main(argv)``, and one row here).
+the registry (a new instrument: its module in study/findings/ with a ``main(argv)``, and one row
+here).
 """
 
 import importlib
@@ -18,16 +19,25 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "publish": ("study.parts", "copy a study's finished parts into results/"),
     "compare": ("study.parts", "write a study definition's comparisons across its parts"),
     "cells": ("study.compare", "a ranking across cells: results.csv files side by side"),
-    "crossover": ("study.crossover", "the batch crossover: `report` (table, figure), `corpus`"),
+    "crossover": (
+        "study.findings.crossover",
+        "the batch crossover: `report` (table, figure), `corpus`",
+    ),
     "rerun": ("study.rerun", "does this checkout reproduce committed runs?"),
-    "predict": ("study.predict", "the batch crossover predicted from a run's gradients"),
-    "probe": ("study.vr_probe", "how much MARS's approximate correction inflates the gradient"),
-    "family": ("study.family", "one Holm correction over every test the study reports"),
-    "correction": ("study.correction", "the correction on AdamW's configuration, taken apart"),
+    "predict": ("study.findings.predict", "the batch crossover predicted from a run's gradients"),
+    "probe": (
+        "study.findings.vr_probe",
+        "how much MARS's approximate correction inflates the gradient",
+    ),
+    "family": ("study.findings.family", "one Holm correction over every test the study reports"),
+    "correction": (
+        "study.findings.correction",
+        "the correction on AdamW's configuration, taken apart",
+    ),
     "summary": ("study.summary", "the study's results in one table and one figure"),
     "readmes": ("study.part_readme", "render each published part's README.md"),
-    "speed": ("study.proxy_speed", "how fast the proxy models train on this machine"),
-    "factorial": ("study.factorial", "MARS-AdamW's loss taken apart, factor by factor"),
+    "speed": ("study.findings.proxy_speed", "how fast the proxy models train on this machine"),
+    "factorial": ("study.findings.factorial", "MARS-AdamW's loss taken apart, factor by factor"),
 }
 
 

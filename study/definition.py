@@ -16,8 +16,8 @@ A definition file:
     compare:                       # python -m study cells over the published parts
       NAME: [LABEL=PART[@MODEL:BUDGET], ...]
     tables: [NAME, ...]            # the study's own tables over its parts (TABLES), rewritten
-                                   # after each part: crossover (study/crossover_report.py),
-                                   # correction (study/correction.py), family (study/family.py),
+                                   # after each part: crossover (study/findings/crossover_report.py),
+                                   # correction (study/findings/correction.py), family (study/findings/family.py),
                                    # readmes (study/part_readme.py)
 
 A part starts from another when its ``center_from`` (``PART@MODEL:BUDGET``: that part's published
@@ -302,13 +302,15 @@ def plan_of(part: Part, parts: dict[str, Part], options: dict | None = None, *,
     (Plan fields: how it runs, e.g. ``jobs``; ``overrides``: train.py overrides after the part's
     own, how a run is computed, never a value the study compares) over them; ``main_only``: its
     main budgets alone; ``cells``: Plan fields in place of the part's own (a factorial's, from
-    the ledger of the part it starts from: study/factorial.py ``fields``). Raises ValueError (one
+    the ledger of the part it starts from: study/findings/factorial.py ``fields``). Raises ValueError (one
     line) for a value the study cannot run with."""
     v, options = part.values, dict(options or {})
     if cells is not None:
         fields = dict(cells)
     elif part.kind == "factorial":
-        raise ValueError(f"part {part.name}: a factorial's cells come from study/factorial.py")
+        raise ValueError(
+            f"part {part.name}: a factorial's cells come from study/findings/factorial.py"
+        )
     else:
         fields = {k: v[k] for k in PART_KEYS if k in v and k in PLAN_FIELDS}
     if "center_from" in v:

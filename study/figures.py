@@ -141,7 +141,7 @@ def study_figure(rows: list[dict], floors: dict, path: Path) -> None:
 
 def crossover_figure(rows: list[dict], preds: list[dict], path: Path, comparisons: list,
                      headline: str) -> None:  # fmt: skip
-    """The crossover's measured effects against the batch (``comparisons``: study/crossover_report.py's
+    """The crossover's measured effects against the batch (``comparisons``: study/findings/crossover_report.py's
     ``(name, colour arm, ...)``; ``headline``: the model drawn solid), with the predicted
     crossovers marked."""
     import matplotlib

@@ -23,13 +23,13 @@ STUDIES = ("referee", "crossover")
 
 
 def p_text(p: float) -> str:
-    from study.family import p_text as text
+    from study.findings.family import p_text as text
 
     return text(p)
 
 
 def _family(root: Path) -> list[dict]:
-    from study.family import family
+    from study.findings.family import family
 
     return family(root / "results" / "referee", root / "results" / "crossover")
 
@@ -41,7 +41,7 @@ def claims_of(study: str, part: str, tests: list[dict]) -> list[dict]:
         prefix = f"{part}: "
         return [t for t in tests if t["test"].startswith(prefix)]
     if study == "crossover":
-        from study.correction import steps
+        from study.findings.correction import steps
 
         mine = {f"{s.group}: {s.label}" for s in steps() if part in (s.before.part, s.after.part)}
         return [t for t in tests

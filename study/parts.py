@@ -13,7 +13,7 @@ none named: its ``order``) as its Plan (study/definition.py ``plan_of``, run by 
 and publishes it. ``--report-only`` rewrites the reports of the parts that have run (none named:
 every part, each once), publishing nothing; ``publish`` does that, then copies each part's files into its published folder.
 After each part, the definition's own ``tables`` are rewritten from the published files (the
-crossover's: study/crossover_report.py). ``compare`` writes the definition's comparisons from
+crossover's: study/findings/crossover_report.py). ``compare`` writes the definition's comparisons from
 the published files. Paths are read from
 the checkout's root (the definitions name them from there), whatever the working directory.
 """
@@ -30,9 +30,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from study import cli, compare, factorial
+from study import cli, compare
 from study import definition as defs
 from study.definition import Definition, DefinitionError, Part
+from study.findings import factorial
 
 log = logging.getLogger("study")
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,7 +142,7 @@ def run_part(part: Part, definition: Definition, options: dict, main_only: bool)
     if source:  # said as its own command: its cells come from the ledger
         said = ["--from", str(source), "--out", argv[1], *cli.run_flags(plan)]
     log.info("study %s, part %s: python -m %s %s", definition.name, part.name,
-             "study.factorial" if part.kind == "factorial" else "study", " ".join(said))  # fmt: skip
+             "study.findings.factorial" if part.kind == "factorial" else "study", " ".join(said))  # fmt: skip
     try:
         code = cli.run(plan, argv)
         return factorial.finish(plan, code) if source else code
@@ -229,8 +230,8 @@ def check_parts(definition: Definition, args: argparse.Namespace) -> None:
 
 
 def _crossover_table(definition: Definition) -> None:
-    """One part per batch, in one folder: the crossover's table (study/crossover_report.py)."""
-    from study import crossover_report
+    """One part per batch, in one folder: the crossover's table (study/findings/crossover_report.py)."""
+    from study.findings import crossover_report
 
     cells = []
     for name, p in definition.parts.items():  # b<B>, m<SIZE>-b<B>: a cell; else a check
@@ -246,8 +247,8 @@ def _crossover_table(definition: Definition) -> None:
 
 
 def _correction_table(definition: Definition) -> None:
-    """The correction's anatomy (study/correction.py) and the README's sentences from it."""
-    from study import correction
+    """The correction's anatomy (study/findings/correction.py) and the README's sentences from it."""
+    from study.findings import correction
 
     readme = ROOT / "README.md"
     has_block = (_the_repositorys(definition) and readme.is_file()
@@ -257,8 +258,8 @@ def _correction_table(definition: Definition) -> None:
 
 
 def _family_table(definition: Definition) -> None:
-    """The study's one family (study/family.py), and the docs' conclusions table from it."""
-    from study import family
+    """The study's one family (study/findings/family.py), and the docs' conclusions table from it."""
+    from study.findings import family
 
     if not _the_repositorys(definition):
         log.info("the family's table: only for a study in %s", ROOT / "results")

@@ -185,7 +185,7 @@ def gpu_dtype(setting: str) -> str:
 
 def _command(run_dir: Path) -> str:
     """The run's train.py overrides as recorded (meta.jsonl), without its out_dir: what
-    study.rerun and study.predict need to run it again from the ledger alone."""
+    study.rerun and study.findings.predict need to run it again from the ledger alone."""
     metas = _sessions(run_dir)
     argv = [str(a) for a in (metas[0].get("argv") or [])[1:]] if metas else []
     return shlex.join(a for a in argv if not a.startswith("out_dir="))

@@ -91,8 +91,8 @@ def _rows(arms, **where):
 
 
 def test_the_anatomy_steps_are_the_paired_differences_of_their_ledgers(tmp_path):
-    from study import correction
     from study import definition as defs
+    from study.findings import correction
     from study.results import write_csv
 
     parts = defs.load("crossover").parts
@@ -124,8 +124,8 @@ def test_the_anatomy_steps_are_the_paired_differences_of_their_ledgers(tmp_path)
 
 
 def test_a_cell_that_ran_bf16_is_not_measured_and_adds_no_test(tmp_path):
-    from study import crossover_report as cr
-    from study.family import crossover_losses
+    from study.findings import crossover_report as cr
+    from study.findings.family import crossover_losses
     from study.results import write_csv
 
     arms = {a: {s: 1.2 + i / 10 + s / 1000 for s in range(1, 6)} for i, a in enumerate(cr.ARMS)}
@@ -150,8 +150,8 @@ def test_the_epochs_column_on_a_fixture_corpus(tmp_path):
 
     from data.config import DataConfig
     from data.shards import write_shard
-    from study import crossover_report as cr
-    from study.crossover import corpus_record
+    from study.findings import crossover_report as cr
+    from study.findings.crossover import corpus_record
 
     d = tmp_path / "shards"
     d.mkdir()
@@ -167,7 +167,7 @@ def test_the_epochs_column_on_a_fixture_corpus(tmp_path):
 
 def test_the_readmes_correction_sentences_are_generated_from_the_ledgers():
     from helpers import ROOT
-    from study import correction
+    from study.findings import correction
 
     readme = (ROOT / "README.md").read_text()
     block = correction.README_MARK.search(readme)
@@ -178,7 +178,7 @@ def test_the_readmes_correction_sentences_are_generated_from_the_ledgers():
 
 def test_the_docs_conclusions_are_the_familys():
     from helpers import ROOT
-    from study import family
+    from study.findings import family
 
     page = (ROOT / "docs" / "study.md").read_text()
     block = family.DOCS_MARK.search(page)
@@ -190,7 +190,7 @@ def test_the_docs_conclusions_are_the_familys():
 def test_a_prediction_is_scored_against_the_measured_sign():
     """Crossover predicted at 8,192: helps from there. Measured: helps at 2,048 (interval below
     0), nothing at 8,192, hurts at 32,768: three misses, and a record at its last phase only."""
-    from study import prediction_score
+    from study.findings import prediction_score
 
     preds = [{"file": "p.json", "label": "mars-adamw", "step": s, "steps": 966, "crossover": c}
              for s, c in ((483, float("inf")), (966, 8192.0))]  # fmt: skip
@@ -209,7 +209,7 @@ def test_a_prediction_is_scored_against_the_measured_sign():
 
 def test_the_docs_anatomy_reading_is_the_ledgers():
     from helpers import ROOT
-    from study import family
+    from study.findings import family
 
     page = (ROOT / "docs" / "study.md").read_text()
     block = family.ANATOMY_MARK.search(page)
@@ -224,7 +224,7 @@ def test_the_repetition_control_flags_a_pair_that_moves(tmp_path):
     half-width of 0.015). On a quarter of the data MARS-AdamW's gap moves from +0.10 to +0.11
     (inside the whole cell's interval) and gamma = 0's from +0.10 to +0.30 (outside): only that
     one is flagged, and nothing is said until both ledgers are there."""
-    from study import correction
+    from study.findings import correction
     from study.results import write_csv
 
     noise = {1: -0.02, 2: 0.01, 3: 0.0, 4: 0.02, 5: -0.01}

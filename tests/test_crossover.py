@@ -1,4 +1,4 @@
-"""The batch crossover's estimators (study/gradstats.py) on planted problems with known answers,
+"""The batch crossover's estimators (study/findings/gradstats.py) on planted problems with known answers,
 and the fixed-step sweep's cells (study/studies/crossover.yaml, run by study/parts.py)."""
 
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from study import definition as defs
-from study import gradstats
-from study.crossover import budget_of
+from study.findings import gradstats
+from study.findings.crossover import budget_of
 from study.plan import block_params, budget_steps
 
 
@@ -44,7 +44,7 @@ def test_noise_scale_recovers_the_planted_trace_and_gradient():
 
 
 def drift_rows(q, eta, u, batches, pairs, common=True, alternate=False):
-    """Each batch's steps from the same weights (as study.predict restores its snapshot): a
+    """Each batch's steps from the same weights (as study.findings.predict restores its snapshot): a
     fixed step -eta u (or, ``alternate``, +-eta u by turns: the same |dG|, bounded weights)."""
     rows, x0 = [], q.x.clone()
     for b in batches:
@@ -157,7 +157,8 @@ def test_the_sweep_tunes_only_the_lr_and_checkpoints():
 def test_the_float32_check_reruns_the_131072_cells_choices_untuned(tmp_path, monkeypatch):
     """b131072-fp32: the 131,072-byte cell's chosen values on the evaluation seeds in float32,
     no tuning; the crossover's table keeps one row per batch (the check is not a batch)."""
-    from study import crossover_report, parts
+    from study import parts
+    from study.findings import crossover_report
 
     d = defs.load("crossover")
     plan = defs.plan_of(d.parts["b131072-fp32"], d.parts)
@@ -173,10 +174,10 @@ def test_the_float32_check_reruns_the_131072_cells_choices_untuned(tmp_path, mon
 
 
 def test_predict_probes_a_real_run_and_leaves_its_replay_unchanged(tmp_path, capsys):
-    """study.predict on a few steps of the proxy: a figure per phase, and the probe restores the
+    """study.findings.predict on a few steps of the proxy: a figure per phase, and the probe restores the
     run after each phase (the replay's final weights equal a plain replay's)."""
-    from study import predict
-    from study.vr_probe import build_from
+    from study.findings import predict
+    from study.findings.vr_probe import build_from
 
     overrides = ["experiment=study", "optimizer=mars-adamw", "max_steps=4", "batch_tokens=2048"]
     out = tmp_path / "p.json"
@@ -221,7 +222,7 @@ def _ledger(path, arms):
 
 
 def test_delta_gamma_on_a_fake_cell_is_the_paired_mean_with_holm_over_batches(tmp_path):
-    from study import crossover_report as cr
+    from study.findings import crossover_report as cr
 
     base = {s: 2.0 + 0.01 * s for s in range(1, 6)}
     _ledger(tmp_path / "b8192" / "results.csv", {
@@ -247,7 +248,8 @@ def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_pat
     train.py's overrides (it is a study flag), and the crossover's table is rewritten after the
     part. The old `python -m study crossover run` is refused with the command that replaced it."""
     import study.cli
-    from study import crossover, parts
+    from study import parts
+    from study.findings import crossover
 
     root = tmp_path / "checkout"
     (root / "runs" / "crossover" / "b8192" / "runs").mkdir(parents=True)
@@ -274,7 +276,7 @@ def test_publish_asks_the_study_for_its_report_only_and_writes_the_table(tmp_pat
 def test_the_selection_table_takes_each_arms_best_lr_on_all_three_seeds(tmp_path):
     """An lr run on seeds 0 and 6 only is not chosen however low; the device column (a GPU's
     name) is where the batch ran, the CPU's name where the column is empty."""
-    from study import crossover_report as cr
+    from study.findings import crossover_report as cr
     from study.results import write_csv
 
     rows = []
@@ -308,7 +310,7 @@ def test_collapsed_evaluation_runs_are_counted_and_the_trained_pairs_described(t
     """A ledger's collapsed evaluation runs: counted per arm in the seeds table, and each
     comparison read again on the seeds where neither run collapsed (described, not tested: the
     Holm family keeps every seed)."""
-    from study import crossover_report as cr
+    from study.findings import crossover_report as cr
     from study.results import write_csv
 
     rows = []
@@ -338,7 +340,7 @@ def test_collapsed_evaluation_runs_are_counted_and_the_trained_pairs_described(t
 def test_a_second_proxy_is_its_own_cells_and_holm_family(tmp_path):
     """m423k-b8192: proxy-423k at 8,192 bytes, in the same table as proxy-100k's batches but in
     its own Holm family; its budget gives the same 966 steps; a check part is no cell."""
-    from study import crossover_report as cr
+    from study.findings import crossover_report as cr
 
     assert cr.Cell.of("b2048") == cr.Cell("proxy-100k", 2048)
     assert cr.Cell.of("m423k-b8192") == cr.Cell("proxy-423k", 8192)
@@ -367,7 +369,7 @@ def test_a_float32_check_is_listed_beside_the_cell_s_own_runs_and_tests_nothing(
     """b131072-fp32's finished evaluation runs, each beside the cell's run of the same arm and
     seed (its loss, whether it collapsed, where it ran): AdamW's seed 1 collapsed in the cell's
     bf16 run and trains in float32; the check adds no test and no cell."""
-    from study import crossover_report as cr
+    from study.findings import crossover_report as cr
     from study.results import write_csv
 
     def rows(losses, gone, **where):  # noqa: ANN001, ANN003, ANN202

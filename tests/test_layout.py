@@ -40,12 +40,12 @@ ALLOWED = {
         "optim",
         "runtime.commands",
         "runtime.config_files",
-        # its proxy's speed (study/proxy_speed.py) sets its process up as train.py does
+        # its proxy's speed (study/findings/proxy_speed.py) sets its process up as train.py does
         "runtime.device",
         "runtime.distributed",
         "runtime.files",
         "runtime.runfiles",
-        # its gradient instruments (study/vr_probe.py, study/predict.py) replay a recorded run
+        # its gradient instruments (study/findings/vr_probe.py, study/findings/predict.py) replay a recorded run
         # through the trainer, composed as train.py composes it
         "train",
         "trainer",
@@ -96,6 +96,30 @@ def design_page_rules() -> dict[str, set[str]]:
 def test_the_design_page_states_these_rules():
     """docs/design.md says what each room may import: the same rules as ALLOWED, room by room."""
     assert design_page_rules() == ALLOWED
+
+
+# The modules of study/ itself (the protocol) that may import study/findings/ (a finding's code,
+# which stands on the protocol): the subcommand registry, the table writers, the parts' READMEs.
+FINDINGS_DOORS = {"__main__.py", "parts.py", "part_readme.py"}
+
+
+def test_the_protocol_imports_the_findings_only_through_its_doors():
+    """study/findings/ stands on study/; of study/'s own modules only FINDINGS_DOORS import it."""
+    for path in sorted((ROOT / "study").glob("*.py")):
+        if path.name in FINDINGS_DOORS:
+            continue
+        for name in imports(path):
+            assert not (name + ".").startswith("study.findings."), (
+                f"{path.relative_to(ROOT)} imports {name}"
+            )
+
+
+def test_the_design_page_names_the_findings_doors():
+    """docs/design.md's paragraph on study/findings/ names the same doors as FINDINGS_DOORS."""
+    text = " ".join((ROOT / "docs" / "design.md").read_text().split())
+    said = re.search(r"except the three doors to it: (.*?)\(`tests/test_layout.py`\)\.", text)
+    assert said, "docs/design.md: the doors of study/findings/"
+    assert set(re.findall(r"`(\w+\.py)`", said.group(1))) == FINDINGS_DOORS
 
 
 def test_the_entry_points_import_no_tool():

@@ -90,7 +90,7 @@ def test_each_part_builds_the_plan_of_the_scripts_very_command(referee, name):
 
 
 def test_the_factorial_part_reads_the_headlines_run_tree(referee, monkeypatch):
-    from study import factorial
+    from study.findings import factorial
 
     seen = []
 
@@ -103,7 +103,9 @@ def test_the_factorial_part_reads_the_headlines_run_tree(referee, monkeypatch):
     assert parts.run_part(referee.parts["factorial"], referee, {"jobs": 2}, False) == 0
     assert seen[0] == Path(SCRIPT["factorial"][1])
     assert seen[1].out == ROOT / SCRIPT["factorial"][3] and seen[1].optimizers == ["adamw"]
-    with pytest.raises(ValueError, match="a factorial's cells come from study/factorial.py"):
+    with pytest.raises(
+        ValueError, match="a factorial's cells come from study/findings/factorial.py"
+    ):
         defs.plan_of(referee.parts["factorial"], referee.parts)
 
 

@@ -2,7 +2,7 @@
 
 Each number the section still prints sits in a fragment of its text that this test renders from
 the committed ledgers and records under results/ with the project's own functions
-(``study.tables``, ``analysis.stats``, ``study.family``, ``study.summary``), so a number and its
+(``study.tables``, ``analysis.stats``, ``study.findings.family``, ``study.summary``), so a number and its
 context are checked together; and the section may print no number outside those fragments, so a
 figure typed in by hand fails here until a fragment renders it (or the page links to the file
 that does: each part's README, results/referee/family.md, results/summary.md).
@@ -18,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from analysis.stats import LEVEL, paired_interval
-from study.family import family
+from study.findings.family import family
 from study.results import read_csv
 from study.summary import all_cells
 from study.tables import eval_losses, swap_table

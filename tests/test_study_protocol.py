@@ -358,7 +358,7 @@ def test_centers_from_another_study_and_the_factorial(tmp_path: Path) -> None:
     """--center-from reads another study's chosen values; the factorial's variants run untuned
     at MARS-AdamW's, a variant that fixes betas leaves the beta2 knob out of its runs."""
     from study.definition import centers_from
-    from study.factorial import variants
+    from study.findings.factorial import variants
     from study.plan import Cell, Plan
     from study.results import write_csv
     from study.state import Study
@@ -435,7 +435,7 @@ def test_factorial_effects_recover_planted_factors() -> None:
     0.02 below the all-AdamW corner: each switch and main effect is its planted size, the
     residual 0.02, the shares add up, exact, batch and the kappa-held betas read as switches; a
     missing corner: None."""
-    from study.factorial import BASE, chosen_pair, corners, effects, markdown, variants
+    from study.findings.factorial import BASE, chosen_pair, corners, effects, markdown, variants
 
     chosen = {"optimizer": BASE, "role": "eval", "chosen": 1.0, "beta2": 0.99, "model": "m",
               "budget": 1.0}  # fmt: skip

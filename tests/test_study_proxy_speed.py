@@ -1,7 +1,7 @@
-"""The study's instrument of its own cost (study/proxy_speed.py): train.py's step on a proxy,
+"""The study's instrument of its own cost (study/findings/proxy_speed.py): train.py's step on a proxy,
 timed, in tokens/s and GFLOP/s against the machine's matmul rate."""
 
-from study import proxy_speed
+from study.findings import proxy_speed
 
 
 def test_the_proxys_speed_is_measured_and_printed(capsys):

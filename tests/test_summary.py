@@ -52,7 +52,7 @@ def test_every_figure_gives_an_optimizer_one_colour():
 
 
 def test_one_family_counts_every_test_and_adjusts_them_together():
-    from study import family
+    from study.findings import family
 
     tests = family.family(ROOT / "results" / "referee", ROOT / "results" / "crossover")
     batches = family.crossover_losses(ROOT / "results" / "crossover")
@@ -76,7 +76,7 @@ def test_the_family_takes_only_the_crossovers_finished_batches(tmp_path):
     """A batch with an arm short of its five evaluation seeds adds no test, nor one where only
     AdamW's arm has evaluated yet (the others still tuning: no rows at all), nor a check that is
     not a batch (b131072-fp32)."""
-    from study import family
+    from study.findings import family
     from study.results import write_csv
 
     def ledger(name, seeds_of):

@@ -1,4 +1,4 @@
-"""study.vr_probe: the correction's inflation, on paper and replayed from a finished run."""
+"""study.findings.vr_probe: the correction's inflation, on paper and replayed from a finished run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from study import vr_probe
+from study.findings import vr_probe
 from tests.helpers import FAST, compose_config
 
 

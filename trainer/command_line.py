@@ -111,7 +111,7 @@ def to_typed(cfg: DictConfig) -> tuple[TrainConfig, dict]:
 
 def compose_typed(overrides: list[str]) -> tuple[TrainConfig, dict]:
     """The config a ``python train.py OVERRIDES`` command line runs, composed without starting
-    Hydra's app (for tools that replay a recorded command: study/vr_probe.py)."""
+    Hydra's app (for tools that replay a recorded command: study/findings/vr_probe.py)."""
     from hydra import compose, initialize_config_dir
 
     register_schemas()

@@ -1,12 +1,12 @@
 """The correction's anatomy as a table and a figure (results/crossover/correction.md and
-correction.png): study/correction.py measures the steps, this renders them."""
+correction.png): study/findings/correction.py measures the steps, this renders them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from analysis.stats import LEVEL
-from study.prediction_score import scored_lines
+from study.findings.prediction_score import scored_lines
 
 N_SEEDS = 5  # evaluation seeds a step needs to be a test
 
@@ -45,7 +45,7 @@ def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
             lines.append(f"| {s.label} | {diff_text(r)} | {p} | {h} | {lr_text(r['lr_before'])}, "
                          f"{lr_text(r['lr_after'])} |")  # fmt: skip
         lines.append("")
-    if score:
+    if score:  # the module's old path, as published in results/crossover/correction.md
         lines += ["## The prediction, scored", "",
                   "Delta_corr at each batch measured against each prediction record's AdamW run at "
                   "its last phase (study/prediction_score.py).", "", *scored_lines(score), ""]  # fmt: skip

@@ -2,7 +2,7 @@
 ``Delta_gamma(B) = L(MARS-AdamW) - L(MARS-AdamW, gamma = 0)`` and MARS-AdamW minus AdamW, each
 the mean over the evaluation seeds of the paired per-seed differences with its 90% t-interval,
 Holm-adjusted over the batches measured (one family per comparison), beside the crossover that
-the gradient statistics predict (study/predict.py's records, ``predict*.json``).
+the gradient statistics predict (study/findings/predict.py's records, ``predict*.json``).
 
     python -m study crossover report      # RESULTS/report.md and RESULTS/crossover.png
 
@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from analysis.stats import LEVEL, holm, paired_interval, paired_p_value
 from study.figures import crossover_figure
-from study.prediction_score import predicted_lines, predictions, scored, scored_lines
+from study.findings.prediction_score import predicted_lines, predictions, scored, scored_lines
 from study.results import read_csv
 from study.tables import eval_losses
 

@@ -30,7 +30,7 @@ The estimators:
 - the cosine of consecutive minibatch gradients, per pair of steps.
 
 Everything here works on flat float64 vectors and callables, so a test can plant a model with a
-known answer (tests/test_crossover.py); study/predict.py feeds it a real run.
+known answer (tests/test_crossover.py); study/findings/predict.py feeds it a real run.
 """
 
 from __future__ import annotations

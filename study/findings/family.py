@@ -13,7 +13,7 @@ every test of the study is counted. This gathers, from the committed ledgers alo
   batch whose arms have all finished their evaluation seeds in float32, every pair of its arms
   (``Delta_gamma`` among them; a cell that ran in another arithmetic, the 131,072-byte cell's
   bf16, is not measured yet and adds no test);
-- **the correction's anatomy** (study/correction.py): the correction on AdamW's configuration at
+- **the correction's anatomy** (study/findings/correction.py): the correction on AdamW's configuration at
   each batch, the chain from AdamW to MARS-AdamW one value at a time, the parts of the
   correction, each step whose two arms have finished their evaluation seeds;
 
@@ -39,7 +39,7 @@ from study.results import read_csv
 from study.tables import BASELINE, eval_losses
 from study.variant import Variant
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PARTS = ["headline", "ladder", "ladder-up", "widthinit", "batch", "factorial"]
 # (name, (part, model, budget) before, (part, model, budget) after)
 ACROSS = [
@@ -128,7 +128,7 @@ def crossover_losses(folder: Path | None, n_seeds: int = 5) -> dict[str, dict]:
     """``{"crossover b<B>": cells}`` of the crossover's batches whose three arms (AdamW,
     MARS-AdamW, gamma = 0) all have ``n_seeds`` evaluation seeds (a batch still running adds no
     test, even where one arm has finished)."""
-    from study.crossover_report import ADAMW, MARS, OFF, Cell, arithmetic
+    from study.findings.crossover_report import ADAMW, MARS, OFF, Cell, arithmetic
 
     found = {}
     for path in sorted(folder.glob("*/results.csv")) if folder and folder.is_dir() else []:
@@ -150,7 +150,7 @@ def family(results: Path, crossover: Path | None = None) -> list[dict]:
     losses.update(crossover_losses(crossover))
     tests = pair_tests(losses) + factorial_tests(losses.get("factorial", {})) + across_tests(losses)
     if crossover is not None and crossover.is_dir():
-        from study.correction import family_tests
+        from study.findings.correction import family_tests
 
         tests += family_tests(crossover)
     for t, adj in zip(tests, holm([t["p"] for t in tests])):
@@ -211,9 +211,9 @@ ANATOMY_MARK = re.compile(r"(<!-- anatomy: [^\n]*-->\n)(.*?)(<!-- end -->)", re.
 
 
 def anatomy(crossover: Path, tests: list[dict]) -> str:
-    """docs/study.md's reading of the correction's anatomy (study/correction.py ``reading``)
+    """docs/study.md's reading of the correction's anatomy (study/findings/correction.py ``reading``)
     with each step's Holm p over ``tests``, the family."""
-    from study.correction import reading
+    from study.findings.correction import reading
 
     return reading(crossover, {t["test"]: t["holm_p"] for t in tests}, p_text)
 

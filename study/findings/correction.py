@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.stats import LEVEL, paired_interval, paired_p_value
-from study import prediction_score
-from study.correction_tables import N_SEEDS, diff_text, figure, lr_text, markdown
+from study.findings import prediction_score
+from study.findings.correction_tables import N_SEEDS, diff_text, figure, lr_text, markdown
 from study.results import read_csv
 from study.tables import eval_losses
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ADAMW, MARS, OFF = "adamw", "mars-adamw", "mars-adamw:gamma=0"
 BATCHES = (2048, 8192, 32768, 131072)  # the crossover's proxy-100k cells a corr part may have
 README_MARK = re.compile(r"(<!-- correction: [^\n]*-->\n)(.*?)(<!-- end -->)", re.S)
@@ -157,7 +157,7 @@ def corr_measured(rows: list[dict]) -> list[dict]:
 
 
 def family_tests(results: Path) -> list[dict]:
-    """The finished steps as the one family's tests (study/family.py); a step that is already a
+    """The finished steps as the one family's tests (study/findings/family.py); a step that is already a
     crossover pair (Delta_gamma) is not counted twice."""
     return [{"kind": "anatomy", "test": f"{r['step'].group}: {r['step'].label}", "mean": r["mean"],
              "lo": r["lo"], "hi": r["hi"], "p": r["p"]}
@@ -227,8 +227,8 @@ def _range(xs: list, fmt) -> str:  # noqa: ANN001 - a formatter
 
 def readme_block(results: Path, rows: list[dict] | None = None) -> str:
     """The README's block between its correction markers, from the committed files alone."""
-    from study import crossover_report as cr
-    from study.crossover import batches
+    from study.findings import crossover_report as cr
+    from study.findings.crossover import batches
 
     rows = measure(results) if rows is None else rows
     cells = batches()
@@ -305,8 +305,8 @@ def reading(results: Path, holm: dict[str, float], p_text=str) -> str:  # noqa: 
                 f"{total:+.3f}; the steps whose interval excludes 0: {', '.join(clear) or 'none'}."]  # fmt: skip
     control = repetition(results)
     if control:
-        from study import crossover_report as cr
-        from study.crossover import batches
+        from study.findings import crossover_report as cr
+        from study.findings.crossover import batches
 
         moved = [c["pair"] for c in control if c["moved"]]
         full = cr.epochs_of(results, [8192]).get(8192, float("nan"))

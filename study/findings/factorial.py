@@ -100,6 +100,7 @@ def finish(plan, code: int) -> int:  # noqa: ANN001 - a study.plan.Plan
     if code == 0 and results.is_file() and not plan.dry_run:
         from study.results import read_csv
 
+        # the module's old path, as the published factorial.md says it (results/ stays as is)
         (plan.out / "factorial.md").write_text(
             "# MARS-AdamW's loss taken apart (python -m study factorial)\n\n"
             "Effects on the final validation loss over the evaluation seeds (a positive effect:"
@@ -137,7 +138,7 @@ FACTORS = ("gamma", "betas", "gains' weight decay")
 def corners(chosen: dict, adamw_beta2: float) -> dict[tuple[bool, bool, bool], str]:
     """(gamma is MARS's, betas are MARS's, gains decay is MARS's) -> the optimizer name of its
     cell (the all-MARS corner is the study's own MARS-AdamW cell)."""
-    names = variants(chosen, adamw_beta2)[:7]  # the order of study.factorial.variants
+    names = variants(chosen, adamw_beta2)[:7]  # the order of study.findings.factorial.variants
     out = {(True, True, True): BASE}
     i = 0
     for g in (True, False):

@@ -1,4 +1,4 @@
-"""The gradient-statistics predictor scored against what was measured (study/predict.py writes
+"""The gradient-statistics predictor scored against what was measured (study/findings/predict.py writes
 its records, results/crossover/predict*.json): each measured cell of a scored comparison, the
 predicted sign beside the measured one, hit or miss (the crossover's report and
 results/crossover/correction.md print the table)."""
@@ -25,7 +25,7 @@ def predictions(results: Path) -> list[dict]:
 
 
 # which comparison a prediction run speaks for: the correction acts in MARS-AdamW's trajectory
-# (Delta_gamma) and, added to AdamW's configuration, in AdamW's (Delta_corr, study/correction.py)
+# (Delta_gamma) and, added to AdamW's configuration, in AdamW's (Delta_corr, study/findings/correction.py)
 SCORED = {"Delta_gamma: MARS-AdamW - (gamma = 0)": "mars-adamw",
           "Delta_corr: AdamW + correction - AdamW": "adamw"}  # fmt: skip
 

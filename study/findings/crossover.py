@@ -27,7 +27,7 @@ from pathlib import Path
 
 from study import definition as defs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_HINT = "python -m study run crossover [--part b8192 ...]"
 
 
@@ -41,9 +41,9 @@ def budget_of(batch: int) -> float:
 
 
 def batches() -> list:
-    """The definition's cells (study/crossover_report.py ``Cell``: a proxy at a batch), in the
+    """The definition's cells (study/findings/crossover_report.py ``Cell``: a proxy at a batch), in the
     order its parts run; a part that is no cell (a check such as b131072-fp32) left out."""
-    from study.crossover_report import Cell
+    from study.findings.crossover_report import Cell
 
     cells = (Cell.of(name) for name in defs.load("crossover").parts)
     return [c for c in cells if c is not None]
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.results / "corpus.json").write_text(json.dumps(record, indent=1) + "\n")
         print(json.dumps(record))
         return 0
-    from study.crossover_report import write
+    from study.findings.crossover_report import write
 
     print(write(args.results, args.batches))
     return 0

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def device_line(device: torch.device | str = "cpu") -> str:

@@ -1,5 +1,5 @@
 """The batch crossover predicted from a run's gradient statistics (docs/study.md, "The batch
-crossover"; the estimators: study/gradstats.py).
+crossover"; the estimators: study/findings/gradstats.py).
 
     python -m study predict RUN_DIR [--at 0.25 0.5 0.75 1.0] [--ladder 2048 8192 32768 131072]
                             [--warm N] [--pairs 5] [--noise-k 16 --noise-rounds 4] [--common 0]
@@ -15,7 +15,7 @@ optimizer state there (the run continues unchanged after each probe):
   run's lr there: ``--warm`` steps to let its state settle at that batch (default: 1 / (1 -
   beta2) of the run's optimizer, at least 6: the second moment's window), then ``--pairs``
   consecutive pairs of minibatch gradients: their cosine, and the correction's signal-to-noise
-  ratio ``SNR(B) = B E|g_t - g_{t-1}|^2 / (2 tr(Sigma)) - 1`` (study/gradstats.py);
+  ratio ``SNR(B) = B E|g_t - g_{t-1}|^2 / (2 tr(Sigma)) - 1`` (study/findings/gradstats.py);
 - the gradient noise scale ``B_simple = tr(Sigma) / |G|^2`` (tokens) at the weights themselves,
   from ``--noise-rounds`` x ``--noise-k`` micro-batch gradients and each round's mean (the
   SNR needs ``tr(Sigma)`` only, the robust half of it; ``|G|^2`` is small beside
@@ -42,8 +42,14 @@ from pathlib import Path
 
 import torch
 
-from study import gradstats
-from study.vr_probe import block_matrices, build_from, device_line, kappa_of, recorded_overrides
+from study.findings import gradstats
+from study.findings.vr_probe import (
+    block_matrices,
+    build_from,
+    device_line,
+    kappa_of,
+    recorded_overrides,
+)
 
 LADDER = [2048, 8192, 32768, 131072]
 
@@ -148,7 +154,7 @@ def probe_phase(probe: Probe, args: argparse.Namespace) -> dict:
 
 
 def gradstats_inflation(kappa: float, rho: float) -> float:
-    """``|c|^2/|g|^2`` that the cosine ``rho`` predicts (study/vr_probe.py)."""
+    """``|c|^2/|g|^2`` that the cosine ``rho`` predicts (study/findings/vr_probe.py)."""
     return (1 + kappa) ** 2 + kappa**2 - 2 * kappa * (1 + kappa) * rho
 
 
@@ -200,7 +206,7 @@ def print_phase(ph: dict, cfg) -> None:  # noqa: ANN001
 
 def _relative(name: str) -> str:
     """A run's spec relative to the checkout where it lies inside it."""
-    root = str(Path(__file__).resolve().parent.parent) + "/"
+    root = str(Path(__file__).resolve().parents[2]) + "/"
     return name.replace(root, "")
 
 
