@@ -45,10 +45,10 @@ def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
             lines.append(f"| {s.label} | {diff_text(r)} | {p} | {h} | {lr_text(r['lr_before'])}, "
                          f"{lr_text(r['lr_after'])} |")  # fmt: skip
         lines.append("")
-    if score:  # the module's old path, as published in results/crossover/correction.md
+    if score:
         lines += ["## The prediction, scored", "",
                   "Delta_corr at each batch measured against each prediction record's AdamW run at "
-                  "its last phase (study/prediction_score.py).", "", *scored_lines(score), ""]  # fmt: skip
+                  "its last phase (study/findings/prediction_score.py).", "", *scored_lines(score), ""]  # fmt: skip
     return "\n".join(lines)
 
 

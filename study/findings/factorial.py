@@ -100,11 +100,10 @@ def finish(plan, code: int) -> int:  # noqa: ANN001 - a study.plan.Plan
     if code == 0 and results.is_file() and not plan.dry_run:
         from study.results import read_csv
 
-        # the module's old path, as the published factorial.md says it (results/ stays as is)
         (plan.out / "factorial.md").write_text(
             "# MARS-AdamW's loss taken apart (python -m study factorial)\n\n"
             "Effects on the final validation loss over the evaluation seeds (a positive effect:"
-            " MARS-AdamW's setting costs that much; study/factorial.py says how each is "
+            " MARS-AdamW's setting costs that much; study/findings/factorial.py says how each is "
             "computed).\n\n" + markdown(read_csv(results))
         )
     return code
