@@ -348,3 +348,25 @@ def test_auto_takes_the_host_where_the_device_would_copy():
         assert device_skip_reason(opt) is None and cost in opt.device_skip_cost()
     opt = build_optimizer(model, get_spec("mars-adamw").config_cls(implementation="compiled"))
     assert opt.device_skip_cost() is None
+
+
+def test_stop_message_waits_for_the_checkpoint_in_flight(tmp_path):
+    """An asynchronous save still in flight when the run stops is waited for and named: the
+    message is written after ``settle_checkpoints`` (the Trainer's wait on its DCP saver)."""
+    from runtime.distributed import DistInfo
+    from trainer.checkpoint import checkpoint_dir
+    from trainer.nonfinite import Diverged, NonFiniteGuard
+    from trainer.run import RunState
+
+    dist = DistInfo(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    guard = NonFiniteGuard(NonFiniteConfig(policy="stop"), dist, RunState(step=4), tmp_path, 8)
+    committed = checkpoint_dir(tmp_path) / "step_0000003.pt"
+
+    def settle():  # the save of step 3 commits only now
+        committed.parent.mkdir(parents=True)
+        committed.write_bytes(b"")
+
+    guard.settle_checkpoints = settle
+    with pytest.raises(Diverged) as stop:
+        guard._judge(5, 40, [1.0, 0.0, 0.0], None)
+    assert f"last checkpoint: {committed}" in stop.value.message

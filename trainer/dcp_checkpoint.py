@@ -268,16 +268,29 @@ class DcpCheckpointer:
         return final
 
     def _finish(self, upload: Future | None, partial: Path, final: Path, commit) -> None:
+        """Rank 0 writes the checksums and renames the directory into place; every rank returns
+        only once it has (or raises its error): a finished save is a committed one on every rank,
+        so a rank that names the newest checkpoint right after ``wait`` names this one."""
         if upload is not None:
             upload.result()  # every rank has written: DCP's coordinator wrote .metadata last
-        if not self.is_main:
-            return
-        write_manifest(partial)  # the checksums, in this writer (a thread when asynchronous)
-        if final.exists():  # the same step saved again (a relaunch): the new one replaces it
-            _remove(final)
-        partial.rename(final)
-        commit(final)
-        log.info("saved %s", final)
+        failed = None
+        if self.is_main:
+            try:
+                write_manifest(partial)  # the checksums, in this writer (a thread if asynchronous)
+                if final.exists():  # the same step saved again (a relaunch): replaced
+                    _remove(final)
+                partial.rename(final)
+                commit(final)
+                log.info("saved %s", final)
+            except Exception as exc:  # told to every rank below, then raised: no rank waits on
+                failed = exc
+        if self.distributed:  # rank 0 always reaches this broadcast, so no rank hangs on it
+            told = [None if failed is None else write_failure(failed, final)]
+            tdist.broadcast_object_list(told, src=0, group=self.group)
+            if told[0] is not None and failed is None:
+                raise OSError(f"rank 0 could not commit {final.name}: {told[0]}")
+        if failed is not None:
+            raise failed
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is written and committed; re-raise its error."""

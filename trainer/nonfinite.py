@@ -49,6 +49,7 @@ checkpoint with a lower lr, or look at the data at that step.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,9 @@ class NonFiniteGuard:
         self.batch_tokens = batch_tokens
         self.skipped = False  # whether the last step read was skipped
         self.pending: _Pending | None = None  # device decision: the step not yet read
+        # Called before the stop message names the newest checkpoint: the Trainer waits there
+        # for an asynchronous save still in flight, which would otherwise go unnamed.
+        self.settle_checkpoints: Callable[[], None] = lambda: None
         self.bind(optimizer)
 
     def bind(self, optimizer: Any) -> None:
@@ -302,6 +306,7 @@ class NonFiniteGuard:
                         "skipped_steps": self.state.skipped_steps})  # fmt: skip
 
     def _stop_message(self, what: str, step: int) -> str:
+        self.settle_checkpoints()
         ckpt = latest_checkpoint(self.out_dir)
         where = f"last checkpoint: {ckpt}" if ckpt else f"no checkpoint in {self.out_dir} yet"
         rule = (

@@ -194,6 +194,7 @@ class Trainer:
             if ckpt["format"] == "dcp"
             else None
         )
+        self.guard.settle_checkpoints = self._settle_checkpoints
 
     def _token_loader(self) -> TokenLoader:
         cfg, dist = self.cfg, self.dist
@@ -274,6 +275,16 @@ class Trainer:
             ckpt.save_training_state(self.out_dir, *parts, self.state, config=self.config_dict,
                                      dist=self.dist, keep=keep, elapsed=self.elapsed,
                                      dcp_saver=self.dcp_saver)  # fmt: skip
+
+    def _settle_checkpoints(self) -> None:
+        """Wait for the asynchronous save in flight, so the stop message names it; a save that
+        failed is logged here, and the message names the newest one that was committed."""
+        if self.dcp_saver is None:
+            return
+        try:
+            self.dcp_saver.wait()
+        except SystemExit as failed:
+            log.error("%s", failed)
 
     def record_divergence(self, stop: Diverged) -> None:
         """The run stopped for divergence at ``stop.step``: its failed step counted as a skipped
