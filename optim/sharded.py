@@ -169,9 +169,9 @@ def orthogonalise_sharded(us: list, ortho: Callable[[Tensors], Tensors],
     matrix's own dtype).
 
     Each matrix has an owner (``owners``). Per batch of same-shape matrices, one
-    ``all_to_all_single`` sends every rank's row block of each matrix (padded to
-    ``ceil(rows / W)`` rows, divided and cast to ``dtype`` first: bf16 by default, half the
-    bytes, and the bits Newton-Schulz's own cast would make) to its owner; the owner runs
+    ``all_to_all_single`` sends every rank's row block of each matrix (unpadded, ``OwnerTrip``;
+    divided and cast to ``dtype`` first: bf16 by default, half the bytes, and the bits
+    Newton-Schulz's own cast would make) to its owner; the owner runs
     ``ortho`` on all its whole matrices of the batch in one call, and one more all-to-all sends
     each rank its row block of every result. Two collectives per shape a step (not a gather and a
     scatter per matrix). Returns DTensors laid out as ``us``; every rank takes part in each.
@@ -190,43 +190,81 @@ def orthogonalise_sharded(us: list, ortho: Callable[[Tensors], Tensors],
     return out
 
 
+class OwnerTrip:
+    """The layout of one shape's two all-to-alls (``orthogonalise_sharded``, and the engine's,
+    optim/engine/ns_shards.py): ``own[j]`` the owner of matrix ``j`` of the shape ``(rows,
+    cols)``. Nothing is padded: rank r sends its ``lens[r]`` rows (``torch.chunk``'s cut) of
+    each matrix to the matrix's owner, and receives its ``lens[r]`` rows of each result.
+
+    ``order``: the matrices by owner (rank 0's first), the layout of a rank's send buffer (one
+    ``block`` of ``lens[rank] * cols`` elements each) and of the results it gets back;
+    ``send_splits[r]``: what this rank sends owner r (and gets back from it);
+    ``recv_splits[r]``: what it receives from rank r of the ``mine`` matrices it owns (and
+    sends rank r back)."""
+
+    def __init__(self, own: list[int], shape: tuple[int, int], rank: int, world: int) -> None:
+        rows, cols = shape
+        self.shape = (rows, cols)
+        self.lens = [b - a for a, b in (local_rows(rows, r, world) for r in range(world))]
+        self.starts = [sum(self.lens[:r]) for r in range(world)]
+        dest = [[j for j, o in enumerate(own) if o == r] for r in range(world)]
+        self.order = [j for d in dest for j in d]
+        self.mine, self.block = len(dest[rank]), self.lens[rank] * cols
+        self.send_splits = [len(d) * self.block for d in dest]
+        self.recv_splits = [self.mine * n * cols for n in self.lens]
+
+    def assemble(self, recv: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The whole matrices this rank owns, ``(mine, rows, cols)`` into ``out``, from the row
+        blocks ``recv`` received."""
+        at = 0
+        for start, n, size in zip(self.starts, self.lens, self.recv_splits):
+            out[:, start : start + n].copy_(recv[at : at + size].view(self.mine, n, self.shape[1]))
+            at += size
+        return out
+
+    def scatter(self, results, back: torch.Tensor) -> torch.Tensor:
+        """Each rank's rows of ``results`` (this rank's matrices, whole: a stacked tensor or a
+        list) into ``back``, rank 0's first."""
+        at = 0
+        for start, n, size in zip(self.starts, self.lens, self.recv_splits):
+            part = back[at : at + size].view(self.mine, n, self.shape[1])
+            if isinstance(results, torch.Tensor):
+                part.copy_(results[:, start : start + n])
+            else:
+                for j, r in enumerate(results):
+                    part[j].copy_(r[start : start + n])
+            at += size
+        return back
+
+
 def _batch(us: list, own: list[int], rank: int, world: int, group, ortho, dtype, divisor) -> list:
-    """``orthogonalise_sharded`` for matrices of one shape: there, then back (two all-to-alls)."""
-    rows, cols = us[0].shape
-    chunk, wire = math.ceil(rows / world), dtype or us[0].dtype
-    dest = [[j for j, o in enumerate(own) if o == r] for r in range(world)]  # by owner
-    order = [j for d in dest for j in d]
-    send = torch.zeros((len(us) * chunk, cols), dtype=wire, device=local(us[0]).device)
-    for k, j in enumerate(order):  # each block where its owner's share of the buffer starts
+    """``orthogonalise_sharded`` for matrices of one shape: there, then back (two all-to-alls,
+    laid out by ``OwnerTrip``)."""
+    trip = OwnerTrip(own, tuple(us[0].shape), rank, world)
+    wire = dtype or us[0].dtype
+    send = torch.empty(len(us) * trip.block, dtype=wire, device=local(us[0]).device)
+    for k, j in enumerate(trip.order):  # each block where its owner's share of the buffer starts
         block = local(us[j]) if divisor is None else local(us[j]) / divisor
-        send[k * chunk : k * chunk + block.shape[0]].copy_(block)
-    mine = len(dest[rank])
-    recv = send.new_empty((world * mine * chunk, cols))
-    dist.all_to_all_single(recv, send, [mine * chunk] * world, [len(d) * chunk for d in dest],
-                           group=group)  # fmt: skip
-    whole_rows = (
-        recv.view(world, mine, chunk, cols).transpose(0, 1).reshape(mine, world * chunk, cols)
-    )
-    results = ortho(list(whole_rows[:, :rows].unbind(0))) if mine else []
-    back = send.new_zeros((world, mine, chunk, cols))
-    for j, r in enumerate(results):
-        assert r.dtype == wire, "ortho returned another dtype"
-        padded = r.new_zeros((world * chunk, cols))
-        padded[:rows].copy_(r)
-        back[:, j].copy_(padded.view(world, chunk, cols))  # each rank's row block, in its place
-    got = send.new_empty((len(us) * chunk, cols))
-    dist.all_to_all_single(got, back.view(-1, cols), [len(d) * chunk for d in dest],
-                           [mine * chunk] * world, group=group)  # fmt: skip
-    at = {j: k for k, j in enumerate(order)}
-    return [whole(got[at[j] * chunk : at[j] * chunk + local(u).shape[0]], u)
+        send[k * trip.block : (k + 1) * trip.block].view_as(block).copy_(block)
+    recv = send.new_empty(sum(trip.recv_splits))
+    dist.all_to_all_single(recv, send, trip.recv_splits, trip.send_splits, group=group)
+    wholes = trip.assemble(recv, send.new_empty((trip.mine, *trip.shape)))
+    results = ortho(list(wholes.unbind(0))) if trip.mine else []
+    assert all(r.dtype == wire for r in results), "ortho returned another dtype"
+    back = trip.scatter(results, send.new_empty(sum(trip.recv_splits)))
+    got = torch.empty_like(send)
+    dist.all_to_all_single(got, back, trip.send_splits, trip.recv_splits, group=group)
+    at = {j: k for k, j in enumerate(trip.order)}
+    return [whole(got[at[j] * trip.block : (at[j] + 1) * trip.block].view_as(local(u)), u)
             for j, u in enumerate(us)]  # fmt: skip
 
 
 def all_to_all_traffic(shapes: list[tuple[int, int]], world: int, itemsize: int = 2) -> list[dict]:
     """The FSDP2 owners' collectives a step, from the assignment (no process needed): per batch
-    of same-shape matrices two all-to-alls, each rank sending one padded row block
-    (``ceil(rows / W)`` rows) per matrix there and, as an owner, ``W`` blocks per matrix it owns
-    back. One dict per batch: its shape, ``count`` (2), and per rank the most bytes sent."""
+    of same-shape matrices two all-to-alls (``OwnerTrip``: nothing padded), each rank sending
+    its row block of each matrix there (rank 0, holding ``ceil(rows / W)`` rows, the most) and,
+    as an owner, each rank its rows of every result it computed back. One dict per batch: its
+    shape, ``count`` (2), and per rank the most bytes sent each way."""
     own, out = owners(shapes, world), []
     batches: dict[tuple, list[int]] = {}
     for i, s in enumerate(shapes):
@@ -235,7 +273,7 @@ def all_to_all_traffic(shapes: list[tuple[int, int]], world: int, itemsize: int 
         block = math.ceil(shape[0] / world) * shape[1] * itemsize
         most = max(sum(1 for i in idx if own[i] == r) for r in range(world))
         out.append({"shape": shape, "count": 2, "there": len(idx) * block,
-                    "back": most * world * block})  # fmt: skip
+                    "back": most * shape[0] * shape[1] * itemsize})  # fmt: skip
     return out
 
 

@@ -8,9 +8,10 @@ local blocks, the trainer's global clip folded into the engine; from the second 
 reference buffers made) its norm pass is merged with MARS's, and one small all-reduce a step
 carries the clip's sum and MARS's per-tensor sums (optim/engine/clip.py; the first step: one
 for the MARS clip's norms and one for the fold). FSDP equals DDP (1e-12, the clip's norms too),
-every rank ends with the same whole parameters and took the same routes, and the buckets that
-took the engine are the element-wise ones (MARS-M's Newton-Schulz stays on the owners' path, so
-its clip is ``clip_grad_norm_``). Skipped without triton.
+every rank ends with the same whole parameters and took the same routes, and every bucket took
+the engine: MARS-M's Newton-Schulz too, its matrices whole on their owner ranks
+(optim/engine/ns_shards.py: two all-to-alls a shape, counted), so its clip folds as well.
+Skipped without triton.
 """
 
 import pytest
@@ -54,7 +55,7 @@ def train(case: str, wrap) -> tuple[dict, dict, int, list]:
     gradients keep their addresses, so the launch list is kept); the whole parameters, the paths
     taken and the lists built, the all-reduces of the step's clips (counted by a wrapper of
     ``dist.all_reduce``) and the global clip's norms with whether each folded."""
-    from optim.engine import launch
+    from optim.engine import launch, ns_shards
 
     torch.manual_seed(0)
     model = Tiny().double()
@@ -65,16 +66,18 @@ def train(case: str, wrap) -> tuple[dict, dict, int, list]:
     )
     reduces, real, norms, counts = [], launch.dist.all_reduce, [], []
     launch.dist.all_reduce = lambda t, **kw: (reduces.append(t.numel()), real(t, **kw))[1]
+    trips, real_a2a = [], ns_shards._all_to_all
+    ns_shards._all_to_all = lambda *a, **kw: (trips.append(1), real_a2a(*a, **kw))[1]
     try:
         for t in range(STEPS):
             forward_backward(run, t)
-            before = len(reduces)
+            before, trips_before = len(reduces), len(trips)
             norms.append(clip(opt, model))
             opt.step()
-            counts.append(len(reduces) - before)
+            counts.append((len(reduces) - before, len(trips) - trips_before))
             opt.zero_grad(set_to_none=False)  # (the gradients stay where they are)
     finally:
-        launch.dist.all_reduce = real
+        launch.dist.all_reduce, ns_shards._all_to_all = real, real_a2a
     whole = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
              for n, p in model.named_parameters()}  # fmt: skip
     paths = {**opt.route_counts, "built": opt.engine_state.programs_built,  # (lists kept)
@@ -110,32 +113,27 @@ def test_engine_on_fsdp_shards_equals_ddp_on_gloo_ranks(tmp_path, world):
             for n in d:
                 torch.testing.assert_close(f[n], d[n], rtol=1e-12, atol=1e-14, msg=(case, n))
                 assert torch.equal(f[n], results[0][case]["fsdp"][0][n]), (case, n, "ranks")
-            # gradients that stay where they are: one launch list, kept, unless a bucket is off
-            # the engine (MARS-M's matrices under FSDP2); a second where the fold merges with
-            # MARS's norm pass from the second step (its kernels differ from the first's)
+            # gradients that stay where they are: one launch list, kept; a second where the
+            # fold merges with MARS's norm pass from the second step (its kernels differ)
             merged = case in ("mars-adamw", "mars-adamw:global", "mars-lion")
             built = paths.pop("built"), ddp_paths.pop("built")
-            assert built == ((0 if case == "mars-m" else 1 + merged), 1 + merged), (case, built)
+            assert built == (1 + merged, 1 + merged), (case, built)
             ranks_routes, _ = paths.pop("routes"), ddp_paths.pop("routes")
-            taken = {r for _, r in ranks_routes}  # (mars-m's matrices: the CPU's eager path)
-            assert "engine" in taken and taken <= (
-                {"engine", "foreach", "loop"} if case == "mars-m" else {"engine"}
-            ), taken
+            assert {r for _, r in ranks_routes} == {"engine"}, ranks_routes
             assert paths.get("engine", 0) >= STEPS, (case, paths)
-            if case == "mars-m":  # its matrices on the owners' path, its Adam part on the engine
-                eager = set(paths) - {"engine"}  # (the CPU's default: the loop)
-                assert paths["engine"] == STEPS and eager <= {"foreach", "loop"}, paths
-            else:
-                assert set(paths) == {"engine"} and set(ddp_paths) == {"engine"}, paths
+            assert set(paths) == {"engine"} and set(ddp_paths) == {"engine"}, paths
             folds = [folded for _, folded in norms]
-            assert folds == [case != "mars-m"] * STEPS, case  # (MARS-M's matrices: not here)
+            assert folds == [True] * STEPS, case  # (MARS-M's matrices too: on the engine)
             assert all(f for _, f in ddp_norms), case  # DDP: every bucket on the engine
             for (a, _), (b, _) in zip(norms, ddp_norms):
                 torch.testing.assert_close(a, b, rtol=1e-12, atol=0, msg=case)
             assert any(float(n) > MAX_NORM for n, _ in norms), case  # the clip fired
-            # a step: one all-reduce for the MARS clip's norms (mars-m: the owners' path's),
-            # one for the folded global clip (mars-m: clip_grad_norm_'s DTensor reduction);
-            # merged from the second step: one for both
-            mars, fold = case.startswith("mars-"), case != "mars-m"
-            expect = [mars + fold] + [1 if merged else mars + fold] * (STEPS - 1)
-            assert reduces == expect, (case, reduces)
+            # a step: one all-reduce for the MARS clip's norms, one for the folded global clip;
+            # merged from the second step: one for both (MARS-M's pre-pass keeps its own norm
+            # pass: two); MARS-M's matrices: two all-to-alls a shape, the same every step
+            mars = case.startswith("mars-")
+            expect = [mars + 1] + [1 if merged else mars + 1] * (STEPS - 1)
+            assert [r for r, _ in reduces] == expect, (case, reduces)
+            trips = {a for _, a in reduces}
+            assert len(trips) == 1 and trips.pop() % 2 == 0, (case, reduces)
+            assert (reduces[0][1] > 0) == (case == "mars-m"), (case, reduces)

@@ -46,11 +46,8 @@ def _split(opt, b) -> tuple[str | None, tuple | None, list[int]]:
             None,
             [],
         )
-    shards = [s is not None for s in b.shards]
-    if not rules.shards_fit(kind, shards):
-        why = "Newton-Schulz on FSDP2 shards (the owners' path)" if all(shards) else \
-            "FSDP2 shards and plain tensors in one bucket"  # fmt: skip
-        return why, None, []
+    if not rules.shards_fit([s is not None for s in b.shards]):
+        return "FSDP2 shards and plain tensors in one bucket", None, []
     idx = [i for i in range(len(b.params)) if rules.takes(b, i)]
     if not idx:
         return "SOAP's rotated matrices", None, []
@@ -147,6 +144,6 @@ def covers_param(opt, p: torch.Tensor, view: dict) -> bool:
     b = SimpleNamespace(view=view, momentum=MOMENTA[view["momentum_form"]], params=[p],
                         preconditioner=PRECONDITIONERS[view["preconditioner"]](view))  # fmt: skip
     kind = rules.kind_of(b, is_approx=opt.is_approx, correction=opt.correction)
-    if kind is None or not rules.shards_fit(kind, [sharded.is_sharded(p)]):
+    if kind is None or not rules.shards_fit([sharded.is_sharded(p)]):
         return False
     return rules.takes(b, 0) and rules.tensors_fit([sharded.local(p)])

@@ -44,7 +44,9 @@ from __future__ import annotations
 import torch
 
 from optim.engine import layout as L
+from optim.engine import ns_shards
 from optim.engine.loader import tl_dtype, warps
+from optim.engine.ns_shards import ShardStack, ShardStacks
 from optim.engine.rules import ns_dtype
 from optim.engine.tables import Plan, PlanCache, key
 from optim.functional import newton_schulz
@@ -122,13 +124,20 @@ def merged(b, device: torch.device) -> bool:
     return fused if fused is not None else device.type == "cuda"
 
 
-def plan(b, cols: dict, cache: PlanCache, block: int) -> tuple[Plan, Stacks]:
-    """The pre-pass's plan (the stacks' slices in its ``C_OUT`` column) and the stacks."""
+def plan(b, cols: dict, cache: PlanCache, block: int) -> tuple[Plan, Stacks | ShardStacks]:
+    """The pre-pass's plan (the stacks' slices in its ``C_OUT`` column) and the stacks; FSDP2
+    shards (every tensor of a Newton-Schulz launch: optim/engine/launch.py ``by_step``): the
+    owners' stacks (optim/engine/ns_shards.py)."""
     dtype, params = ns_dtype(b), cols[L.C_P]
-    merge = merged(b, params[0].device)
-    rank, world = split_world(b.preconditioner.distributed)
-    stacks = cache.get(key({L.C_P: params}, block, ("ns-stacks", dtype, merge, rank, world)),
-                       lambda: Stacks(params, dtype, block, merge, rank, world))  # fmt: skip
+    if b.shards and b.shards[0] is not None:
+        merge, world = False, -1  # (a key of its own)
+        stacks = cache.get(key({L.C_P: params}, block, ("ns-shards", dtype)),
+                           lambda: ShardStacks(params, b.shards, dtype, block))  # fmt: skip
+    else:
+        merge = merged(b, params[0].device)
+        rank, world = split_world(b.preconditioner.distributed)
+        stacks = cache.get(key({L.C_P: params}, block, ("ns-stacks", dtype, merge, rank, world)),
+                           lambda: Stacks(params, dtype, block, merge, rank, world))  # fmt: skip
     cols = {**cols, L.C_OUT: stacks.out}
     norm = b.view.get("variance_reduction", False) and b.view.get("clip") == "tensor"
     return cache.get(key(cols, block, ("ns", norm, merge, world)),
@@ -143,6 +152,9 @@ def run(go, k, ln, divisors, flag, update) -> None:
     plan, stacks, pre = ln.plan, ln.stacks, ln.b.preconditioner
     if plan.nblocks:
         update(go, k, ln, divisors, flag, out_dtype=stacks.dtype)
+    if isinstance(stacks, ShardStacks):
+        ns_shards.run(go, ln, pre, lambda s, base: _apply(go, k, ln, s, base, flag))
+        return
     fused = merged(ln.b, plan.table.device)
     results = []
     for s in stacks.stacks:
@@ -184,11 +196,12 @@ def _split(go, s: Stack, pre, dtype: torch.dtype, fused: bool) -> tuple:
     return s.gathered, works
 
 
-def _apply(go, k, ln, s: Stack, base: torch.Tensor, flag) -> None:
+def _apply(go, k, ln, s: Stack | ShardStack, base: torch.Tensor, flag) -> None:
     """``p = p * (1 - lr * wd) - lr * scale(shape) * O`` over stack ``s``'s matrices."""
     view, pre, sub = ln.b.view, ln.b.preconditioner, s.plan
     lr, keep = view["lr"], 1 - view["lr"] * view["weight_decay"]
-    shape, other = s.read, s.read[::-1]
+    shape = s.shape if isinstance(s, ShardStack) else s.read  # (a shard's: global, read straight)
+    other = shape[::-1]
     go(
         k.apply_kernel, (sub.nblocks,), sub.table, sub.blocks, base,
         sub.blocks if flag is None else flag, keep, -(lr * pre.scale(shape)),

@@ -135,14 +135,12 @@ def tensors_fit(tensors: list) -> bool:
     )  # fmt: skip
 
 
-def shards_fit(kind: Kind, shards: list[bool]) -> bool:
+def shards_fit(shards: list[bool]) -> bool:
     """Whether the engine takes a bucket whose tensors are FSDP2 shards where ``shards`` says:
-    none, or all of them for an element-wise rule (run on the local blocks, the clip's norms
-    all-reduced: optim/engine/launch.py); Newton-Schulz needs whole matrices (the owners' path,
-    optim/sharded.py)."""
-    if not any(shards):
-        return True
-    return all(shards) and kind.direction != L.NS_OUT
+    none, or all of them (an element-wise rule on the local blocks, the clip's norms
+    all-reduced: optim/engine/launch.py; Newton-Schulz on its owners' whole matrices:
+    optim/engine/ns_shards.py)."""
+    return not any(shards) or all(shards)
 
 
 def ns_dtype(b) -> torch.dtype:
