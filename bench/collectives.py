@@ -13,7 +13,8 @@ a broadcast from its owner of each matrix beyond them, optim/newton_schulz.py ``
 the bytes the rank that receives most receives against the results' bytes, beside the padded
 all-gather this replaced (``padded``: every batch W x k slots), the buffers each rank holds for
 them (``ns_buffer_bytes``: the engine's stack, gathered results and own slots), and FSDP2's
-all-to-alls (two per shape) with the bytes. In the Newton-Schulz dtype (``--itemsize``, bf16:
+all-to-alls (two per shape, unpadded) with the bytes and the engine's buffers for them
+(``ns_shard_buffer_bytes``). In the Newton-Schulz dtype (``--itemsize``, bf16:
 2). Prints the device line and writes the raw record (bench/record.py) with ``--out``.
 tests/test_bench_collectives.py and tests/test_ns_traffic.py assert the figures.
 """
@@ -26,7 +27,7 @@ from bench import record
 from bench.harness import device_line
 from bench.newton_schulz import adamw_shapes, block_shapes, model_spec
 from optim.newton_schulz import ns_buffer_bytes, rank_flops, received_bytes, split_traffic
-from optim.sharded import all_to_all_traffic, ns_flops
+from optim.sharded import all_to_all_traffic, ns_flops, ns_shard_buffer_bytes
 
 
 def matrices(model: str, embeddings: bool) -> list[tuple[int, int]]:
@@ -57,7 +58,8 @@ def figures(shapes: list[tuple[int, int]], world: int, itemsize: int) -> dict:
     a2a = all_to_all_traffic(shapes, world, itemsize)
     out["fsdp"] = {"all_to_alls": sum(b["count"] for b in a2a),
                    "there_mb": sum(b["there"] for b in a2a) / 1e6,
-                   "back_mb_most": sum(b["back"] for b in a2a) / 1e6}  # fmt: skip
+                   "back_mb_most": sum(b["back"] for b in a2a) / 1e6,
+                   "buffer_mb": ns_shard_buffer_bytes(shapes, world, itemsize) / 1e6}  # fmt: skip
     return out
 
 
@@ -83,7 +85,7 @@ def main() -> None:
               f"MB of results (padded: {merged['padded_received_mb']:.0f}), buffers "
               f"{merged['buffer_mb']:.0f} MB (padded {merged['padded_buffer_mb']:.0f}) | FSDP "
               f"{fsdp['all_to_alls']} all-to-alls, {fsdp['there_mb']:.1f} MB there, "
-              f"{fsdp['back_mb_most']:.1f} MB back at most")  # fmt: skip
+              f"{fsdp['back_mb_most']:.1f} MB back at most, buffers {fsdp['buffer_mb']:.0f} MB")  # fmt: skip
     if args.out:
         extra = {"model": args.model, "embeddings": args.embeddings, "itemsize": args.itemsize,
                  "per_world": per_world}  # fmt: skip

@@ -53,7 +53,8 @@ def collectives(rec: dict) -> str:
         return _collectives_padded(rec)
     rows = ["| ranks | NS GFLOP a rank, max / mean (bound) | DDP a step, merged: all-gathers + "
             "broadcasts | MB received a rank at most / results (padded all-gather) | "
-            "NS buffers MB a rank (padded) | FSDP2 all-to-alls: MB there / back at most |",
+            "NS buffers MB a rank (padded) | FSDP2 all-to-alls: MB there / back at most "
+            "(buffers MB) |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     for world, f in rec["per_world"].items():
         m, fsdp = f["ddp_merged"], f["fsdp"]
@@ -62,7 +63,8 @@ def collectives(rec: dict) -> str:
                     f"{m['received_mb']:.0f} / {m['results_mb']:.0f} "
                     f"({m['padded_received_mb']:.0f}) | {m['buffer_mb']:.0f} "
                     f"({m['padded_buffer_mb']:.0f}) | {fsdp['all_to_alls']}: "
-                    f"{fsdp['there_mb']:.1f} / {fsdp['back_mb_most']:.1f} |")  # fmt: skip
+                    f"{fsdp['there_mb']:.1f} / {fsdp['back_mb_most']:.1f} "
+                    f"({fsdp['buffer_mb']:.0f}) |")  # fmt: skip
     return "\n".join(rows) + "\n"
 
 

@@ -277,6 +277,20 @@ def all_to_all_traffic(shapes: list[tuple[int, int]], world: int, itemsize: int 
     return out
 
 
+def ns_shard_buffer_bytes(shapes: list[tuple[int, int]], world: int, itemsize: int = 2) -> int:
+    """Bytes of the buffers the engine's sharded Newton-Schulz (optim/engine/ns_shards.py)
+    holds on the rank that holds most, in the NS dtype: its row block of every matrix twice
+    (``send``, ``got``) and, of each matrix it owns, the rows it receives, the whole matrix and
+    the rows it sends back (``recv``, ``stack``, ``back``)."""
+    own, most = owners(shapes, world), 0
+    for r in range(world):
+        blocks = sum((stop - start) * s[1] for s in shapes
+                     for start, stop in [local_rows(s[0], r, world)])  # fmt: skip
+        owned = sum(math.prod(s) for s, o in zip(shapes, own) if o == r)
+        most = max(most, (2 * blocks + 3 * owned) * itemsize)
+    return most
+
+
 # --- whole-matrix preconditioners on owner ranks (SOAP, MARS-SOAP): docs/fsdp-optimizers.md ---
 
 
