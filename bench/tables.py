@@ -238,9 +238,32 @@ def stale(doc: Path) -> list[str]:
     return out
 
 
+def rewrite(doc: Path) -> int:
+    """Each generated table of ``doc`` replaced by what its record makes (the old one: as many
+    blank-line-separated paragraphs after the marker as the new one has); how many changed."""
+    text, changed, at, out = doc.read_text(), 0, 0, []
+    for m in MARKER.finditer(text):
+        want, end = table(m.group(1)), m.end()
+        for _ in range(want.rstrip("\n").count("\n\n") + 1):
+            end = text.find("\n\n", end) + 1 or len(text)
+        changed += text[m.end() : end] != want
+        out += [text[at : m.end()], want]
+        at = end
+    if changed:
+        doc.write_text("".join(out) + text[at:])
+    return changed
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--docs"] and len(sys.argv) > 2:
+        for doc in sys.argv[2:]:
+            print(f"{doc}: {rewrite(Path(doc))} table(s) rewritten from their records")
+        return
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m bench.tables bench/records/RECORD.json")
+        raise SystemExit(
+            "usage: python -m bench.tables bench/records/RECORD.json\n"
+            "       python -m bench.tables --docs DOC.md ...  (rewrite its tables)"
+        )
     sys.stdout.write(table(sys.argv[1]))
 
 

@@ -33,3 +33,13 @@ def test_a_record_of_another_benchmark_is_refused_in_one_line(tmp_path, monkeypa
     (tmp_path / "r.json").write_text('{"command": ["python", "-m", "bench.train"]}')
     with pytest.raises(SystemExit, match="tables are made for"):
         tables.table("r.json")
+
+
+def test_rewrite_puts_each_records_table_back(tmp_path):
+    rec = "bench/records/collectives-gpt2-small.json"
+    made = tables.table(rec)
+    doc = tmp_path / "x.md"
+    typed = made.replace("199", "198")
+    doc.write_text(f"before\n\n<!-- generated: python -m bench.tables {rec} -->\n{typed}\nafter\n")
+    assert tables.rewrite(doc) == 1 and tables.stale(doc) == []
+    assert doc.read_text().endswith(f"{made}\nafter\n") and tables.rewrite(doc) == 0
