@@ -37,6 +37,10 @@ started before the next stack's NS): one all-gather of the ``k`` slots every ran
 broadcast from its owner of each matrix beyond them, into the ``n`` slots of the buffer the
 update pass reads. Every rank then applies every matrix's result, bit for bit the same bytes on
 every rank.
+
+On FSDP2 shards (a rank holds row blocks only) the stacks are the owners' instead
+(optim/engine/ns_shards.py): the pre-pass writes each local block into a send buffer, the blocks
+travel to their owners and back by all-to-all, and the update pass reads the rows that return.
 """
 
 from __future__ import annotations
