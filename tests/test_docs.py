@@ -97,3 +97,20 @@ def test_readme_lists_every_registered_optimizer():
     named = {n for row in rows for n in re.findall(r"`([a-z0-9-]+)`", row.split("|")[1])}
     exact = {p.stem for p in (ROOT / "configs" / "optimizer").glob("*-exact.yaml")}
     assert named == set(optim.available()) | exact
+
+
+def test_readme_ci_time_is_its_record():
+    """README's sentence on .ci/run's time says what the record it links says."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    name = re.search(r"bench/records/(ci-\d+\.txt)", text).group(1)
+    rec = (ROOT / "bench" / "records" / name).read_text()
+    assert "rc=0" in rec
+    passed, skipped, secs = re.search(r"(\d+) passed, (\d+) skipped, .* in ([\d.]+)s", rec).groups()
+    elapsed = int(re.search(r"elapsed=(\d+)s", rec).group(1))
+    said = " ".join(text.split())  # (the sentence wraps)
+    assert f"took {elapsed // 60} min {elapsed % 60} s" in said
+    assert f"({int(passed) + int(skipped):,} tests, {skipped} of them skipped" in said
+    pytest_s = round(float(secs))
+    assert f"without CUDA: {pytest_s // 60} min {pytest_s % 60} s;" in said
