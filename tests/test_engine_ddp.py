@@ -39,13 +39,15 @@ def params() -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(s, generator=gen, dtype=torch.float64)) for s in SHAPES]
 
 
-def trainer_steps(opt, ps, n: int, fold: bool, flagged: int = -1) -> None:
+def trainer_steps(opt, ps, n: int, fold: bool, flagged: int = -1, place=None) -> None:
     """The trainer's steps (a new lr, the clip, the step); step ``flagged`` is skipped on the
-    device (``found_inf``) after its gradients were made."""
+    device (``found_inf``) after its gradients were made; ``place`` puts each whole gradient
+    where its parameter lives (tests/test_engine_ns_shards.py: a DTensor), None: as it is."""
     for t in range(n):
         gen = torch.Generator().manual_seed(100 + t)
         for p in ps:
-            p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype) * SCALES[t % 4]
+            g = torch.randn(p.shape, generator=gen, dtype=p.dtype) * SCALES[t % 4]
+            p.grad = g if place is None else place(g)
         for group in opt.param_groups:
             group["lr"] = LRS[t % 4]
         if fold:

@@ -16,21 +16,13 @@ import torch.multiprocessing as mp
 
 pytest.importorskip("triton")
 
+from test_engine_ddp import MAKE, trainer_steps  # noqa: E402
+
 from helpers import rendezvous  # noqa: E402
-from optim import MARS_M, Muon  # noqa: E402
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 # wide, tall, square, a lone tall one, one of 2 rows (on 4 ranks two hold none), a vector
 SHAPES = [(4, 6), (6, 4), (4, 6), (5, 5), (4, 6), (7, 3), (6, 4), (2, 5), (9,)]
-LRS, SCALES, MAX_NORM = [1e-2, 3e-3, 2e-2, 5e-3], [0.05, 3.0, 0.3, 2.0], 3.0
-MAKE = {
-    "muon": lambda mats, rest, f: Muon(
-        mats, adamw_params=rest, ns_dtype="float64", implementation=f
-    ),
-    "mars-m": lambda mats, rest, f: MARS_M(
-        muon_params=mats, adamw_params=rest, lr=1e-2, ns_dtype="float64", implementation=f
-    ),  # fmt: skip
-}
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
@@ -47,32 +39,13 @@ def params(mesh=None) -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(t) for t in ts]
 
 
-def steps(opt, ps, mesh, fold: bool, flagged: int) -> None:
-    """The trainer's steps (a new lr, the clip, the step); step ``flagged`` is skipped on the
-    device (``found_inf``) after its gradients were made."""
+def run(name: str, how: str, mesh=None, flagged: int = -1) -> tuple[list, object]:
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    for t in range(4):
-        gen = torch.Generator().manual_seed(100 + t)
-        for p in ps:
-            g = torch.randn(p.shape, generator=gen, dtype=p.dtype) * SCALES[t % 4]
-            p.grad = g if mesh is None else distribute_tensor(g, mesh, [Shard(0)])
-        for group in opt.param_groups:
-            group["lr"] = LRS[t % 4]
-        if fold:
-            assert opt.fold_grad_clip(MAX_NORM, ps) is not None, opt.clip_fold_off_reason
-        else:
-            torch.nn.utils.clip_grad_norm_(ps, MAX_NORM)
-        opt.found_inf = torch.tensor(1.0 if t == flagged else 0.0, dtype=torch.float64)
-        opt.step()
-        if t == flagged:
-            opt.uncount_last_step()
-
-
-def run(name: str, how: str, mesh=None, flagged: int = -1) -> tuple[list, object]:
     ps = params(mesh)
     opt = MAKE[name]([p for p in ps if p.ndim == 2], [p for p in ps if p.ndim != 2], how)
-    steps(opt, ps, mesh, how == "triton", flagged)
+    place = None if mesh is None else (lambda g: distribute_tensor(g, mesh, [Shard(0)]))
+    trainer_steps(opt, ps, 4, how == "triton", flagged, place)
     return [whole(p.detach()).clone() for p in ps], opt
 
 
