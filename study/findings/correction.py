@@ -182,21 +182,27 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
 
     corr = [r for r in rows if r["step"].group == "correction"]
     said = "; ".join(f"{kb(r['step'].batch)} {diff_text(r)}" for r in corr) or "not run"
-    chain = [r for r in rows if r["step"].group == "chain" and "mean" in r
-             and r["step"].batch == 2048 and "second moment" not in r["step"].label]  # fmt: skip
+
+    def chain_at(batch: int) -> list[dict]:
+        return [r for r in rows if r["step"].group == "chain" and "mean" in r
+                and r["step"].batch == batch and "second moment" not in r["step"].label]  # fmt: skip
+
+    def short(r: dict) -> str:
+        label = r["step"].label.split(" (")[0].split(" = ")[0]
+        return f"{label.rsplit(': ', 1)[-1].lstrip('+ ')} {r['mean']:+.3f}"
+
+    chain = chain_at(2048)
     if len(chain) > 1:
         named = [r for r in chain if r["lo"] > 0 or r["hi"] < 0]
         rest = len(chain) - len(named)
-
-        def short(r: dict) -> str:
-            label = r["step"].label.split(" (")[0].split(" = ")[0]
-            return f"{label.split(': ', 1)[-1].lstrip('+ ')} {r['mean']:+.3f}"
-
         gap = "; ".join(short(r) for r in named)
         if rest:
             gap += f"; the other {rest} within their intervals of 0"
     else:
         gap = "running (one value at a time from AdamW to MARS-AdamW at 2 KB)"
+    again = "; ".join(f"{short(r)} [{r['lo']:+.3f}, {r['hi']:+.3f}]" for r in chain_at(8192))
+    if again:
+        gap += f"; at 8 KB, that step again: {again}"
     return (
         "The correction on AdamW's own tuned configuration (MARS-AdamW with every value AdamW's, "
         f"kappa 0.475, each arm on its own lr line; the difference to AdamW, paired, {pct}): "
