@@ -38,6 +38,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "readmes": ("study.part_readme", "render each published part's README.md"),
     "speed": ("study.findings.proxy_speed", "how fast the proxy models train on this machine"),
     "factorial": ("study.findings.factorial", "MARS-AdamW's loss taken apart, factor by factor"),
+    "gains": ("study.findings.gains", "the LayerNorm gains along runs, from their checkpoints"),
 }
 
 
