@@ -44,18 +44,22 @@ def test_the_committed_table_is_its_record():
 
 
 def test_docs_readings_hold_in_the_record():
-    """docs/study.md: with the decay the gains' mean stays below 1 the whole run; AdamW's and the
-    undecayed arm's grow to several (here: at least 3) times their start; the decay alone costs
-    the seed more than 0.1 in final loss."""
+    """docs/study.md: with the decay the gains' mean stays below 1 the whole run on every seed;
+    AdamW's and the undecayed arm's grow to several (here: at least 3) times their start; the
+    decay alone, at the same lr, costs each seed between 0.09 and 0.17 in final loss."""
     runs = {r["run"]: r for r in json.loads(RECORD.read_text())}
-    decayed, plain, adamw = runs["a1"], runs["a1-no-gains-decay"], runs["a0-adamw"]
-    assert decayed["optimizer"]["weight_decay_1d"] == 0.1
-    assert plain["optimizer"]["weight_decay_1d"] == 0.0
-    assert plain["optimizer"]["lr"] == decayed["optimizer"]["lr"]
-    assert all(p["mean"] < 1 for p in decayed["gains"])
-    for r in (plain, adamw):
+    seeds = [1, 2, 3, 4, 5]
+
+    def name(arm: str, seed: int) -> str:
+        return arm if seed == 1 else f"{arm}-seed{seed}"
+
+    pairs = [(runs[name("a1", s)], runs[name("a1-no-gains-decay", s)]) for s in seeds]
+    for decayed, plain in pairs:
+        assert decayed["optimizer"]["weight_decay_1d"] == 0.1
+        assert plain["optimizer"]["weight_decay_1d"] == 0.0
+        assert plain["optimizer"]["lr"] == decayed["optimizer"]["lr"]
+        assert all(p["mean"] < 1 for p in decayed["gains"]), decayed["run"]
+        assert 0.09 < decayed["final_val_loss"] - plain["final_val_loss"] < 0.17, decayed["run"]
+    for r in [plain for _, plain in pairs] + [runs["a0-adamw"]]:
         assert r["gains"][-1]["mean"] >= 3 * r["gains"][0]["mean"], r["run"]
-    assert decayed["final_val_loss"] - plain["final_val_loss"] > 0.1
-    assert {r["commit"] for r in runs.values()} and not any(
-        r["commit"].endswith("+dirty") for r in runs.values()
-    )
+    assert len(runs) == 11 and not any(r["commit"].endswith("+dirty") for r in runs.values())
