@@ -28,7 +28,14 @@ from pathlib import Path
 
 from analysis.stats import LEVEL, paired_interval, paired_p_value
 from study.findings import prediction_score
-from study.findings.correction_tables import N_SEEDS, diff_text, figure, lr_text, markdown
+from study.findings.correction_tables import (
+    N_SEEDS,
+    diff_text,
+    figure,
+    in_chain,
+    lr_text,
+    markdown,
+)
 from study.results import read_csv
 from study.tables import eval_losses
 
@@ -96,6 +103,15 @@ def steps() -> list[Step]:
                             Arm(f"b{b}", ADAMW), Arm(f"chain-b{b}", arms[0]), batch=b))  # fmt: skip
     out.append(Step("chain", "+ the correction at MARS-AdamW's defaults = MARS-AdamW (Delta_gamma)",
                     Arm("b2048", OFF), Arm("b2048", MARS), family=False))  # fmt: skip
+    fixed = _optimizers("nodecay-b2048")  # the fix the chain points to: no gains' decay
+    if fixed:
+        nodecay = Arm("nodecay-b2048", fixed[0])
+        out += [
+            Step("chain", "2,048 B: MARS-AdamW without the gains' decay - MARS-AdamW",
+                 Arm("b2048", MARS), nodecay),
+            Step("chain", "2,048 B: MARS-AdamW without the gains' decay - AdamW",
+                 Arm("b2048", ADAMW), nodecay),
+        ]  # fmt: skip
     out.append(Step("chain", "MARS-AdamW with its second moment from g, not c - MARS-AdamW",
                     Arm("b2048", MARS), Arm("chain-b2048", smg)))  # fmt: skip
     half, noclip = _optimizers("corr-split-b2048")
@@ -184,8 +200,7 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
     said = "; ".join(f"{kb(r['step'].batch)} {diff_text(r)}" for r in corr) or "not run"
 
     def chain_at(batch: int) -> list[dict]:
-        return [r for r in rows if r["step"].group == "chain" and "mean" in r
-                and r["step"].batch == batch and "second moment" not in r["step"].label]  # fmt: skip
+        return [r for r in rows if "mean" in r and in_chain(r["step"], batch)]
 
     def short(r: dict) -> str:
         label = r["step"].label.split(" (")[0].split(" = ")[0]
@@ -203,6 +218,12 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
     again = "; ".join(f"{short(r)} [{r['lo']:+.3f}, {r['hi']:+.3f}]" for r in chain_at(8192))
     if again:
         gap += f"; at 8 KB, that step again: {again}"
+    fixed = [r for r in rows if "without the gains' decay" in r["step"].label and "mean" in r]
+    if fixed:
+        gap += "; " + "; ".join(
+            f"{r['step'].label.split(': ', 1)[1]} {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
+            for r in fixed
+        )
     return (
         "The correction on AdamW's own tuned configuration (MARS-AdamW with every value AdamW's, "
         f"kappa 0.475, each arm on its own lr line; the difference to AdamW, paired, {pct}): "

@@ -52,6 +52,14 @@ def markdown(rows: list[dict], score: list[dict] | None = None) -> str:
     return "\n".join(lines)
 
 
+def in_chain(step, batch: int = 2048) -> bool:  # noqa: ANN001 - a correction.Step
+    """Whether ``step`` is a link of the chain from AdamW to MARS-AdamW at ``batch`` (A1-A4 and
+    Delta_gamma: not the second-moment check, not the fix without the gains' decay)."""
+    label = step.label
+    return (step.group == "chain" and step.batch == batch and "second moment" not in label
+            and "without the gains' decay" not in label)  # fmt: skip
+
+
 def figure(rows: list[dict], path: Path) -> None:
     """The chain as a waterfall: each step's paired mean and interval, from AdamW to MARS-AdamW."""
     import matplotlib
@@ -59,8 +67,7 @@ def figure(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chain = [r for r in rows if r["step"].group == "chain" and r["step"].batch == 2048
-             and "second moment" not in r["step"].label]  # fmt: skip
+    chain = [r for r in rows if in_chain(r["step"])]
     fig, ax = plt.subplots(figsize=(7, 4))
     level = 0.0
     for i, r in enumerate(chain):
