@@ -362,7 +362,10 @@ def test_what_the_section_says_holds_holds_in_the_family():
           ("ladder-up", "proxy-193k 0.25x"), ("ladder-up", "proxy-423k 0.25x"))
           for o in MUON_FAMILY]  # fmt: skip
     behind = [f"{c}: mars-adamw - adamw" for c in ("headline: proxy-100k 1x", "batch: proxy-100k 1x",
-              "ladder: proxy-100k 0.25x", "widthinit: proxy-100k 0.25x")]  # fmt: skip
+              "widthinit: proxy-100k 0.25x")]  # fmt: skip
+    short = "ladder: proxy-100k 0.25x: mars-adamw - adamw"  # "just past the line": behind, not held
+    assert family_tests()[short]["mean"] > 0 and not holds(short)
+    assert family_tests()[short]["holm_p"] < 0.15
     gap = "'s gap to AdamW"
     grows = ["budget 0.25x -> 1x: mars-adamw" + gap, "budget 0.25x -> 1x: mars-m" + gap,
              "budget 0.25x -> 1x: moonlight" + gap] + [
