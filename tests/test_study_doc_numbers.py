@@ -414,3 +414,14 @@ def test_numbers_finds_signed_values_and_ranges():
     assert numbers("a +0.314 [+0.259, +0.369] gap, 0.013-0.018, 1.67x-1.75x, 2,048 bytes") == {
         "+0.314", "+0.259", "+0.369", "0.013", "0.018", "1.67x", "1.75x", "2,048"}  # fmt: skip
     assert numbers("`python -m x 0.5` [b2048](../b2048/x.md) proxy-100k GPT-2 ec03656") == set()
+
+
+def test_the_corrections_reading_holds_in_the_family():
+    """docs/study.md: Delta_corr holds at 2,048 bytes, shrinks with the batch, does not hold at
+    8,192 bytes and its interval holds 0 at 32,768 bytes."""
+    tests = family_tests()
+    at = {b: tests[f"correction: {b:,} B: AdamW + correction - AdamW"] for b in (2048, 8192, 32768)}
+    assert holds("correction: 2,048 B: AdamW + correction - AdamW")
+    assert not holds("correction: 8,192 B: AdamW + correction - AdamW")
+    assert at[2048]["mean"] < at[8192]["mean"] < at[32768]["mean"]  # shrinks with the batch
+    assert at[32768]["lo"] < 0 < at[32768]["hi"]
