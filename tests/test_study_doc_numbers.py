@@ -425,3 +425,13 @@ def test_the_corrections_reading_holds_in_the_family():
     assert not holds("correction: 8,192 B: AdamW + correction - AdamW")
     assert at[2048]["mean"] < at[8192]["mean"] < at[32768]["mean"]  # shrinks with the batch
     assert at[32768]["lo"] < 0 < at[32768]["hi"]
+
+
+def test_the_fixs_reading_holds_in_the_family():
+    """docs/study.md: without the gains' decay MARS-AdamW improves (holds) but still trails AdamW
+    in its point estimate (not held)."""
+    own = "chain: 2,048 B: MARS-AdamW without the gains' decay - MARS-AdamW"
+    adamw = "chain: 2,048 B: MARS-AdamW without the gains' decay - AdamW"
+    tests = family_tests()
+    assert tests[own]["mean"] < 0 and holds(own)
+    assert tests[adamw]["mean"] > 0 and not holds(adamw)
