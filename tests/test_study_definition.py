@@ -149,7 +149,8 @@ def test_the_crossover_definition_gives_the_plans_the_sweep_ran():
     d = defs.load("crossover")
     assert list(d.parts) == ["b8192", "b2048", "b32768", "b131072", "b524288", "b131072-fp32",
                              "m423k-b8192", "m423k-b131072", "corr-b2048", "chain-b2048",
-                             "corr-split-b2048", "chain-b8192", "nodecay-b2048", "corr-b8192",
+                             "corr-split-b2048", "chain-b8192", "nodecay-b2048", "nodecay-b8192",
+                             "corr-b8192",
                              "corr-b32768", "rep-b8192"]  # fmt: skip
     ran = ["--out", "runs/crossover/b8192", "--optimizers", "adamw", "mars-adamw",
            "mars-adamw:gamma=0", "--models", "proxy-100k", "--budgets", "4",

@@ -103,15 +103,16 @@ def steps() -> list[Step]:
                             Arm(f"b{b}", ADAMW), Arm(f"chain-b{b}", arms[0]), batch=b))  # fmt: skip
     out.append(Step("chain", "+ the correction at MARS-AdamW's defaults = MARS-AdamW (Delta_gamma)",
                     Arm("b2048", OFF), Arm("b2048", MARS), family=False))  # fmt: skip
-    fixed = _optimizers("nodecay-b2048")  # the fix the chain points to: no gains' decay
-    if fixed:
-        nodecay = Arm("nodecay-b2048", fixed[0])
-        out += [
-            Step("chain", "2,048 B: MARS-AdamW without the gains' decay - MARS-AdamW",
-                 Arm("b2048", MARS), nodecay),
-            Step("chain", "2,048 B: MARS-AdamW without the gains' decay - AdamW",
-                 Arm("b2048", ADAMW), nodecay),
-        ]  # fmt: skip
+    for b in BATCHES:  # the fix the chain points to, where it was run: no gains' decay
+        fixed = _optimizers(f"nodecay-b{b}")
+        if fixed:
+            nodecay = Arm(f"nodecay-b{b}", fixed[0])
+            out += [
+                Step("chain", f"{b:,} B: MARS-AdamW without the gains' decay - MARS-AdamW",
+                     Arm(f"b{b}", MARS), nodecay, batch=b),
+                Step("chain", f"{b:,} B: MARS-AdamW without the gains' decay - AdamW",
+                     Arm(f"b{b}", ADAMW), nodecay, batch=b),
+            ]  # fmt: skip
     out.append(Step("chain", "MARS-AdamW with its second moment from g, not c - MARS-AdamW",
                     Arm("b2048", MARS), Arm("chain-b2048", smg)))  # fmt: skip
     half, noclip = _optimizers("corr-split-b2048")

@@ -205,6 +205,8 @@ CONCLUSIONS = [
     ("the gains' decay (A1) at 8,192 bytes", [r"chain: 8,192 B: A1.*"]),
     ("MARS-AdamW without the gains' decay against MARS-AdamW and against AdamW, 2,048 bytes",
      [r"chain: 2,048 B: MARS-AdamW without .*"]),
+    ("MARS-AdamW without the gains' decay against MARS-AdamW and against AdamW, 8,192 bytes",
+     [r"chain: 8,192 B: MARS-AdamW without .*"]),
     ("the correction's parts at 2,048 bytes: half strength minus AdamW, no clip minus the clip",
      [r"parts of the correction: .*"]),
 ]  # fmt: skip
