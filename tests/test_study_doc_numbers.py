@@ -435,3 +435,22 @@ def test_the_fixs_reading_holds_in_the_family():
     tests = family_tests()
     assert tests[own]["mean"] < 0 and holds(own)
     assert tests[adamw]["mean"] > 0 and not holds(adamw)
+
+
+def test_the_provenance_paragraphs_losses_are_the_headline_ledgers():
+    """ "Provenance across commits" types two final losses of the referee's study (a MARS-AdamW
+    evaluation run, an AdamW selection run, both at b85160a): they are those rows' losses."""
+    import csv
+
+    text = (ROOT / "docs" / "study.md").read_text()
+    typed = re.search(r"to the last digit\s+\((\S+) and (\S+)\)", text).groups()
+    ledger = list(csv.DictReader((ROOT / "results/referee/headline/results.csv").open()))
+
+    def loss(optimizer: str, role: str) -> str:
+        found = [r["final_val_loss"] for r in ledger if r["optimizer"] == optimizer
+                 and r["role"] == role and r["commit"].startswith("b85160a")
+                 and r["final_val_loss"] in typed]  # fmt: skip
+        assert len(found) == 1, (optimizer, role, found)
+        return found[0]
+
+    assert typed == (loss("mars-adamw", "eval"), loss("adamw", "select"))
