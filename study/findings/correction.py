@@ -222,7 +222,8 @@ def sentences(rows: list[dict], epochs: dict[int, float], crossover: list[dict],
     fixed = [r for r in rows if "without the gains' decay" in r["step"].label and "mean" in r]
     if fixed:
         gap += "; " + "; ".join(
-            f"{r['step'].label.split(': ', 1)[1]} {r['mean']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}]"
+            f"{kb(r['step'].batch)}: {r['step'].label.split(': ', 1)[1]} {r['mean']:+.3f} "
+            f"[{r['lo']:+.3f}, {r['hi']:+.3f}]"
             for r in fixed
         )
     return (
