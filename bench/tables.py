@@ -46,11 +46,14 @@ def optim_host(rec: dict) -> str:
 
 
 def collectives(rec: dict) -> str:
-    """bench.collectives's record: a row per world size (a record before broadcasts: the
-    padded all-gathers only)."""
+    """bench.collectives's record: a row per world size. A record of an older bench.collectives
+    (without the broadcasts' or the FSDP2 buffers' figures) is refused in one line: rerun it."""
     first = next(iter(rec["per_world"].values()))
-    if "results_mb" not in first["ddp_merged"]:
-        return _collectives_padded(rec)
+    if "results_mb" not in first["ddp_merged"] or "buffer_mb" not in first["fsdp"]:
+        raise SystemExit(
+            "a record of an older bench.collectives (no broadcast or FSDP2 buffer "
+            f"figures): rerun it, {' '.join(rec.get('command', []))}"
+        )
     rows = ["| ranks | NS GFLOP a rank, max / mean (bound) | DDP a step, merged: all-gathers + "
             "broadcasts | MB received a rank at most / results (padded all-gather) | "
             "NS buffers MB a rank (padded) | FSDP2 all-to-alls: MB there / back at most "
@@ -65,19 +68,6 @@ def collectives(rec: dict) -> str:
                     f"({m['padded_buffer_mb']:.0f}) | {fsdp['all_to_alls']}: "
                     f"{fsdp['there_mb']:.1f} / {fsdp['back_mb_most']:.1f} "
                     f"({fsdp['buffer_mb']:.0f}) |")  # fmt: skip
-    return "\n".join(rows) + "\n"
-
-
-def _collectives_padded(rec: dict) -> str:
-    rows = ["| ranks | NS GFLOP a rank, max / mean | DDP all-gathers a step, per shape (merged): "
-            "MB received a rank | FSDP2 all-to-alls: MB there / back at most |",
-            "|---|---|---|---|"]  # fmt: skip
-    for world, f in rec["per_world"].items():
-        ddp, merged, fsdp = f["ddp_per_shape"], f["ddp_merged"], f["fsdp"]
-        rows.append(f"| {world} | {f['ns_gflop_max']:.0f} / {f['ns_gflop_mean']:.0f} | "
-                    f"{ddp['all_gathers']}: {ddp['received_mb']:.0f} ({merged['all_gathers']}: "
-                    f"{merged['received_mb']:.0f}) | {fsdp['all_to_alls']}: "
-                    f"{fsdp['there_mb']:.1f} / {fsdp['back_mb_most']:.1f} |")  # fmt: skip
     return "\n".join(rows) + "\n"
 
 
@@ -257,6 +247,8 @@ def rewrite(doc: Path) -> int:
 def main() -> None:
     if sys.argv[1:2] == ["--docs"] and len(sys.argv) > 2:
         for doc in sys.argv[2:]:
+            if not Path(doc).is_file():
+                raise SystemExit(f"{doc}: no such Markdown file")
             print(f"{doc}: {rewrite(Path(doc))} table(s) rewritten from their records")
         return
     if len(sys.argv) != 2:

@@ -43,3 +43,17 @@ def test_rewrite_puts_each_records_table_back(tmp_path):
     doc.write_text(f"before\n\n<!-- generated: python -m bench.tables {rec} -->\n{typed}\nafter\n")
     assert tables.rewrite(doc) == 1 and tables.stale(doc) == []
     assert doc.read_text().endswith(f"{made}\nafter\n") and tables.rewrite(doc) == 0
+
+
+def test_an_older_collectives_record_and_a_missing_doc_are_one_line(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    rec = json.loads((tables.ROOT / "bench/records/collectives-gpt2-small.json").read_text())
+    for f in rec["per_world"].values():
+        del f["fsdp"]["buffer_mb"]
+    with pytest.raises(SystemExit, match="older bench.collectives.*rerun it"):
+        tables.collectives(rec)
+    monkeypatch.setattr(sys, "argv", ["bench.tables", "--docs", str(tmp_path / "none.md")])
+    with pytest.raises(SystemExit, match="no such Markdown file"):
+        tables.main()

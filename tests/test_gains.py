@@ -63,3 +63,22 @@ def test_docs_readings_hold_in_the_record():
     for r in [plain for _, plain in pairs] + [runs["a0-adamw"]]:
         assert r["gains"][-1]["mean"] >= 3 * r["gains"][0]["mean"], r["run"]
     assert len(runs) == 11 and not any(r["commit"].endswith("+dirty") for r in runs.values())
+
+
+def test_a_damaged_checkpoint_or_a_foreign_folder_is_one_line(tmp_path, sotu_dir):
+    typed, plain = fast_config(tmp_path, sotu_dir, "max_steps=2", "ckpt_every=2",
+                               "keep_checkpoints=0", "eval_every=0")  # fmt: skip
+    train.train(typed, plain)
+    ckpt = tmp_path / "checkpoints" / "step_0000002.pt"
+    data = bytearray(ckpt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    ckpt.write_bytes(bytes(data))
+    with pytest.raises(SystemExit) as bad:
+        gains.main([str(tmp_path), "--out", str(tmp_path / "out" / "g")])
+    assert "\n" not in str(bad.value) and "step_0000002.pt" in str(bad.value)
+    assert not (tmp_path / "out").exists()  # nothing written
+    foreign = tmp_path / "foreign"
+    (foreign / "checkpoints").mkdir(parents=True)
+    (foreign / "checkpoints" / "step_0000002.pt").write_bytes(ckpt.read_bytes())
+    with pytest.raises(SystemExit, match="no meta.jsonl"):
+        gains.trajectory(foreign)

@@ -454,3 +454,20 @@ def test_the_provenance_paragraphs_losses_are_the_headline_ledgers():
         return found[0]
 
     assert typed == (loss("mars-adamw", "eval"), loss("adamw", "select"))
+
+
+def test_the_readme_says_where_mars_adamw_trails_after_holm():
+    """README: MARS-AdamW trails AdamW in every referee cell, and not after the family's Holm
+    exactly at proxy-100k 0.25x (the ladder) and proxy-423k."""
+    cells = {t: v for t, v in family_tests().items()
+             if t.endswith(": mars-adamw - adamw") and not t.startswith("crossover")}  # fmt: skip
+    assert len(cells) == 6 and all(v["mean"] > 0 for v in cells.values())
+    assert {t for t in cells if not holds(t)} == {
+        "ladder: proxy-100k 0.25x: mars-adamw - adamw",
+        "ladder-up: proxy-423k 0.25x: mars-adamw - adamw",
+    }
+    said = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        "MARS-AdamW trails AdamW in every cell (at proxy-100k 0.25x and proxy-423k not after"
+        in said
+    )

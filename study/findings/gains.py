@@ -38,9 +38,14 @@ def trajectory(run: Path) -> dict:
     ckpts = [p for p in list_checkpoints(run) if p.suffix == ".pt"]
     if not ckpts:
         raise SystemExit(f"{run}: no checkpoints; train with ckpt_every=48 keep_checkpoints=0")
+    if not (run / "meta.jsonl").is_file():
+        raise SystemExit(f"{run}: no meta.jsonl; give a run directory train.py wrote")
     points, config = [], {}
     for path in ckpts:
-        c = load_checkpoint(path)
+        try:
+            c = load_checkpoint(path)  # checksum verified, weights_only
+        except ValueError as exc:  # damaged, truncated or not ours: one line, nothing written
+            raise SystemExit(str(exc)) from None
         mean, smallest = gains_of(c["model"])
         points.append({"step": int(c["step"]), "mean": mean, "smallest": smallest})
         config = c["config"]
